@@ -1,0 +1,3 @@
+"""accelstats: per-container accelerator metrics."""
+
+__version__ = "0.1.0"

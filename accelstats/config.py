@@ -1,0 +1,186 @@
+"""Settings: defaults, the TOML config file, and command-line overrides (command line wins).
+
+The config file (``/etc/accelstats/config.toml`` when present, or ``--config FILE``) holds the same
+settings as the command line::
+
+    listen = "127.0.0.1:9847"          # HOST:PORT; ":9847" = every interface
+    nvml_replay = ""                   # "" = live NVML; a path = the replay backend
+    cgroup_root = "/sys/fs/cgroup"
+    proc_root = "/proc"
+    sysfs_root = "/sys"
+    log_level = "info"
+    nvml_retry_interval = 30.0         # seconds between NVML init attempts while unavailable
+    collectors = ["nvidia", "files"]   # enabled collectors (default: those enabled by default)
+
+    [file_devices]
+    dir = ""                           # "" = no file devices
+    unhealthy_perm = "-rwxrwxrwx"
+    vendor = "nomad"
+    type = "file"
+    name = "mock"
+
+Every error is a :class:`ConfigError` naming the file, the key and the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+DEFAULT_CONFIG = Path("/etc/accelstats/config.toml")
+# 9847: inside Prometheus' exporter range (9100-9999), clear of node_exporter (9100), dcgm-exporter
+# (9400), nvidia_gpu_exporter (9835) and the NVIDIA exporters people run beside this one.
+DEFAULT_PORT = 9847
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be used; the message names the file (if any), the key and the reason."""
+
+
+@dataclass(frozen=True)
+class FileDevicesSettings:
+    """Nomad example-plugin file devices (spec/nomad-plugin.md §4); ``dir`` None = disabled."""
+
+    dir: Path | None = None
+    unhealthy_perm: str = "-rwxrwxrwx"
+    vendor: str = "nomad"
+    type: str = "file"
+    name: str = "mock"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything ``accelstats serve|dump|devices|containers`` needs. Paths are absolute or cwd-relative."""
+
+    listen_host: str = ""
+    listen_port: int = DEFAULT_PORT
+    nvml_replay: Path | None = None
+    cgroup_root: Path = Path("/sys/fs/cgroup")
+    proc_root: Path = Path("/proc")
+    sysfs_root: Path = Path("/sys")
+    log_level: str = "info"
+    nvml_retry_interval: float = 30.0
+    collectors: tuple[str, ...] | None = None  # None: each collector's default
+    file_devices: FileDevicesSettings = field(default_factory=FileDevicesSettings)
+
+    @property
+    def listen(self) -> str:
+        """``HOST:PORT`` as given (IPv6 hosts in brackets)."""
+        host = f"[{self.listen_host}]" if ":" in self.listen_host else self.listen_host
+        return f"{host}:{self.listen_port}"
+
+
+def parse_listen(value: str, where: str = "--listen") -> tuple[str, int]:
+    """Split ``HOST:PORT``, ``:PORT`` or ``[v6]:PORT`` into (host, port); host "" = all interfaces.
+
+    Raises ConfigError naming ``where`` when the port is missing or not in 1-65535.
+    """
+    host, sep, port_s = value.rpartition(":")
+    if not sep or not port_s.isdigit() or not 0 < int(port_s) < 65536:
+        raise ConfigError(f"{where}: expected HOST:PORT with a port in 1-65535, got {value!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port_s)
+
+
+def _expect(where: str, key: str, value: Any, kind: type | tuple[type, ...]) -> Any:
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise ConfigError(f"{where}: key {key!r}: expected {names}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _path(base: Path, value: str) -> Path | None:
+    return None if value == "" else (base / value if not Path(value).is_absolute() else Path(value))
+
+
+def load_config(path: Path, base: Settings | None = None) -> Settings:
+    """Read a TOML config file onto ``base`` (defaults when None); relative paths are relative to the file.
+
+    Raises ConfigError naming the file (and line/column for TOML syntax errors, the key otherwise).
+    """
+    settings = base or Settings()
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
+    where = str(path)
+    folder = path.parent
+    known = {"listen", "nvml_replay", "cgroup_root", "proc_root", "sysfs_root", "log_level",
+             "nvml_retry_interval", "collectors", "file_devices"}
+    changes: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in known:
+            raise ConfigError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(known))})")
+        if key == "listen":
+            changes["listen_host"], changes["listen_port"] = parse_listen(
+                _expect(where, key, value, str), f"{where}: key 'listen'")
+        elif key in ("nvml_replay", "cgroup_root", "proc_root", "sysfs_root"):
+            p = _path(folder, _expect(where, key, value, str))
+            if p is None and key != "nvml_replay":
+                raise ConfigError(f"{where}: key {key!r}: must not be empty")
+            changes[key] = p
+        elif key == "log_level":
+            level = _expect(where, key, value, str).lower()
+            if level not in LOG_LEVELS:
+                raise ConfigError(f"{where}: key 'log_level': expected one of {', '.join(LOG_LEVELS)}, "
+                                  f"got {value!r}")
+            changes[key] = level
+        elif key == "nvml_retry_interval":
+            seconds = float(_expect(where, key, value, (int, float)))
+            if seconds <= 0:
+                raise ConfigError(f"{where}: key 'nvml_retry_interval': must be > 0, got {value!r}")
+            changes[key] = seconds
+        elif key == "collectors":
+            items = _expect(where, key, value, list)
+            changes[key] = tuple(_expect(where, f"collectors[{i}]", v, str) for i, v in enumerate(items))
+        elif key == "file_devices":
+            changes[key] = _file_devices(where, folder, _expect(where, key, value, dict),
+                                         settings.file_devices)
+    return replace(settings, **changes)
+
+
+def _file_devices(where: str, folder: Path, table: dict[str, Any],
+                  base: FileDevicesSettings) -> FileDevicesSettings:
+    known = {f.name for f in fields(FileDevicesSettings)}
+    changes: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in known:
+            raise ConfigError(f"{where}: unknown key 'file_devices.{key}' (known: {', '.join(sorted(known))})")
+        text = _expect(where, f"file_devices.{key}", value, str)
+        if key == "dir":
+            changes[key] = _path(folder, text)
+        elif key == "unhealthy_perm":
+            changes[key] = check_perm(text, f"{where}: key 'file_devices.unhealthy_perm'")
+        else:
+            changes[key] = text
+    return replace(base, **changes)
+
+
+def check_perm(value: str, where: str) -> str:
+    """Validate an ``ls -l`` permission string such as ``-rwxrwxrwx`` (10 characters)."""
+    ok = len(value) == 10 and value[0] in "-dlcbps" and all(
+        ch in (allowed, "-") or (i % 3 == 2 and ch in "sStT")
+        for i, (ch, allowed) in enumerate(zip(value[1:], "rwxrwxrwx", strict=True)))
+    if not ok:
+        raise ConfigError(f"{where}: expected a 10-character permission string like '-rwxrwxrwx', got {value!r}")
+    return value
+
+
+def configure_logging(level: str) -> None:
+    """Log to stderr as ``time level logger: message`` at ``level`` (debug/info/warning/error)."""
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -1,0 +1,62 @@
+"""The table of collectors: name -> (factory, enabled by default) (node_exporter's registerCollector).
+
+The ``serve`` command builds its ``--collector``/``--no-collector`` help from this table, so the
+help can never go stale. Python has no ``init()``: the table is explicit rather than filled by
+import side effects (STYLE.md §1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from accelstats.config import Settings
+from collectors.files import FileDevices
+from collectors.model import DeviceSnapshot
+from collectors.nvidia import NvidiaBackend
+
+
+class Collector(Protocol):
+    """What the runner needs of a collector: a name and one read method."""
+
+    name: str
+
+    def update(self, snapshot: DeviceSnapshot) -> None:
+        """Add what this collector reads to ``snapshot``; raise NoDataError for "nothing here"."""
+
+
+@dataclass(frozen=True)
+class CollectorEntry:
+    """One row of the table: ``factory(settings, nvml)`` returns the collector, or None when the
+    settings give it nothing to do (e.g. no file-devices directory configured)."""
+
+    name: str
+    enabled_by_default: bool
+    help: str
+    factory: Callable[[Settings, Any], Collector | None]
+
+
+def _nvidia(settings: Settings, nvml: Any) -> Collector:
+    return NvidiaBackend(nvml, sysfs_root=settings.sysfs_root, retry_interval=settings.nvml_retry_interval)
+
+
+def _files(settings: Settings, nvml: Any) -> Collector | None:
+    fd = settings.file_devices
+    if fd.dir is None:
+        return None
+    return FileDevices(fd.dir, unhealthy_perm=fd.unhealthy_perm, vendor=fd.vendor, device_type=fd.type,
+                       name=fd.name)
+
+
+COLLECTORS: tuple[CollectorEntry, ...] = (
+    CollectorEntry("nvidia", True, "NVIDIA GPUs and MIG instances through NVML (or --nvml-replay)", _nvidia),
+    CollectorEntry("files", True, "file devices in --file-devices DIR (Nomad example-plugin model)", _files),
+)
+
+
+def enabled_names(settings: Settings) -> tuple[str, ...]:
+    """Names of the collectors to run: ``settings.collectors`` or the enabled-by-default ones."""
+    if settings.collectors is not None:
+        return settings.collectors
+    return tuple(e.name for e in COLLECTORS if e.enabled_by_default)

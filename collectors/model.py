@@ -1,0 +1,156 @@
+"""Plain data read from devices: what every collector returns and every sink renders.
+
+Units are base units throughout (bytes, seconds, joules, watts, celsius, hertz, ratio 0-1). ``None``
+means *absent*: NVML answered NOT_SUPPORTED, returned a "value not available" sentinel, or the
+device has no such thing (MIG instances have no utilisation). Sinks skip absent values; they never
+turn them into 0 or NaN (spec/metrics.md, conventions).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+ProcessType = Literal["compute", "graphics", "mps"]
+DeviceKind = Literal["gpu", "mig"]
+
+
+@dataclass(frozen=True)
+class Device:
+    """Static identity of one NVIDIA GPU or MIG instance, resolved once per NVML session.
+
+    ``index`` is the NVML index (``nvmlDeviceGetIndex``), ``minor`` the minor number of
+    ``/dev/nvidia<minor>`` (``nvmlDeviceGetMinorNumber``; ``None`` for MIG instances, which share the
+    parent's node). ``uuid`` (``GPU-…`` or ``MIG-…``) keys everything else.
+    """
+
+    uuid: str
+    index: int
+    minor: int | None
+    name: str
+    pci_bus_id: str = ""
+    kind: DeviceKind = "gpu"
+    parent_uuid: str = ""
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+    mig_profile: str = ""
+    vbios_version: str = ""
+    mig_mode: str = ""  # "enabled" / "disabled" / "" (not supported)
+    compute_mode: str = ""  # "default", "exclusive_process", "prohibited", ""
+    persistence_mode: str = ""  # "enabled" / "disabled" / ""
+    compute_capability: str = ""  # "9.0"
+    architecture: str = ""  # "hopper"
+    max_clocks_hz: tuple[tuple[str, float], ...] = ()  # (clock, hertz); cached: ~1.3 ms per call
+
+
+@dataclass(frozen=True)
+class ProcessUsage:
+    """One process on one device, as NVML lists it (host PID namespace).
+
+    ``used_memory_bytes`` is NVML's ``usedGpuMemory`` (``None`` when NVML says "not available");
+    ``sm_utilization_ratio`` is the mean of ``nvmlDeviceGetProcessUtilization`` samples for this PID
+    since the previous collection (``None`` when the device does not report it).
+    """
+
+    pid: int
+    type: ProcessType
+    used_memory_bytes: int | None = None
+    sm_utilization_ratio: float | None = None
+
+
+@dataclass(frozen=True)
+class DeviceSample:
+    """One reading of one device in one collection. ``up`` is False when the device did not answer
+    (GPU lost, unknown error, call past the deadline); then ``error`` says why and all values are absent.
+    """
+
+    uuid: str
+    up: bool
+    error: str = ""
+    utilization_ratio: float | None = None
+    memory_utilization_ratio: float | None = None
+    encoder_utilization_ratio: float | None = None
+    decoder_utilization_ratio: float | None = None
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    memory_free_bytes: int | None = None
+    memory_reserved_bytes: int | None = None
+    bar1_total_bytes: int | None = None
+    bar1_used_bytes: int | None = None
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    energy_joules: float | None = None
+    temperatures_celsius: tuple[tuple[str, float], ...] = ()  # (sensor, celsius)
+    clocks_hz: tuple[tuple[str, float], ...] = ()  # (clock, hertz)
+    max_clocks_hz: tuple[tuple[str, float], ...] = ()  # (clock, hertz), from Device (read once)
+    performance_state: int | None = None
+    clock_events: tuple[tuple[str, bool], ...] = ()  # (reason, active)
+    ecc_errors: tuple[tuple[str, str, int], ...] = ()  # (type, scope, count)
+    remapped_rows: tuple[tuple[str, int], ...] = ()  # (type, rows)
+    row_remap_pending: bool | None = None
+    row_remap_failure: bool | None = None
+    pcie_link_generation: int | None = None
+    pcie_link_width: int | None = None
+    pcie_replays: int | None = None
+    fan_speed_ratio: float | None = None
+    processes: tuple[ProcessUsage, ...] | None = None  # None: process list not readable
+
+
+@dataclass(frozen=True)
+class FileDevice:
+    """A "file device" as Nomad's example device plugin models it: one regular file in a directory.
+
+    ``id`` is the file name; ``permissions`` the 10-character ``ls -l`` string (``-rw-r--r--``);
+    ``mode`` the permission bits (``st_mode & 0o7777``); ``healthy`` is False when ``permissions``
+    equals the configured unhealthy string, and ``health_description`` then says so.
+    """
+
+    id: str
+    path: str
+    vendor: str
+    type: str
+    name: str
+    healthy: bool
+    health_description: str
+    size_bytes: int
+    modified_timestamp_seconds: float
+    mode: int
+    permissions: str
+
+
+@dataclass(frozen=True)
+class CollectorResult:
+    """How one collector run went (node_exporter's scrape_collector_success/duration pattern)."""
+
+    name: str
+    success: bool
+    duration_seconds: float
+    error: str = ""
+
+
+@dataclass
+class DeviceSnapshot:
+    """Everything the device collectors read in one collection; filled by each collector's ``update``.
+
+    ``nvml_status`` is "" while NVML is usable, else the reason it is not (library missing, driver
+    not loaded); ``source`` is ``"nvml"`` for the live library and ``"replay"`` for the replay backend.
+    """
+
+    timestamp: float = field(default_factory=time.time)
+    devices: list[Device] = field(default_factory=list)
+    samples: dict[str, DeviceSample] = field(default_factory=dict)
+    file_devices: list[FileDevice] = field(default_factory=list)
+    nvml_status: str = ""
+    source: str = "nvml"
+    driver_version: str = ""
+    cuda_driver_version: str = ""
+    nvml_version: str = ""
+    collector_results: list[CollectorResult] = field(default_factory=list)
+
+
+class NoDataError(Exception):
+    """Raised by a collector's ``update`` when there is nothing to read here (not a failure).
+
+    The runner logs it at debug level and reports ``success`` 0, like node_exporter's ``ErrNoData``.
+    """

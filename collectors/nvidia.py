@@ -1,0 +1,403 @@
+"""NVIDIA GPUs through NVML: device list, one sample per device per collection, processes.
+
+``NvidiaBackend`` runs over the ``pynvml`` module (nvidia-ml-py) or, unchanged, over the replay
+stand-in :class:`collectors.nvml_replay.ReplayNVML`. Rules it follows (DESIGN.md, STYLE.md §3, §4):
+
+* NVIDIA devices are looked for on the PCI bus (vendor ``0x10de`` under
+  ``<sysfs>/bus/pci/devices/*/vendor``) before NVML is touched; a host without them stays quiet.
+* NVML that cannot be initialised (library missing, driver not loaded) is a *state*, not a crash:
+  :meth:`NvidiaBackend.update` retries at most once per ``retry_interval`` seconds, so a driver
+  installed after start-up is picked up without a restart.
+* Handles and static facts (name, UUID, minor, max clocks) are read once per NVML session.
+* One device's error never blanks another: a device that stops answering gets ``up=False``.
+* Slow calls (total energy ~3 ms, BAR1 / ECC / PCIe replay ~0.1 ms, spec/nvml.md) are refreshed at
+  most every ``slow_interval`` seconds; PCIe throughput (~21 ms, blocking) is never called here.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from collectors.model import Device, DeviceSample, DeviceSnapshot, NoDataError, ProcessType, ProcessUsage
+from collectors.nvml_call import DeviceLostError, NvmlCaller, NvmlUnavailableError, error_name
+
+log = logging.getLogger(__name__)
+
+NVIDIA_PCI_VENDOR = "0x10de"
+MIB = 1 << 20
+
+CLOCKS = (("graphics", "NVML_CLOCK_GRAPHICS"), ("sm", "NVML_CLOCK_SM"), ("memory", "NVML_CLOCK_MEM"),
+          ("video", "NVML_CLOCK_VIDEO"))
+# nvmlClocksEventReason* bit -> reason label (nvml.h "Clock event reasons").
+CLOCK_EVENT_REASONS = (
+    ("gpu_idle", 0x1), ("applications_clocks_setting", 0x2), ("sw_power_cap", 0x4),
+    ("hw_slowdown", 0x8), ("sync_boost", 0x10), ("sw_thermal_slowdown", 0x20),
+    ("hw_thermal_slowdown", 0x40), ("hw_power_brake_slowdown", 0x80), ("display_clocks_setting", 0x100),
+)
+COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
+ARCHITECTURES = {2: "kepler", 3: "maxwell", 4: "pascal", 5: "volta", 6: "turing", 7: "ampere",
+                 8: "ada", 9: "hopper", 10: "blackwell"}
+PROCESS_CALLS: tuple[tuple[ProcessType, str], ...] = (
+    ("compute", "nvmlDeviceGetComputeRunningProcesses"),
+    ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
+    ("mps", "nvmlDeviceGetMPSComputeRunningProcesses"),
+)
+
+
+def nvidia_pci_devices(sysfs_root: Path) -> list[str]:
+    """PCI addresses of NVIDIA devices: ``<sysfs_root>/bus/pci/devices/*/vendor`` == ``0x10de``.
+
+    Returns a sorted list such as ``["0000:00:06.0"]``; an unreadable tree gives ``[]``.
+    """
+    found = []
+    for vendor in sorted((sysfs_root / "bus" / "pci" / "devices").glob("*/vendor")):
+        try:
+            if vendor.read_text().strip().lower() == NVIDIA_PCI_VENDOR:
+                found.append(vendor.parent.name)
+        except OSError:
+            continue
+    return found
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _mode(value: Any) -> str:
+    return "" if value is None else ("enabled" if int(value) else "disabled")
+
+
+class _DeviceState:
+    """Per-device handle and what must persist between collections."""
+
+    def __init__(self, device: Device, handle: Any) -> None:
+        self.device = device
+        self.handle = handle
+        self.last_util_ts = 0
+        self.last_proc_util_ts = 0
+        self.slow: dict[str, Any] = {}
+        self.slow_read_at = -1e18
+
+
+class NvidiaBackend:
+    """The ``nvidia`` collector: reads NVIDIA GPUs and MIG instances through NVML.
+
+    ``nvml``: the ``pynvml`` module (default, imported lazily) or a replay object; ``source``:
+    ``"nvml"`` or ``"replay"`` (taken from ``nvml.source`` when it has one). ``sysfs_root``: where
+    the PCI scan looks (``/sys``); ``pci_scan=False`` skips it (the replay has no PCI devices).
+    """
+
+    name = "nvidia"
+
+    def __init__(self, nvml: Any = None, *, sysfs_root: Path = Path("/sys"), pci_scan: bool | None = None,
+                 retry_interval: float = 30.0, slow_interval: float = 10.0) -> None:
+        if nvml is None:
+            import pynvml
+
+            nvml = pynvml
+        self.nvml = nvml
+        self.source: str = getattr(nvml, "source", "nvml")
+        self.call = NvmlCaller(nvml)
+        self.sysfs_root = sysfs_root
+        self.pci_scan = (self.source == "nvml") if pci_scan is None else pci_scan
+        self.retry_interval = retry_interval
+        self.slow_interval = slow_interval
+        self.status = "not initialised"
+        self.driver_version = ""
+        self.cuda_driver_version = ""
+        self.nvml_version = ""
+        self._initialised = False
+        self._devices: list[_DeviceState] = []
+        self._last_attempt = -1e18
+        self._status_logged = ""
+        self._lock = threading.Lock()
+
+    # -- session -----------------------------------------------------------------------------
+    def setup(self) -> bool:
+        """Initialise NVML and enumerate devices; True when usable. Never raises.
+
+        On failure ``status`` holds the reason (logged at warning level the first time, debug after).
+        """
+        self._last_attempt = time.monotonic()
+        if self.pci_scan and not nvidia_pci_devices(self.sysfs_root):
+            return self._fail(f"no NVIDIA PCI device (vendor {NVIDIA_PCI_VENDOR}) under "
+                              f"{self.sysfs_root}/bus/pci/devices")
+        try:
+            self.nvml.nvmlInit()
+        except self.nvml.NVMLError as exc:
+            return self._fail(f"nvmlInit failed: {error_name(self.nvml, exc)}")
+        except OSError as exc:  # pynvml raises OSError subclasses from ctypes on odd hosts
+            return self._fail(f"nvmlInit failed: {exc}")
+        self._initialised = True
+        try:
+            self.driver_version = _text(self.call("nvmlSystemGetDriverVersion"))
+            cuda = self.call("nvmlSystemGetCudaDriverVersion")
+            self.cuda_driver_version = f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else ""
+            self.nvml_version = _text(self.call("nvmlSystemGetNVMLVersion"))
+            self._devices = list(self._enumerate())
+        except (NvmlUnavailableError, DeviceLostError) as exc:
+            self.shutdown()
+            return self._fail(f"device enumeration failed: {exc}")
+        self.status = ""
+        self._status_logged = ""
+        log.info("NVML ready (%s): %d device(s), driver %s", self.source, len(self._devices),
+                 self.driver_version)
+        return True
+
+    def _fail(self, reason: str) -> bool:
+        self.status = reason
+        level = logging.WARNING if reason != self._status_logged else logging.DEBUG
+        log.log(level, "NVIDIA GPUs not available: %s (retrying every %gs)", reason, self.retry_interval)
+        self._status_logged = reason
+        return False
+
+    def shutdown(self) -> None:
+        """Shut NVML down (``nvmlShutdown``) if it was initialised; forget handles. Never raises."""
+        self._devices = []
+        if self._initialised:
+            self._initialised = False
+            try:
+                self.nvml.nvmlShutdown()
+            except self.nvml.NVMLError as exc:
+                log.debug("nvmlShutdown: %s", error_name(self.nvml, exc))
+
+    def _enumerate(self) -> Iterable[_DeviceState]:
+        count = self.call("nvmlDeviceGetCount") or 0
+        for i in range(count):
+            try:
+                handle = self.call("nvmlDeviceGetHandleByIndex", i)
+                gpu = self._identity(handle, i)
+            except DeviceLostError as exc:
+                log.warning("GPU index %d not enumerated: %s", i, exc)
+                continue
+            yield _DeviceState(gpu, handle)
+            if gpu.mig_mode == "enabled":
+                yield from self._mig_devices(handle, gpu)
+
+    def _identity(self, handle: Any, index: int) -> Device:
+        c = self.call
+        mig = c("nvmlDeviceGetMigMode", handle)
+        cap = c("nvmlDeviceGetCudaComputeCapability", handle)
+        max_clocks = []
+        for label, const in CLOCKS:
+            mhz = c("nvmlDeviceGetMaxClockInfo", handle, getattr(self.nvml, const))
+            if mhz is not None:
+                max_clocks.append((label, float(mhz) * 1e6))
+        pci = c("nvmlDeviceGetPciInfo", handle)
+        real_index = c("nvmlDeviceGetIndex", handle)
+        return Device(
+            uuid=_text(c("nvmlDeviceGetUUID", handle)),
+            index=index if real_index is None else int(real_index),
+            minor=c("nvmlDeviceGetMinorNumber", handle),
+            name=_text(c("nvmlDeviceGetName", handle)),
+            pci_bus_id=_text(getattr(pci, "busId", "")) if pci is not None else "",
+            vbios_version=_text(c("nvmlDeviceGetVbiosVersion", handle)),
+            mig_mode=_mode(mig[0]) if mig is not None else "",
+            compute_mode=COMPUTE_MODES.get(c("nvmlDeviceGetComputeMode", handle), ""),
+            persistence_mode=_mode(c("nvmlDeviceGetPersistenceMode", handle)),
+            compute_capability=f"{cap[0]}.{cap[1]}" if cap is not None else "",
+            architecture=ARCHITECTURES.get(c("nvmlDeviceGetArchitecture", handle), ""),
+            max_clocks_hz=tuple(max_clocks),
+        )
+
+    def _mig_devices(self, parent_handle: Any, parent: Device) -> Iterable[_DeviceState]:
+        c = self.call
+        for slot in range(c("nvmlDeviceGetMaxMigDeviceCount", parent_handle) or 0):
+            handle = c("nvmlDeviceGetMigDeviceHandleByIndex", parent_handle, slot, not_found=None)
+            if handle is None:
+                continue
+            name = _text(c("nvmlDeviceGetName", handle))
+            profile = name.split(" MIG ", 1)[1] if " MIG " in name else ""
+            yield _DeviceState(Device(
+                uuid=_text(c("nvmlDeviceGetUUID", handle)), index=parent.index, minor=None, name=name,
+                pci_bus_id=parent.pci_bus_id, kind="mig", parent_uuid=parent.uuid,
+                gpu_instance_id=c("nvmlDeviceGetGpuInstanceId", handle),
+                compute_instance_id=c("nvmlDeviceGetComputeInstanceId", handle), mig_profile=profile,
+                compute_capability=parent.compute_capability, architecture=parent.architecture,
+            ), handle)
+
+    # -- collection ----------------------------------------------------------------------------
+    def devices(self) -> list[Device]:
+        """The devices of the current NVML session (GPUs, then each GPU's MIG instances)."""
+        return [s.device for s in self._devices]
+
+    def update(self, snapshot: DeviceSnapshot) -> None:
+        """The collector's read method: add devices and one sample each to ``snapshot``.
+
+        Raises NoDataError when NVML is unavailable (``snapshot.nvml_status`` says why); retries
+        setup at most once per ``retry_interval``.
+        """
+        with self._lock:
+            snapshot.source = self.source
+            if not self._initialised and time.monotonic() - self._last_attempt >= self.retry_interval:
+                self.setup()
+            if not self._initialised:
+                snapshot.nvml_status = self.status
+                raise NoDataError(self.status)
+            snapshot.driver_version = self.driver_version
+            snapshot.cuda_driver_version = self.cuda_driver_version
+            snapshot.nvml_version = self.nvml_version
+            lost = False
+            for state in self._devices:
+                try:
+                    sample = self.sample(state)
+                except DeviceLostError as exc:
+                    sample = DeviceSample(uuid=state.device.uuid, up=False, error=str(exc))
+                    lost = True
+                except NvmlUnavailableError as exc:
+                    self.shutdown()
+                    self._last_attempt = time.monotonic()
+                    self.status = f"NVML became unavailable: {exc}"
+                    snapshot.nvml_status = self.status
+                    raise NoDataError(self.status) from exc
+                snapshot.devices.append(state.device)
+                snapshot.samples[state.device.uuid] = sample
+            if lost and time.monotonic() - self._last_attempt >= self.retry_interval:
+                # A lost GPU may come back (or another may replace it) only in a new session.
+                self._last_attempt = time.monotonic()
+                log.info("a device was lost; NVML will re-enumerate on the next retry")
+                self.shutdown()
+
+    def sample(self, state: _DeviceState) -> DeviceSample:
+        """Read one device now. Raises DeviceLostError / NvmlUnavailableError (see nvml_call)."""
+        c, h, nv, dev = self.call, state.handle, self.nvml, state.device
+        mem = c("nvmlDeviceGetMemoryInfo", h, version=nv.nvmlMemory_v2)
+        processes = self._processes(state)
+        if dev.kind == "mig":
+            return DeviceSample(
+                uuid=dev.uuid, up=True, processes=processes,
+                memory_total_bytes=getattr(mem, "total", None), memory_used_bytes=getattr(mem, "used", None),
+                memory_free_bytes=getattr(mem, "free", None),
+                memory_reserved_bytes=getattr(mem, "reserved", None),
+            )
+        now = time.monotonic()
+        if now - state.slow_read_at >= self.slow_interval:
+            state.slow = self._slow(h)
+            state.slow_read_at = now
+        slow = state.slow
+        rates = c("nvmlDeviceGetUtilizationRates", h)
+        enc = c("nvmlDeviceGetEncoderUtilization", h)
+        dec = c("nvmlDeviceGetDecoderUtilization", h)
+        power = c("nvmlDeviceGetPowerUsage", h)
+        limit = c("nvmlDeviceGetEnforcedPowerLimit", h)
+        temps = []
+        gpu_temp = c("nvmlDeviceGetTemperature", h, nv.NVML_TEMPERATURE_GPU)
+        if gpu_temp is not None:
+            temps.append(("gpu", float(gpu_temp)))
+        if slow.get("memory_temp") is not None:
+            temps.append(("memory", float(slow["memory_temp"])))
+        clocks = []
+        for label, const in CLOCKS:
+            mhz = c("nvmlDeviceGetClockInfo", h, getattr(nv, const))
+            if mhz is not None:
+                clocks.append((label, float(mhz) * 1e6))
+        reasons = c("nvmlDeviceGetCurrentClocksEventReasons", h)
+        if reasons is None:
+            reasons = c("nvmlDeviceGetCurrentClocksThrottleReasons", h)
+        remap = slow.get("remap")
+        fan = c("nvmlDeviceGetFanSpeed", h)
+        return DeviceSample(
+            uuid=dev.uuid, up=True,
+            utilization_ratio=self._utilization(state, rates),
+            memory_utilization_ratio=rates.memory / 100.0 if rates is not None else None,
+            encoder_utilization_ratio=enc[0] / 100.0 if enc is not None else None,
+            decoder_utilization_ratio=dec[0] / 100.0 if dec is not None else None,
+            memory_total_bytes=getattr(mem, "total", None), memory_used_bytes=getattr(mem, "used", None),
+            memory_free_bytes=getattr(mem, "free", None), memory_reserved_bytes=getattr(mem, "reserved", None),
+            bar1_total_bytes=slow.get("bar1_total"), bar1_used_bytes=slow.get("bar1_used"),
+            power_watts=power / 1000.0 if power is not None else None,
+            power_limit_watts=limit / 1000.0 if limit is not None else None,
+            energy_joules=slow["energy_mj"] / 1000.0 if slow.get("energy_mj") is not None else None,
+            temperatures_celsius=tuple(temps), clocks_hz=tuple(clocks), max_clocks_hz=dev.max_clocks_hz,
+            performance_state=c("nvmlDeviceGetPerformanceState", h),
+            clock_events=tuple((n, bool(reasons & bit)) for n, bit in CLOCK_EVENT_REASONS)
+            if reasons is not None else (),
+            ecc_errors=slow.get("ecc", ()),
+            remapped_rows=(("correctable", remap[0]), ("uncorrectable", remap[1])) if remap else (),
+            row_remap_pending=bool(remap[2]) if remap else None,
+            row_remap_failure=bool(remap[3]) if remap else None,
+            pcie_link_generation=c("nvmlDeviceGetCurrPcieLinkGeneration", h),
+            pcie_link_width=c("nvmlDeviceGetCurrPcieLinkWidth", h),
+            pcie_replays=slow.get("pcie_replays"),
+            fan_speed_ratio=fan / 100.0 if fan is not None else None,
+            processes=processes,
+        )
+
+    def _slow(self, h: Any) -> dict[str, Any]:
+        """Values whose calls cost 0.1-3 ms (spec/nvml.md), refreshed every ``slow_interval``."""
+        c, nv = self.call, self.nvml
+        bar1 = c("nvmlDeviceGetBAR1MemoryInfo", h)
+        ecc = []
+        for etype, econst in (("corrected", "NVML_MEMORY_ERROR_TYPE_CORRECTED"),
+                              ("uncorrected", "NVML_MEMORY_ERROR_TYPE_UNCORRECTED")):
+            for scope, sconst in (("volatile", "NVML_VOLATILE_ECC"), ("aggregate", "NVML_AGGREGATE_ECC")):
+                n = c("nvmlDeviceGetTotalEccErrors", h, getattr(nv, econst), getattr(nv, sconst))
+                if n is not None:
+                    ecc.append((etype, scope, int(n)))
+        memory_temp = None
+        fields = c("nvmlDeviceGetFieldValues", h, [nv.NVML_FI_DEV_MEMORY_TEMP])
+        if fields:
+            f = fields[0]
+            if f.nvmlReturn == 0 and f.value.uiVal not in (0, 2**32 - 1):
+                memory_temp = f.value.uiVal
+        return {
+            "bar1_total": getattr(bar1, "bar1Total", None), "bar1_used": getattr(bar1, "bar1Used", None),
+            "ecc": tuple(ecc), "memory_temp": memory_temp,
+            "energy_mj": c("nvmlDeviceGetTotalEnergyConsumption", h),
+            "remap": c("nvmlDeviceGetRemappedRows", h),
+            "pcie_replays": c("nvmlDeviceGetPcieReplayCounter", h),
+        }
+
+    def _utilization(self, state: _DeviceState, rates: Any) -> float | None:
+        """Mean of the GPU-utilisation samples newer than the previous read (``nvmlDeviceGetSamples``);
+        NOT_FOUND (no new sample yet) falls back to ``nvmlDeviceGetUtilizationRates().gpu``."""
+        got = self.call("nvmlDeviceGetSamples", state.handle, self.nvml.NVML_GPU_UTILIZATION_SAMPLES,
+                        state.last_util_ts, not_found=None)
+        if got:
+            samples = got[1]
+            if samples:
+                state.last_util_ts = max(s.timeStamp for s in samples)
+                return float(sum(s.sampleValue.uiVal for s in samples)) / len(samples) / 100.0
+        return float(rates.gpu) / 100.0 if rates is not None else None
+
+    def _processes(self, state: _DeviceState) -> tuple[ProcessUsage, ...] | None:
+        """Compute, graphics and MPS processes with used memory and SM utilisation since last read."""
+        c, h = self.call, state.handle
+        raw: list[tuple[ProcessType, Any]] = []
+        readable = False
+        for ptype, call in PROCESS_CALLS:
+            procs = c(call, h)
+            if procs is not None:
+                readable = True
+                raw.extend((ptype, p) for p in procs)
+        if not readable:
+            return None
+        sm: dict[int, float] | None = None
+        if raw and state.device.kind == "gpu":
+            util = c("nvmlDeviceGetProcessUtilization", h, state.last_proc_util_ts, not_found=[])
+            if util is not None:
+                per_pid: dict[int, list[float]] = {}
+                for s in util:
+                    per_pid.setdefault(int(s.pid), []).append(s.smUtil / 100.0)
+                    state.last_proc_util_ts = max(state.last_proc_util_ts, int(s.timeStamp))
+                sm = {pid: sum(v) / len(v) for pid, v in per_pid.items()}
+        return tuple(
+            ProcessUsage(pid=int(p.pid), type=ptype,
+                         used_memory_bytes=_used_memory(p),
+                         sm_utilization_ratio=(sm.get(int(p.pid), 0.0) if sm is not None else None))
+            for ptype, p in raw
+        )
+
+
+def _used_memory(proc: Any) -> int | None:
+    value = getattr(proc, "usedGpuMemory", None)
+    if value is None or value in (2**64 - 1, 2**32 - 1):
+        return None
+    return int(value)

@@ -1,0 +1,123 @@
+"""The one place NVML is called: error classification and "not available" sentinels.
+
+Every NVML call of the backend goes through :class:`NvmlCaller` (STYLE.md §3, nvitop's
+``nvmlQuery``). It answers:
+
+* a value, or ``None`` for NOT_SUPPORTED, FUNCTION_NOT_FOUND (logged once per function: pynvml
+  and the driver do not match), NOT_FOUND where the caller says so, and NVML's "value not
+  available" sentinels (2^32-1, 2^64-1 and their signed forms; spec/metrics.md conventions);
+* raises :class:`DeviceLostError` for errors that mean the device stopped answering
+  (GPU_IS_LOST, UNKNOWN, TIMEOUT, GPU_NOT_FOUND, RESET_REQUIRED, IRQ_ISSUE): the device is then
+  reported with ``accelstats_gpu_up 0``;
+* raises :class:`NvmlUnavailableError` for errors that mean the library as a whole is unusable
+  (UNINITIALIZED, DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, LIB_RM_VERSION_MISMATCH): the backend then
+  re-initialises NVML on its retry schedule.
+
+Any other NVML error (NO_PERMISSION, INVALID_ARGUMENT, ...) is logged once per (call, error), counted
+in :attr:`NvmlCaller.errors` and answered with ``None``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# NVML "value not available" sentinels (nvml.h NVML_VALUE_NOT_AVAILABLE and unsigned casts of -1).
+SENTINELS = frozenset({2**32 - 1, 2**64 - 1, 2**31 - 1, 2**63 - 1, -1})
+
+LOST_ERRORS = frozenset({"GPU_IS_LOST", "UNKNOWN", "TIMEOUT", "GPU_NOT_FOUND", "RESET_REQUIRED", "IRQ_ISSUE"})
+UNAVAILABLE_ERRORS = frozenset(
+    {"UNINITIALIZED", "DRIVER_NOT_LOADED", "LIBRARY_NOT_FOUND", "LIB_RM_VERSION_MISMATCH"}
+)
+ABSENT_ERRORS = frozenset({"NOT_SUPPORTED", "FUNCTION_NOT_FOUND"})
+_UNSET: Any = object()
+
+
+class DeviceLostError(Exception):
+    """The device did not answer (NVML GPU_IS_LOST, UNKNOWN, TIMEOUT, ...): report it down."""
+
+
+class NvmlUnavailableError(Exception):
+    """NVML as a whole is unusable (library missing, driver not loaded, not initialised)."""
+
+
+def error_name(nvml: Any, exc: BaseException) -> str:
+    """Name of an ``NVMLError``'s code without the ``NVML_ERROR_`` prefix, e.g. ``"GPU_IS_LOST"``.
+
+    Looks the numeric ``exc.value`` up among the ``NVML_ERROR_*`` constants of ``nvml`` (pynvml or
+    the replay); answers ``"CODE_<n>"`` for a code this pynvml does not name.
+    """
+    code = getattr(exc, "value", None)
+    for name in dir(nvml):
+        if name.startswith("NVML_ERROR_") and getattr(nvml, name) == code:
+            return name[len("NVML_ERROR_") :]
+    return f"CODE_{code}"
+
+
+class NvmlCaller:
+    """Calls ``nvml.<function>`` by name and classifies its outcome (see module docstring).
+
+    ``nvml`` is the ``pynvml`` module or a :class:`collectors.nvml_replay.ReplayNVML`; both raise
+    ``nvml.NVMLError``. ``errors`` counts (call, error name) pairs that were answered with ``None``
+    or raised; it is read by the exporter as ``accelstats_nvml_errors_total``.
+    """
+
+    def __init__(self, nvml: Any) -> None:
+        self.nvml = nvml
+        self.errors: Counter[tuple[str, str]] = Counter()
+        self._logged: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+        self._names: dict[int, str] = {}
+
+    def _name(self, exc: BaseException) -> str:
+        code = getattr(exc, "value", -1)
+        name = self._names.get(code)
+        if name is None:
+            name = error_name(self.nvml, exc)
+            self._names[code] = name
+        return name
+
+    def _note(self, call: str, err: str, level: int) -> None:
+        with self._lock:
+            self.errors[(call, err)] += 1
+            first = (call, err) not in self._logged
+            self._logged.add((call, err))
+        log.log(level if first else logging.DEBUG, "NVML %s: %s", call, err)
+
+    def __call__(self, call: str, *args: Any, not_found: Any = _UNSET, **kwargs: Any) -> Any:
+        """Return ``nvml.<call>(*args, **kwargs)``, ``None`` when absent; see the module docstring.
+
+        ``not_found``: what to answer for NVML NOT_FOUND, which some calls use for "no new samples
+        since that timestamp" (``nvmlDeviceGetSamples``, ``nvmlDeviceGetProcessUtilization``);
+        without it NOT_FOUND is logged, counted and answered with ``None``.
+        Raises DeviceLostError or NvmlUnavailableError as classified above.
+        """
+        fn = getattr(self.nvml, call, None)
+        if fn is None:
+            self._note(call, "FUNCTION_NOT_FOUND", logging.WARNING)
+            return None
+        try:
+            value = fn(*args, **kwargs)
+        except self.nvml.NVMLError as exc:
+            err = self._name(exc)
+            if err in ABSENT_ERRORS:
+                if err == "FUNCTION_NOT_FOUND":
+                    self._note(call, err, logging.WARNING)
+                return None
+            if err == "NOT_FOUND" and not_found is not _UNSET:
+                return not_found
+            if err in LOST_ERRORS:
+                self._note(call, err, logging.WARNING)
+                raise DeviceLostError(f"{call}: {err}") from exc
+            if err in UNAVAILABLE_ERRORS:
+                self._note(call, err, logging.WARNING)
+                raise NvmlUnavailableError(f"{call}: {err}") from exc
+            self._note(call, err, logging.WARNING)
+            return None
+        if isinstance(value, int) and not isinstance(value, bool) and value in SENTINELS:
+            return None
+        return value
