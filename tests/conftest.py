@@ -1,0 +1,118 @@
+"""Shared pytest configuration for accelstats.
+
+Sections (add new fixtures to the matching one):
+
+* markers: ``@pytest.mark.root`` tests need root and real cgroups (runc containers).  They skip
+  with the reason when the host cannot run them, except under ``CI=true`` where they fail: CI must
+  never go green because an install step went missing.
+* paths: ``repo_root``, ``shared_dir`` (``$ACCELSTATS_SHARED`` or ``<repo>/../shared``),
+  ``fixtures_dir``.
+* containers: ``runc_container``, a factory that starts ``runc_harness.ContainerSpec``s and stops
+  and removes every container it started at teardown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from runc_harness import ContainerSpec, RuncContainer, RuncFactory, runc_available
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def in_ci() -> bool:
+    """True when running under CI (``CI=true``), where nothing may be skipped for lack of setup."""
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
+# --------------------------------------------------------------------------------------------
+# markers
+
+
+@functools.cache
+def _runc_unavailable_reason() -> str | None:
+    return runc_available()
+
+
+def require_runc() -> None:
+    """Skip (or, under CI, fail) the current test if runc containers cannot be started here."""
+    reason = _runc_unavailable_reason()
+    if reason is None:
+        return
+    if in_ci():
+        pytest.fail(f"root test cannot run under CI=true: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "root: needs root and real cgroups (runc containers); must not skip under CI=true"
+    )
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("root") is not None:
+        require_runc()
+
+
+# --------------------------------------------------------------------------------------------
+# paths
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    """The repository root (the directory holding ``pyproject.toml``)."""
+    return REPO_ROOT
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    """The read-only shared folder: ``$ACCELSTATS_SHARED``, else ``../shared`` from the repo root."""
+    env = os.environ.get("ACCELSTATS_SHARED")
+    path = Path(env) if env else REPO_ROOT.parent / "shared"
+    if not path.is_dir():
+        pytest.fail(f"shared folder {path} not found (set ACCELSTATS_SHARED)", pytrace=False)
+    return path
+
+
+@pytest.fixture(scope="session")
+def fixtures_dir(shared_dir: Path) -> Path:
+    """``<shared>/fixtures``: captures from real hosts."""
+    return shared_dir / "fixtures"
+
+
+# --------------------------------------------------------------------------------------------
+# containers
+
+
+@pytest.fixture
+def runc_state_root() -> Iterator[Path]:
+    """A private runc ``--root`` for one test (``runc_harness.runc_list`` reads it)."""
+    path = Path(tempfile.mkdtemp(prefix="accelstats-runc-state-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def runc_container(runc_state_root: Path) -> Iterator[RuncFactory]:
+    """Factory: ``runc_container(spec)`` starts a container and returns the running RuncContainer.
+
+    Every container started through it is stopped and its cgroups and bundle removed at teardown,
+    whatever the test did.  Skips (fails under CI) where runc containers cannot run.
+    """
+    require_runc()
+    with contextlib.ExitStack() as stack:
+
+        def start(spec: ContainerSpec) -> RuncContainer:
+            return stack.enter_context(RuncContainer(spec, runc_state_root))
+
+        yield start
