@@ -1,0 +1,151 @@
+"""Find container cgroups in a cgroup hierarchy, and read their ``devices.list``.
+
+Walks with :func:`os.scandir` rather than cgroupspy.  cgroupspy's ``Tree`` builds a node for every
+cgroup of every controller up front, hides per-directory errors, and with ``sub_groups=…`` creates
+missing groups, which a read-only monitor must never do (spec/cgroups.md §1).  ``os.scandir`` gives
+the entry type from ``getdents`` without a ``stat`` per entry, lets us refuse symlinks, bound the
+depth, stop at a recognised container, and count each directory that vanished (a container
+exiting mid-walk is normal) or could not be read, separately.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from accelstats.cgroups.devices_list import DevicesList, parse_devices_list
+from accelstats.cgroups.identity import ContainerIdentity, identify
+
+DEFAULT_MAX_DEPTH = 16
+"""Directories deeper than this below the hierarchy root are not entered (counted instead)."""
+_PAYLOAD_CHILD = "container"
+_MAX_DEVICES_LIST_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class ContainerCgroup:
+    """A container's cgroup in one hierarchy.
+
+    ``path`` is the cgroup path as the kernel names it (starts with ``/``, relative to the
+    hierarchy root, e.g. ``/docker/<id>``); ``directory`` is the absolute directory holding its
+    control files; ``identity`` is :func:`identify` of ``path``.
+    """
+
+    path: str
+    directory: Path
+    identity: ContainerIdentity | None
+
+
+@dataclass(frozen=True)
+class WalkStats:
+    """What a walk could not look at: directories that vanished (``FileNotFoundError``/
+    ``NotADirectoryError``, e.g. a container that exited), directories that could not be read
+    (permission or other ``OSError``), and directories not entered because of the depth bound."""
+
+    skipped_vanished: int = 0
+    skipped_unreadable: int = 0
+    skipped_too_deep: int = 0
+
+
+@dataclass(frozen=True)
+class Discovery:
+    """Result of a walk: the container cgroups found (in path order) and the walk's counters."""
+
+    containers: tuple[ContainerCgroup, ...]
+    stats: WalkStats
+
+
+def _cgroup_path(parts: tuple[str, ...]) -> str:
+    return "/" + "/".join(parts)
+
+
+def _subdirectories(directory: Path) -> list[str]:
+    """Names of the real (non-symlink) subdirectories, sorted; ``OSError`` propagates."""
+    names: list[str] = []
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    names.append(entry.name)
+            except OSError:
+                continue
+    names.sort()
+    return names
+
+
+def _payload_directory(directory: Path) -> bool:
+    """True when the container keeps its processes in a ``container`` child (podman/crun)."""
+    try:
+        return (directory / _PAYLOAD_CHILD).is_dir() and not (directory / _PAYLOAD_CHILD).is_symlink()
+    except OSError:
+        return False
+
+
+def _walk(root: Path, max_depth: int) -> Discovery:
+    found: list[ContainerCgroup] = []
+    vanished = unreadable = too_deep = 0
+    stack: list[tuple[str, ...]] = [()]
+    while stack:
+        parts = stack.pop()
+        directory = root.joinpath(*parts)
+        if parts:
+            identity = identify(_cgroup_path(parts))
+            if identity is not None:
+                if _payload_directory(directory):
+                    parts = (*parts, _PAYLOAD_CHILD)
+                    directory = directory / _PAYLOAD_CHILD
+                found.append(ContainerCgroup(_cgroup_path(parts), directory, identity))
+                continue
+        if len(parts) >= max_depth:
+            too_deep += 1
+            continue
+        try:
+            children = _subdirectories(directory)
+        except (FileNotFoundError, NotADirectoryError):
+            vanished += 1
+            continue
+        except OSError:
+            unreadable += 1
+            continue
+        stack.extend((*parts, name) for name in reversed(children))
+    found.sort(key=lambda c: c.path)
+    return Discovery(tuple(found), WalkStats(vanished, unreadable, too_deep))
+
+
+def discover_v1_containers(devices_root: Path, *, max_depth: int = DEFAULT_MAX_DEPTH) -> Discovery:
+    """Find container cgroups in the v1 ``devices`` hierarchy rooted at ``devices_root``.
+
+    Every directory whose cgroup path :func:`identify` recognises is one container; its subtree is
+    not walked (its children belong to it), except that a ``container`` child (podman/crun keep the
+    payload there, spec §3) is reported instead of its parent, since the runtime applies the device
+    rules there.  Symlinks are not followed; directories deeper than ``max_depth`` are not entered.
+    A directory that vanishes or cannot be read mid-walk is skipped and counted in
+    :class:`WalkStats` (a missing ``devices_root`` counts as one vanished directory).  Never raises
+    ``OSError``; never creates anything.
+    """
+    return _walk(devices_root, max_depth)
+
+
+def discover_v2_containers(unified_root: Path, *, max_depth: int = DEFAULT_MAX_DEPTH) -> Discovery:
+    """Find container cgroups in the cgroup2 hierarchy rooted at ``unified_root``.
+
+    Same walk and guarantees as :func:`discover_v1_containers`; on v2 there is no ``devices.list``
+    (device access is a BPF program), so the result serves process attribution (DESIGN.md).
+    """
+    return _walk(unified_root, max_depth)
+
+
+def read_devices_list(directory: Path) -> DevicesList | None:
+    """Read and parse ``<directory>/devices.list`` (at most 1 MiB; invalid UTF-8 replaced).
+
+    Returns ``None`` when the file vanished or cannot be read (the caller counts it); malformed
+    lines are in the result's ``skipped_lines``.  Re-read on every collection: cAdvisor read it once
+    and missed ``docker update`` and ``daemon-reload`` changes (spec §2).  Never raises ``OSError``.
+    """
+    try:
+        with open(directory / "devices.list", "rb") as handle:
+            data = handle.read(_MAX_DEVICES_LIST_BYTES)
+    except OSError:
+        return None
+    return parse_devices_list(data.decode("utf-8", errors="replace"))

@@ -1,0 +1,199 @@
+"""Container identity from a cgroup path, and ``/proc/<pid>/cgroup`` parsing (pure functions).
+
+The rules are the table of spec/cgroups.md §3 (docker, containerd/Kubernetes, CRI-O, podman, Nomad,
+LXC, systemd-nspawn).  They are applied to the path's components from the last one upwards: the
+deepest component a rule recognises names the container, so sub-cgroups a container creates below
+its own (podman/crun's trailing ``container``, systemd running inside the container, nested
+runtimes) belong to it.  A path whose last component ends in ``.mount`` is never a container (the
+docker overlay mount units look like container ids).  Nothing here touches the filesystem and no
+function raises on any input string.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+_HEX64 = r"[0-9a-f]{64}"
+_UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+_POD_UID = r"[0-9a-fA-F][0-9a-fA-F_-]*"
+
+RUNTIMES = ("docker", "containerd", "cri-o", "podman", "nomad", "lxc", "systemd-nspawn")
+"""Every value :attr:`ContainerIdentity.runtime` takes."""
+
+# Prefix of a systemd scope (or of the runc "slice:prefix:id" form) -> runtime.
+_PREFIX_RUNTIME = {
+    "docker": "docker",
+    "cri-containerd": "containerd",
+    "crio": "cri-o",
+    "libpod": "podman",
+    "nerdctl": "containerd",
+}
+_PREFIXES = "|".join(re.escape(p) for p in _PREFIX_RUNTIME)
+
+# docker-<id>.scope, cri-containerd-<id>.scope, crio-<id>.scope, libpod-<id>.scope (systemd driver).
+# crio-conmon-<id>.scope and libpod-conmon-<id>.scope never match: "conmon-…" is not 64 hex.
+_SCOPE_RE = re.compile(rf"({_PREFIXES})-({_HEX64})\.scope")
+# runc's cgroupfs driver given a systemd-style cgroupsPath: "<slice>:cri-containerd:<id>".
+_COLON_RE = re.compile(rf"([^:]*):({_PREFIXES}):({_HEX64})")
+# Kubernetes, cgroupfs driver: the container directory under pod<uid>, bare or runtime-prefixed.
+_KUBE_CGROUPFS_RE = re.compile(rf"(?:(docker|cri-containerd|crio)-)?({_HEX64})")
+_HEX64_RE = re.compile(_HEX64)
+_PODMAN_CGROUPFS_RE = re.compile(rf"libpod-({_HEX64})")
+_NOMAD_V2_RE = re.compile(rf"({_UUID})\.(.+)\.scope")
+_NOMAD_V1_RE = re.compile(rf"({_UUID})\.(.+)")
+_LXC_PAYLOAD_RE = re.compile(r"lxc\.payload\.(.+)")
+_NSPAWN_RE = re.compile(r"systemd-nspawn@(.+)\.service")
+_POD_CGROUPFS_RE = re.compile(rf"pod({_POD_UID})")
+_POD_SLICE_RE = re.compile(rf"kubepods(?:-[a-z]+)*-pod({_POD_UID})\.slice")
+_SYSTEMD_ESCAPE_RE = re.compile(r"\\x([0-9a-fA-F]{2})")
+_DELETED_SUFFIX = " (deleted)"
+
+
+@dataclass(frozen=True)
+class ContainerIdentity:
+    """Who a cgroup belongs to.
+
+    ``runtime`` is one of :data:`RUNTIMES` (``containerd`` also covers Kubernetes via CRI).  ``id``
+    is the runtime's container id (64 hex) or, for LXC and systemd-nspawn, the container name, and
+    for Nomad ``<alloc id>.<task>``.  ``pod_uid`` is the Kubernetes pod UID with dashes,
+    ``alloc_id``/``task`` the Nomad allocation and task, ``name`` the LXC/nspawn name; each is ``""``
+    when the path does not say.
+    """
+
+    runtime: str
+    id: str
+    pod_uid: str = ""
+    alloc_id: str = ""
+    task: str = ""
+    name: str = ""
+
+
+def _pod_uid(ancestors: list[str]) -> str:
+    """The Kubernetes pod UID named by the nearest ancestor pod cgroup, ``_`` turned into ``-``."""
+    for comp in reversed(ancestors):
+        match = _POD_CGROUPFS_RE.fullmatch(comp) or _POD_SLICE_RE.fullmatch(comp)
+        if match is not None:
+            return match.group(1).replace("_", "-")
+    return ""
+
+
+def _systemd_unescape(text: str) -> str:
+    """Undo systemd unit-name escaping (``\\x2d`` -> ``-``), as ``systemd-escape --unescape``."""
+    return _SYSTEMD_ESCAPE_RE.sub(lambda m: chr(int(m.group(1), 16)), text)
+
+
+def _runtime_scope(comp: str, ancestors: list[str]) -> ContainerIdentity | None:
+    match = _SCOPE_RE.fullmatch(comp)
+    if match is not None:
+        return ContainerIdentity(_PREFIX_RUNTIME[match.group(1)], match.group(2), _pod_uid(ancestors))
+    match = _COLON_RE.fullmatch(comp)
+    if match is not None:
+        pod = _pod_uid([*ancestors, match.group(1)])
+        return ContainerIdentity(_PREFIX_RUNTIME[match.group(2)], match.group(3), pod)
+    return None
+
+
+def _cgroupfs(comp: str, ancestors: list[str]) -> ContainerIdentity | None:
+    parent = ancestors[-1] if ancestors else ""
+    if _POD_CGROUPFS_RE.fullmatch(parent):
+        match = _KUBE_CGROUPFS_RE.fullmatch(comp)
+        if match is not None:
+            runtime = _PREFIX_RUNTIME[match.group(1)] if match.group(1) else "containerd"
+            return ContainerIdentity(runtime, match.group(2), _pod_uid(ancestors))
+    if parent == "docker" and _HEX64_RE.fullmatch(comp):
+        return ContainerIdentity("docker", comp)
+    if parent == "libpod_parent":
+        match = _PODMAN_CGROUPFS_RE.fullmatch(comp)
+        if match is not None:
+            return ContainerIdentity("podman", match.group(1))
+    return None
+
+
+def _nomad(comp: str, ancestors: list[str]) -> ContainerIdentity | None:
+    parent = ancestors[-1] if ancestors else ""
+    match = _NOMAD_V2_RE.fullmatch(comp)
+    if match is not None and parent.endswith(".slice"):
+        alloc, task = match.groups()
+    else:
+        match = _NOMAD_V1_RE.fullmatch(comp)
+        grandparent = ancestors[-2] if len(ancestors) >= 2 else ""
+        in_nomad_v1 = parent == "nomad" or (
+            parent in ("share", "shared", "reserve", "reserved") and grandparent == "nomad"
+        )
+        if match is None or not in_nomad_v1:
+            return None
+        alloc, task = match.groups()
+    return ContainerIdentity("nomad", f"{alloc}.{task}", alloc_id=alloc, task=task)
+
+
+def _named(comp: str, ancestors: list[str]) -> ContainerIdentity | None:
+    match = _LXC_PAYLOAD_RE.fullmatch(comp)
+    name = match.group(1) if match is not None else (comp if ancestors and ancestors[-1] == "lxc" else "")
+    if name:
+        return ContainerIdentity("lxc", name, name=name)
+    match = _NSPAWN_RE.fullmatch(comp)
+    if match is not None:
+        name = _systemd_unescape(match.group(1))
+        return ContainerIdentity("systemd-nspawn", name, name=name)
+    return None
+
+
+_RULES = (_runtime_scope, _cgroupfs, _nomad, _named)
+
+
+def identify(cgroup_path: str) -> ContainerIdentity | None:
+    """The container a cgroup path belongs to, or ``None`` for a host process / non-container.
+
+    ``cgroup_path`` is a path as ``/proc/<pid>/cgroup`` names it (``/docker/<64 hex>``,
+    ``/kubepods.slice/…/cri-containerd-<id>.scope``, …); empty components, trailing slashes,
+    surrounding whitespace and the kernel's `` (deleted)`` suffix are tolerated.  Implements every
+    row of spec/cgroups.md §3; see the module docstring for how nested cgroups are handled.  Never
+    raises.
+    """
+    path = cgroup_path.strip()
+    if path.endswith(_DELETED_SUFFIX):
+        path = path[: -len(_DELETED_SUFFIX)]
+    comps = [c for c in path.split("/") if c]
+    if not comps or comps[-1].endswith(".mount"):
+        return None
+    for index in range(len(comps) - 1, -1, -1):
+        ancestors = comps[:index]
+        for rule in _RULES:
+            found = rule(comps[index], ancestors)
+            if found is not None:
+                return found
+    return None
+
+
+def parse_proc_cgroup(text: str) -> dict[str, str]:
+    """Parse ``/proc/<pid>/cgroup`` into ``{controller: path}``.
+
+    Each line is ``hierarchy-id:controllers:path`` (``man 7 cgroups``).  A v1 line's
+    comma-separated controllers (``cpu,cpuacct``, ``name=systemd``) each become a key; the v2 line
+    ``0::/path`` has the key ``""``.  Paths may contain ``:`` (the ``<slice>:cri-containerd:<id>``
+    form).  Malformed lines are ignored; the first line for a key wins.  Never raises.
+    """
+    parsed: dict[str, str] = {}
+    for line in text.splitlines():
+        fields = line.strip().split(":", 2)
+        if len(fields) != 3 or not fields[0].isdigit() or not fields[2].startswith("/"):
+            continue
+        hierarchy, controllers, path = fields
+        keys = [""] if hierarchy == "0" and not controllers else controllers.split(",")
+        for key in keys:
+            parsed.setdefault(key, path)
+    return parsed
+
+
+def cgroup_path_for(parsed: Mapping[str, str], prefer: str = "devices") -> str | None:
+    """The path that decides attribution: the ``prefer`` controller's (v1), else the v2 line's.
+
+    One process can sit in different cgroups per v1 controller (Nomad ≤ 1.6 puts ``cpuset`` under
+    ``/nomad/reserved/…`` while ``devices`` points at the driver's ``/docker/<id>``; spec §3), so
+    the devices controller's line is the one to read.  ``None`` when neither line exists.
+    """
+    if prefer in parsed:
+        return parsed[prefer]
+    return parsed.get("")
