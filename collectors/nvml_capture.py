@@ -1,0 +1,726 @@
+"""The inputs of the NVML replay as plain values: ``nvidia-smi -q -x`` captures and scenario TOML.
+
+Pure functions over the standard library (``xml.etree.ElementTree``, ``tomllib``; expat never
+fetches the ``<!DOCTYPE … SYSTEM "nvsmi_device_vNN.dtd">`` the captures name). Every value is
+converted to the unit NVML answers in: bytes (``"143771 MiB"`` → 143771 x 2^20), milliwatts
+(``"79.43 W"`` → 79430), MHz, percent, degrees C, KB/s, plain integers (``"16x"`` → 16).
+
+``None`` means the capture has no usable value: the cell is ``N/A``, ``[N/A]``, ``Not Supported``,
+``Unknown``, empty, or the element is missing in this schema version; the replay answers such a
+call with NVML_ERROR_NOT_SUPPORTED. A cell reading ``Requested functionality has been deprecated``
+(nvidia-smi prints ``nvmlErrorString(NVML_ERROR_DEPRECATED)``) is also ``None`` and its field name
+is listed in :attr:`GpuCapture.deprecated`, so the replay raises NVML_ERROR_DEPRECATED instead.
+
+Schema versions differ (``<!DOCTYPE>`` v11: Tesla T4, v12: A100, v13: H200 / RTX A5000):
+``clocks_throttle_reasons`` (≤ v11) vs ``clocks_event_reasons``; ``power_readings`` with
+``power_draw`` / ``power_limit`` / ``enforced_power_limit`` (≤ v11) vs ``gpu_power_readings`` with
+``power_draw`` (v12) or ``average_power_draw`` + ``instant_power_draw`` (v13) and
+``requested_power_limit`` / ``current_power_limit``; ``sram_uncorrectable`` (≤ v12) vs
+``sram_uncorrectable_parity`` + ``sram_uncorrectable_secded`` (v13). Each field below lists the
+element paths it is read from, first match wins.
+
+A scenario TOML picks GPUs out of captures, overrides their identity and readings, adds processes
+and MIG instances, and injects faults (:func:`load_scenario`)::
+
+    [[gpu]]                          # NVML index = position, unless `index` is given
+    capture = "nvidia-smi-q.xml"     # relative to the TOML file; required
+    capture_index = 0                # which <gpu> of the capture (default 0)
+    index = 0                        # optional overrides: NVML index, minor, uuid, name, pci_bus_id
+    [gpu.override]                   # optional: any GpuCapture field, e.g. temp_gpu_c = 80;
+    power_usage_mw = 300000          #   the string "N/A" makes that call raise NOT_SUPPORTED
+    [[gpu.process]]                  # added to the capture's <processes> (same pid and type: replaced)
+    pid = 4242                       # required
+    used_memory_bytes = 1073741824   # optional (absent: usedGpuMemory None)
+    sm_utilization_percent = 35      # optional: feeds nvmlDeviceGetProcessUtilization
+    type = "compute"                 # "compute" (default) | "graphics" | "mps"
+    name = "python"                  # optional
+    [[gpu.mig]]                      # replaces the capture's MIG devices and enables MIG mode
+    gpu_instance_id = 1              # required
+    profile = "1g.18gb"              # required
+    memory_total_bytes = 17716740096 # required
+    compute_instance_id = 0          # optional; uuid optional (default: nvml_replay.mig_uuid)
+    [[gpu.mig.process]]              # same keys as [[gpu.process]], runs in this instance
+    [[fault]]
+    gpu = 1                          # NVML index; without it the fault hits that call on every GPU
+    call = "nvmlDeviceGetMemoryInfo" # an implemented call, or "*" (every call naming that GPU)
+    error = "GPU_IS_LOST"            # NVML_ERROR_<error>; optional when hang_seconds is given
+    after_calls = 0                  # this many matching calls succeed first
+    times = 3                        # then fail this many times (default: forever)
+    hang_seconds = 5                 # block (time.sleep) this long before failing / answering
+
+Errors in either input are :class:`CaptureError`, naming the file and the line/column or the key.
+
+Facts the XML does not hold are derived here, each from a documented table: CUDA compute
+capability and NVML architecture code (from ``product_architecture`` and the product name), and a
+MIG instance's profile name (from its SM count and memory share).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field, fields, replace
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+_ABSENT = frozenset({"", "n/a", "[n/a]", "not supported", "[not supported]", "unknown", "[unknown error]"})
+_DEPRECATED = "requested functionality has been deprecated"
+_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+
+# nvmlClocksEventReason* bits (nvml.h; equal to pynvml's nvmlClocksEventReason*/ThrottleReason*),
+# keyed by the element name after the ``clocks_event_reason_`` / ``clocks_throttle_reason_`` prefix.
+CLOCK_REASON_BITS = {
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+    "display_clocks_setting": 0x100,
+}
+
+# NVML_DEVICE_ARCH_* (nvml.h) by lower-cased ``product_architecture``.
+ARCHITECTURES = {
+    "kepler": 2, "maxwell": 3, "pascal": 4, "volta": 5, "turing": 6, "ampere": 7,
+    "ada lovelace": 8, "ada": 8, "hopper": 9, "blackwell": 10,
+}
+ARCH_UNKNOWN = 0xFFFFFFFF
+
+# CUDA compute capability (NVIDIA's CUDA GPUs table): (architecture, product-name regex, (major, minor)),
+# first match wins. Hopper 9.0; Ampere GA100 (A100, A800, A30) 8.0, other Ampere (RTX A5000, A10, A40,
+# GeForce 30) 8.6; Turing (T4) 7.5; Volta 7.0; Ada 8.9; Blackwell data-centre 10.0, RTX 12.0;
+# Pascal P100 6.0, other Pascal 6.1.
+COMPUTE_CAPABILITY: tuple[tuple[str, str, tuple[int, int]], ...] = (
+    ("hopper", "", (9, 0)),
+    ("ampere", r"\bA(100|800|30)\b", (8, 0)),
+    ("ampere", "", (8, 6)),
+    ("ada lovelace", "", (8, 9)),
+    ("ada", "", (8, 9)),
+    ("turing", "", (7, 5)),
+    ("volta", "", (7, 0)),
+    ("blackwell", r"\bRTX\b", (12, 0)),
+    ("blackwell", "", (10, 0)),
+    ("pascal", r"\bP100\b", (6, 0)),
+    ("pascal", "", (6, 1)),
+)
+
+# SMs in one MIG compute slice ("1g"): A100/A30 14, H100/H200 16 (NVIDIA MIG user guide profiles).
+MIG_SMS_PER_SLICE = {"ampere": 14, "hopper": 16}
+
+
+class CaptureError(ValueError):
+    """The file is not an ``nvidia-smi -q -x`` capture; the message names the file and position."""
+
+
+@dataclass(frozen=True)
+class ProcessCapture:
+    """One ``<process_info>`` (or scenario process). ``types`` ⊆ {"compute", "graphics", "mps"}:
+    nvidia-smi type ``C`` → compute, ``G`` → graphics, ``C+G`` → both, ``M+C`` / ``M`` → mps.
+    ``used_memory_bytes`` None when N/A; instance ids None outside MIG."""
+
+    pid: int
+    types: frozenset[str]
+    used_memory_bytes: int | None = None
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+    sm_utilization_percent: int | None = None
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class MigCapture:
+    """One ``<mig_device>``: NVML MIG-device slot ``index``, GPU/compute instance ids, SM count,
+    memory in bytes. ``profile`` and ``uuid`` come only from scenarios (the XML has neither)."""
+
+    index: int
+    gpu_instance_id: int
+    compute_instance_id: int = 0
+    sm_count: int | None = None
+    memory_total_bytes: int | None = None
+    memory_reserved_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    memory_free_bytes: int | None = None
+    bar1_total_bytes: int | None = None
+    bar1_used_bytes: int | None = None
+    bar1_free_bytes: int | None = None
+    profile: str | None = None
+    uuid: str | None = None
+
+
+@dataclass(frozen=True)
+class GpuCapture:
+    """Every value of one ``<gpu>`` the replay answers from, in NVML's units (see module docstring).
+
+    Field names say their unit (``_bytes``, ``_mw``, ``_mhz``, ``_kbps``); modes are NVML's ints
+    (enabled 1 / disabled 0, compute mode 0-3, P-state number); ``clock_reasons`` is the
+    nvmlClocksEventReason bitmask; ECC totals sum the SRAM and DRAM counters of one scope.
+    """
+
+    name: str | None = None
+    architecture: str | None = None
+    uuid: str | None = None
+    serial: str | None = None
+    minor: int | None = None
+    vbios_version: str | None = None
+    board_part_number: str | None = None
+    display_mode: int | None = None
+    display_active: int | None = None
+    persistence_mode: int | None = None
+    mig_current: int | None = None
+    mig_pending: int | None = None
+    compute_mode: int | None = None
+    pci_bus_id: str | None = None
+    pci_domain: int | None = None
+    pci_bus: int | None = None
+    pci_device: int | None = None
+    pci_device_id: int | None = None
+    pci_subsystem_id: int | None = None
+    pcie_gen_max: int | None = None
+    pcie_gen_current: int | None = None
+    pcie_width_max: int | None = None
+    pcie_width_current: int | None = None
+    pcie_replay_counter: int | None = None
+    pcie_tx_kbps: int | None = None
+    pcie_rx_kbps: int | None = None
+    fan_speed_percent: int | None = None
+    performance_state: int | None = None
+    clock_reasons: int | None = None
+    memory_total_bytes: int | None = None
+    memory_reserved_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    memory_free_bytes: int | None = None
+    bar1_total_bytes: int | None = None
+    bar1_used_bytes: int | None = None
+    bar1_free_bytes: int | None = None
+    util_gpu_percent: int | None = None
+    util_memory_percent: int | None = None
+    util_encoder_percent: int | None = None
+    util_decoder_percent: int | None = None
+    ecc_current: int | None = None
+    ecc_pending: int | None = None
+    ecc_volatile_corrected: int | None = None
+    ecc_volatile_uncorrected: int | None = None
+    ecc_aggregate_corrected: int | None = None
+    ecc_aggregate_uncorrected: int | None = None
+    remapped_corr: int | None = None
+    remapped_unc: int | None = None
+    remapped_pending: int | None = None
+    remapped_failure: int | None = None
+    temp_gpu_c: int | None = None
+    temp_memory_c: int | None = None
+    power_usage_mw: int | None = None
+    power_average_mw: int | None = None
+    power_instant_mw: int | None = None
+    power_limit_enforced_mw: int | None = None
+    power_limit_mw: int | None = None
+    power_limit_default_mw: int | None = None
+    power_limit_min_mw: int | None = None
+    power_limit_max_mw: int | None = None
+    clock_graphics_mhz: int | None = None
+    clock_sm_mhz: int | None = None
+    clock_mem_mhz: int | None = None
+    clock_video_mhz: int | None = None
+    max_clock_graphics_mhz: int | None = None
+    max_clock_sm_mhz: int | None = None
+    max_clock_mem_mhz: int | None = None
+    max_clock_video_mhz: int | None = None
+    retired_pages_sbe: tuple[int, ...] | None = None
+    retired_pages_dbe: tuple[int, ...] | None = None
+    processes: tuple[ProcessCapture, ...] = ()
+    migs: tuple[MigCapture, ...] = ()
+    deprecated: frozenset[str] = field(default_factory=frozenset)
+
+
+@dataclass(frozen=True)
+class SystemCapture:
+    """A whole capture: driver version (str), CUDA driver version (``"13.0"``), GPUs in NVML order."""
+
+    driver_version: str | None
+    cuda_version: str | None
+    gpus: tuple[GpuCapture, ...]
+
+
+# -- value converters: text (already known not to be N/A) -> value, or None when it does not parse --
+def _str(t: str) -> str:
+    return t
+
+
+def _int(t: str) -> int | None:
+    m = re.fullmatch(r"(-?\d+)\s*(x|%|C|MHz|KB/s|us)?", t)
+    return int(m.group(1)) if m else None
+
+
+def _hex(t: str) -> int | None:
+    return int(t, 16) if re.fullmatch(r"(0x)?[0-9A-Fa-f]+", t) else None
+
+
+def _bytes(t: str) -> int | None:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB)", t)
+    return int(Decimal(m.group(1)) * _UNITS[m.group(2)]) if m else None
+
+
+def _mw(t: str) -> int | None:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*W", t)
+    return int(Decimal(m.group(1)) * 1000) if m else None
+
+
+def _enabled(t: str) -> int | None:
+    return {"enabled": 1, "disabled": 0}.get(t.lower())
+
+
+def _yes(t: str) -> int | None:
+    return {"yes": 1, "no": 0}.get(t.lower())
+
+
+def _pstate(t: str) -> int | None:
+    m = re.fullmatch(r"P(\d+)", t)
+    return int(m.group(1)) if m else None
+
+
+def _compute_mode(t: str) -> int | None:
+    modes = {"default": 0, "exclusive_thread": 1, "prohibited": 2, "exclusive_process": 3}
+    return modes.get(t.lower())
+
+
+_PW = ("gpu_power_readings", "power_readings")
+_LINK = "pci/pci_gpu_link_info"
+# field -> (element paths, first match wins; converter)
+_FIELDS: dict[str, tuple[tuple[str, ...], Callable[[str], Any]]] = {
+    "name": (("product_name",), _str),
+    "architecture": (("product_architecture",), _str),
+    "uuid": (("uuid",), _str),
+    "serial": (("serial",), _str),
+    "minor": (("minor_number",), _int),
+    "vbios_version": (("vbios_version",), _str),
+    "board_part_number": (("board_part_number",), _str),
+    "display_mode": (("display_mode",), _enabled),
+    "display_active": (("display_active",), _enabled),
+    "persistence_mode": (("persistence_mode",), _enabled),
+    "mig_current": (("mig_mode/current_mig",), _enabled),
+    "mig_pending": (("mig_mode/pending_mig",), _enabled),
+    "compute_mode": (("compute_mode",), _compute_mode),
+    "pci_bus_id": (("pci/pci_bus_id",), _str),
+    "pci_domain": (("pci/pci_domain",), _hex),
+    "pci_bus": (("pci/pci_bus",), _hex),
+    "pci_device": (("pci/pci_device",), _hex),
+    "pci_device_id": (("pci/pci_device_id",), _hex),
+    "pci_subsystem_id": (("pci/pci_sub_system_id",), _hex),
+    "pcie_gen_max": ((f"{_LINK}/pcie_gen/max_link_gen",), _int),
+    "pcie_gen_current": ((f"{_LINK}/pcie_gen/current_link_gen",), _int),
+    "pcie_width_max": ((f"{_LINK}/link_widths/max_link_width",), _int),
+    "pcie_width_current": ((f"{_LINK}/link_widths/current_link_width",), _int),
+    "pcie_replay_counter": (("pci/replay_counter",), _int),
+    "pcie_tx_kbps": (("pci/tx_util",), _int),
+    "pcie_rx_kbps": (("pci/rx_util",), _int),
+    "fan_speed_percent": (("fan_speed",), _int),
+    "performance_state": (("performance_state",), _pstate),
+    **{f"memory_{k}_bytes": ((f"fb_memory_usage/{k}",), _bytes) for k in ("total", "reserved", "used", "free")},
+    **{f"bar1_{k}_bytes": ((f"bar1_memory_usage/{k}",), _bytes) for k in ("total", "used", "free")},
+    **{f"util_{k}_percent": ((f"utilization/{k}_util",), _int) for k in ("gpu", "memory", "encoder", "decoder")},
+    "ecc_current": (("ecc_mode/current_ecc",), _enabled),
+    "ecc_pending": (("ecc_mode/pending_ecc",), _enabled),
+    "remapped_corr": (("remapped_rows/remapped_row_corr",), _int),
+    "remapped_unc": (("remapped_rows/remapped_row_unc",), _int),
+    "remapped_pending": (("remapped_rows/remapped_row_pending",), _yes),
+    "remapped_failure": (("remapped_rows/remapped_row_failure",), _yes),
+    "temp_gpu_c": (("temperature/gpu_temp",), _int),
+    "temp_memory_c": (("temperature/memory_temp",), _int),
+    # nvmlDeviceGetPowerUsage is the 1 s average on Ampere (except GA100) and newer, instantaneous on
+    # GA100 and older (nvml.h); v13 captures give both, v11/v12 only ``power_draw``.
+    "power_usage_mw": (tuple(f"{p}/{k}" for k in ("average_power_draw", "power_draw", "instant_power_draw")
+                             for p in _PW), _mw),
+    "power_average_mw": (tuple(f"{p}/average_power_draw" for p in _PW), _mw),
+    "power_instant_mw": (tuple(f"{p}/{k}" for k in ("instant_power_draw", "power_draw") for p in _PW), _mw),
+    "power_limit_enforced_mw": (tuple(f"{p}/{k}" for k in ("current_power_limit", "enforced_power_limit")
+                                      for p in _PW), _mw),
+    "power_limit_mw": (tuple(f"{p}/{k}" for k in ("requested_power_limit", "power_limit") for p in _PW), _mw),
+    "power_limit_default_mw": (tuple(f"{p}/default_power_limit" for p in _PW), _mw),
+    "power_limit_min_mw": (tuple(f"{p}/min_power_limit" for p in _PW), _mw),
+    "power_limit_max_mw": (tuple(f"{p}/max_power_limit" for p in _PW), _mw),
+    **{f"clock_{k}_mhz": ((f"clocks/{k}_clock",), _int) for k in ("graphics", "sm", "mem", "video")},
+    **{f"max_clock_{k}_mhz": ((f"max_clocks/{k}_clock",), _int) for k in ("graphics", "sm", "mem", "video")},
+}
+
+
+def _lookup(el: ET.Element, paths: tuple[str, ...], conv: Callable[[str], Any]) -> tuple[Any, bool]:
+    """(value, deprecated): the first path whose text converts; deprecated when a cell said so."""
+    deprecated = False
+    for path in paths:
+        node = el.find(path)
+        if node is None:
+            continue
+        text = " ".join((node.text or "").split())
+        if text.lower() == _DEPRECATED:
+            deprecated = True
+        elif text.lower() not in _ABSENT:
+            value = conv(text)
+            if value is not None:
+                return value, False
+    return None, deprecated
+
+
+def _value(el: ET.Element, path: str, conv: Callable[[str], Any]) -> Any:
+    return _lookup(el, (path,), conv)[0]
+
+
+def _clock_reasons(gpu: ET.Element) -> int | None:
+    """Bitmask of the reasons marked ``Active``; None when the capture has no reason cells."""
+    mask, seen = 0, False
+    for group, prefix in (("clocks_event_reasons", "clocks_event_reason_"),
+                          ("clocks_throttle_reasons", "clocks_throttle_reason_")):
+        el = gpu.find(group)
+        for child in el if el is not None else ():
+            bit = CLOCK_REASON_BITS.get(child.tag.removeprefix(prefix))
+            state = (child.text or "").strip().lower()
+            if bit is not None and state in ("active", "not active"):
+                seen = True
+                mask |= bit if state == "active" else 0
+    return mask if seen else None
+
+
+def _ecc_totals(gpu: ET.Element, scope: str) -> tuple[int | None, int | None]:
+    """(corrected, uncorrected) of ``ecc_errors/<scope>``: the sum of its SRAM and DRAM cells
+    (v11+), or ``single_bit/total`` and ``double_bit/total`` (older schemas); None if any is N/A."""
+    el = gpu.find(f"ecc_errors/{scope}")
+    if el is None:
+        return None, None
+    if el.find("single_bit/total") is not None:
+        return _value(el, "single_bit/total", _int), _value(el, "double_bit/total", _int)
+    out: list[int | None] = []
+    for pattern in (r"(sram|dram)_correctable", r"(sram|dram)_uncorrectable(_\w+)?"):
+        values = [_value(el, c.tag, _int) for c in el if re.fullmatch(pattern, c.tag)]
+        known = [v for v in values if v is not None]
+        out.append(sum(known) if known and len(known) == len(values) else None)
+    return out[0], out[1]
+
+
+def _retired(gpu: ET.Element, cause: str) -> tuple[int, ...] | None:
+    """Retired page addresses for one cause; None when the count is N/A (row-remapping GPUs)."""
+    base = f"retired_pages/{cause}"
+    if _value(gpu, f"{base}/retired_count", _int) is None:
+        return None
+    pages = gpu.find(f"{base}/retired_pagelist")
+    return tuple(int(n.text.strip(), 16) for n in (pages.iter() if pages is not None else ())
+                 if n.text and re.fullmatch(r"\s*0x[0-9A-Fa-f]+\s*", n.text))
+
+
+def process_types(code: str) -> frozenset[str]:
+    """nvidia-smi process type (``C``, ``G``, ``C+G``, ``M+C``, ``M``) → NVML process lists."""
+    parts = set(code.upper().split("+"))
+    if "M" in parts:
+        return frozenset({"mps"})
+    return frozenset({"compute"} if "C" in parts else set()) | frozenset({"graphics"} if "G" in parts else set())
+
+
+def _processes(gpu: ET.Element) -> tuple[ProcessCapture, ...]:
+    procs = []
+    for p in gpu.iterfind("processes/process_info"):
+        pid = _value(p, "pid", _int)
+        if pid is not None:
+            procs.append(ProcessCapture(
+                pid=pid, types=process_types(_value(p, "type", _str) or "C"),
+                used_memory_bytes=_value(p, "used_memory", _bytes),
+                gpu_instance_id=_value(p, "gpu_instance_id", _int),
+                compute_instance_id=_value(p, "compute_instance_id", _int),
+                name=_value(p, "process_name", _str) or ""))
+    return tuple(procs)
+
+
+def _migs(gpu: ET.Element) -> tuple[MigCapture, ...]:
+    migs: list[MigCapture] = []
+    for m in gpu.iterfind("mig_devices/mig_device"):
+        mem = {k: _value(m, f"fb_memory_usage/{k}", _bytes) for k in ("total", "reserved", "used", "free")}
+        bar1 = {k: _value(m, f"bar1_memory_usage/{k}", _bytes) for k in ("total", "used", "free")}
+        index = _value(m, "index", _int)
+        migs.append(MigCapture(
+            index=len(migs) if index is None else index,
+            gpu_instance_id=_value(m, "gpu_instance_id", _int) or 0,
+            compute_instance_id=_value(m, "compute_instance_id", _int) or 0,
+            sm_count=_value(m, "device_attributes/shared/multiprocessor_count", _int),
+            memory_total_bytes=mem["total"], memory_reserved_bytes=mem["reserved"],
+            memory_used_bytes=mem["used"], memory_free_bytes=mem["free"],
+            bar1_total_bytes=bar1["total"], bar1_used_bytes=bar1["used"], bar1_free_bytes=bar1["free"]))
+    return tuple(migs)
+
+
+def parse_gpu(gpu: ET.Element) -> GpuCapture:
+    """One ``<gpu>`` element → :class:`GpuCapture` (see the module docstring for units and N/A)."""
+    values: dict[str, Any] = {}
+    deprecated = set()
+    for name, (paths, conv) in _FIELDS.items():
+        values[name], was_deprecated = _lookup(gpu, paths, conv)
+        if was_deprecated:
+            deprecated.add(name)
+    values["pci_bus_id"] = values["pci_bus_id"] or gpu.get("id")
+    for scope in ("volatile", "aggregate"):
+        values[f"ecc_{scope}_corrected"], values[f"ecc_{scope}_uncorrected"] = _ecc_totals(gpu, scope)
+    return GpuCapture(
+        **values, clock_reasons=_clock_reasons(gpu),
+        retired_pages_sbe=_retired(gpu, "multiple_single_bit_retirement"),
+        retired_pages_dbe=_retired(gpu, "double_bit_retirement"),
+        processes=_processes(gpu), migs=_migs(gpu), deprecated=frozenset(deprecated))
+
+
+def parse_capture(path: str | Path) -> SystemCapture:
+    """Parse an ``nvidia-smi -q -x`` file: every ``<gpu>`` in document order (NVML index = position).
+
+    Raises CaptureError naming the file and the 1-based line and column when the file is not
+    well-formed XML, or when its root element is not ``<nvidia_smi_log>``; OSError when unreadable.
+    """
+    path = Path(path)
+    try:
+        root = ET.parse(path).getroot()
+    except ET.ParseError as exc:
+        line, column = exc.position
+        reason = re.sub(r": line \d+, column \d+$", "", str(exc))
+        raise CaptureError(f"{path}: line {line}, column {column + 1}: not well-formed XML ({reason})") from exc
+    if root.tag != "nvidia_smi_log":
+        raise CaptureError(f"{path}: root element is <{root.tag}>, expected <nvidia_smi_log> "
+                           "(the output of `nvidia-smi -q -x`)")
+    return SystemCapture(
+        driver_version=_value(root, "driver_version", _str),
+        cuda_version=_value(root, "cuda_version", _str),
+        gpus=tuple(parse_gpu(g) for g in root.iterfind("gpu")))
+
+
+def pci_bus_id_parts(text: str) -> tuple[int, int, int, int] | None:
+    """``"00000000:00:06.0"`` (any domain width) → (domain, bus, device, function); None if malformed."""
+    m = re.fullmatch(r"([0-9A-Fa-f]{1,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})\.([0-7])", text.strip())
+    return (int(m.group(1), 16), int(m.group(2), 16), int(m.group(3), 16), int(m.group(4))) if m else None
+
+
+# -- derived facts ---------------------------------------------------------------------------------
+def compute_capability(gpu: GpuCapture) -> tuple[int, int] | None:
+    """(major, minor) from :data:`COMPUTE_CAPABILITY`; None for an architecture it does not list."""
+    arch, name = (gpu.architecture or "").lower(), gpu.name or ""
+    for table_arch, pattern, cc in COMPUTE_CAPABILITY:
+        if arch == table_arch and re.search(pattern, name):
+            return cc
+    return None
+
+
+def architecture_code(gpu: GpuCapture) -> int:
+    """NVML_DEVICE_ARCH_* for ``product_architecture``; NVML_DEVICE_ARCH_UNKNOWN when not listed."""
+    return ARCHITECTURES.get((gpu.architecture or "").lower(), ARCH_UNKNOWN)
+
+
+def mig_profile(parent: GpuCapture, mig: MigCapture) -> str:
+    """MIG profile name ``<slices>g.<GB>gb``: the scenario's ``profile`` when given, else derived.
+
+    Slices = SM count / :data:`MIG_SMS_PER_SLICE` (14 when the architecture is not listed), at
+    least 1. GB = the instance's share of the parent's memory rounded to eighths, times the parent's
+    nominal size ``ceil(total MiB / 1024)`` GB, rounded half up: A100-80GB 19968 MiB of 81920 MiB
+    with 14 SMs → ``1g.20gb``; H200 (143771 MiB → 141 GB) 1/8 → ``1g.18gb``.
+    """
+    if mig.profile:
+        return mig.profile
+    per_slice = MIG_SMS_PER_SLICE.get((parent.architecture or "").lower(), 14)
+    slices = max(1, round((mig.sm_count or per_slice) / per_slice))
+    total, parent_total = mig.memory_total_bytes or 0, parent.memory_total_bytes or 0
+    if not parent_total:
+        return f"{slices}g.{round(total / 1e9)}gb"
+    eighths = max(1, round(8 * total / parent_total))
+    nominal = math.ceil(parent_total / (1 << 30))
+    return f"{slices}g.{math.floor(nominal * eighths / 8 + 0.5)}gb"
+
+
+# -- scenarios ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Fault:
+    """An injected failure, a scenario ``[[fault]]`` (keys: the module docstring).
+
+    ``call`` (an NVML call name or ``"*"``) fails with NVML_ERROR_<``error``> on GPU ``gpu`` (NVML
+    index; None: every GPU, or a system call), after ``after_calls`` matching calls succeed, ``times``
+    times (None: forever), each first blocking ``hang_seconds``.
+    """
+
+    call: str
+    error: str | None = None
+    gpu: int | None = None
+    after_calls: int = 0
+    times: int | None = None
+    hang_seconds: float = 0.0
+
+
+_GPU_KEYS = {"capture", "capture_index", "index", "minor", "uuid", "name", "pci_bus_id", "override", "process", "mig"}
+_PROCESS_KEYS = {"pid", "used_memory_bytes", "sm_utilization_percent", "type", "name"}
+_MIG_KEYS = {"gpu_instance_id", "compute_instance_id", "profile", "memory_total_bytes", "uuid", "process"}
+_FAULT_KEYS = {"gpu", "call", "error", "after_calls", "times", "hang_seconds"}
+_OVERRIDABLE = {f.name: f.type for f in fields(GpuCapture) if f.type in ("int | None", "str | None")}
+
+
+class _Table:
+    """One TOML table of a scenario, checked key by key; errors name the file and the key path."""
+
+    def __init__(self, path: Path, where: str, data: Any, allowed: set[str]) -> None:
+        self.path, self.where, self.data = path, where, data
+        if not isinstance(data, dict):
+            self.fail(f"expected a table, got {data!r}")
+        for key in data:
+            if key not in allowed:
+                self.fail(f"unknown key {key!r} (known: {', '.join(sorted(allowed))})", key)
+
+    def fail(self, message: str, key: str | None = None) -> None:
+        raise CaptureError(f"{self.path}: {'.'.join(k for k in (self.where, key) if k)}: {message}")
+
+    def get(self, key: str, kind: type | tuple[type, ...], default: Any = None, *, required: bool = False) -> Any:
+        if key not in self.data:
+            if required:
+                self.fail("missing required key", key)
+            return default
+        value = self.data[key]
+        if isinstance(value, bool) or not isinstance(value, kind):
+            self.fail(f"expected {kind.__name__ if isinstance(kind, type) else 'a number'}, got {value!r}", key)
+        if isinstance(value, (int, float)) and value < 0:
+            self.fail(f"must not be negative, got {value!r}", key)
+        return value
+
+    def tables(self, key: str, allowed: set[str]) -> list[_Table]:
+        items = self.data.get(key, [])
+        if not isinstance(items, list):
+            self.fail("expected an array of tables ([[...]])", key)
+        return [_Table(self.path, f"{self.where}.{key}[{i}]" if self.where else f"{key}[{i}]", t, allowed)
+                for i, t in enumerate(items)]
+
+
+def _process(t: _Table, gi: int | None = None, ci: int | None = None) -> ProcessCapture:
+    kind = t.get("type", str, "compute")
+    if kind not in ("compute", "graphics", "mps"):
+        t.fail(f"expected 'compute', 'graphics' or 'mps', got {kind!r}", "type")
+    sm = t.get("sm_utilization_percent", int)
+    if sm is not None and sm > 100:
+        t.fail(f"must be 0-100, got {sm}", "sm_utilization_percent")
+    return ProcessCapture(pid=t.get("pid", int, required=True), types=frozenset({kind}),
+                          used_memory_bytes=t.get("used_memory_bytes", int), gpu_instance_id=gi,
+                          compute_instance_id=ci, sm_utilization_percent=sm, name=t.get("name", str, ""))
+
+
+def _merge(procs: Sequence[ProcessCapture], extra: Sequence[ProcessCapture]) -> tuple[ProcessCapture, ...]:
+    """Capture processes plus scenario ones; a scenario process replaces one with the same pid and type."""
+    replaced = {(p.pid, k) for p in extra for k in p.types}
+    kept = [replace(p, types=p.types - {k for pid, k in replaced if pid == p.pid}) for p in procs]
+    return (*[p for p in kept if p.types], *extra)
+
+
+def _gpu(t: _Table, base: Path, captures: dict[Path, SystemCapture]) -> tuple[int | None, GpuCapture]:
+    """One ``[[gpu]]`` → (requested NVML index or None, its capture with the scenario applied)."""
+    file = base / t.get("capture", str, required=True)
+    if file not in captures:
+        if not file.is_file():
+            t.fail(f"capture file {file} does not exist", "capture")
+        try:
+            captures[file] = parse_capture(file)
+        except (CaptureError, OSError) as exc:
+            t.fail(f"bad capture: {exc}", "capture")
+    system = captures[file]
+    pick = t.get("capture_index", int, 0)
+    if pick >= len(system.gpus):
+        t.fail(f"{file} holds {len(system.gpus)} <gpu> element(s); index {pick} is out of range", "capture_index")
+    gpu = system.gpus[pick]
+    changes: dict[str, Any] = {k: t.get(k, kind) for k, kind in
+                               (("minor", int), ("uuid", str), ("name", str), ("pci_bus_id", str)) if k in t.data}
+    if "pci_bus_id" in changes:
+        parts = pci_bus_id_parts(changes["pci_bus_id"])
+        if parts is None:
+            t.fail(f"expected DOMAIN:BUS:DEVICE.FUNCTION, got {changes['pci_bus_id']!r}", "pci_bus_id")
+        else:
+            domain, bus, dev, fn = parts
+            changes.update(pci_bus_id=f"{domain:08X}:{bus:02X}:{dev:02X}.{fn}",
+                           pci_domain=domain, pci_bus=bus, pci_device=dev)
+    if "override" in t.data:
+        o = _Table(t.path, f"{t.where}.override", t.data["override"], set(_OVERRIDABLE))
+        for key, value in o.data.items():
+            kind = int if _OVERRIDABLE[key].startswith("int") else str
+            changes[key] = None if value == "N/A" else o.get(key, kind)
+    extra = [_process(p) for p in t.tables("process", _PROCESS_KEYS)]
+    migs = t.tables("mig", _MIG_KEYS)
+    if migs:
+        changes.update(mig_current=1, mig_pending=1, migs=tuple(_mig(m, i) for i, m in enumerate(migs)))
+        extra += [_process(p, m.data["gpu_instance_id"], m.data.get("compute_instance_id", 0))
+                  for m in migs for p in m.tables("process", _PROCESS_KEYS)]
+    changes["processes"] = _merge(gpu.processes, extra)
+    return t.get("index", int), replace(gpu, **changes)
+
+
+def _mig(t: _Table, index: int) -> MigCapture:
+    total = t.get("memory_total_bytes", int, required=True)
+    used = sum(p.get("used_memory_bytes", int, 0) for p in t.tables("process", _PROCESS_KEYS))
+    return MigCapture(index=index, gpu_instance_id=t.get("gpu_instance_id", int, required=True),
+                      compute_instance_id=t.get("compute_instance_id", int, 0),
+                      profile=t.get("profile", str, required=True), uuid=t.get("uuid", str),
+                      memory_total_bytes=total, memory_reserved_bytes=0, memory_used_bytes=used,
+                      memory_free_bytes=max(0, total - used))
+
+
+def load_scenario(path: str | Path, *, calls: Collection[str],
+                  errors: Collection[str]) -> tuple[SystemCapture, list[Fault]]:
+    """Read a scenario TOML (keys: the module docstring) into GPUs in NVML index order
+    and faults; ``calls`` / ``errors`` are the call and NVML error names a fault may name. The
+    driver and CUDA versions are those of the first capture file named. Raises CaptureError naming
+    the file and the line and column (malformed TOML) or the key (unknown key, wrong type, missing
+    or unreadable capture, ``capture_index`` out of range, unknown fault call or error name,
+    duplicate index/uuid/minor).
+    """
+    path = Path(path)
+    try:
+        with path.open("rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise CaptureError(f"cannot read scenario {path}: {exc.strerror or exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        text = str(exc)
+        m = re.search(r"\(at line (\d+), column (\d+)\)$", text)
+        if m:
+            where = f"line {m.group(1)}, column {m.group(2)}"
+        else:  # "(at end of document)"
+            lines = path.read_text(errors="replace").split("\n")
+            where = f"line {len(lines)}, column {len(lines[-1]) + 1}"
+        reason = re.sub(r"\s*\(at (line \d+, column \d+|end of document)\)$", "", text)
+        raise CaptureError(f"{path}: {where}: not valid TOML ({reason})") from exc
+    top = _Table(path, "", data, {"gpu", "fault"})
+    captures: dict[Path, SystemCapture] = {}
+    tables = top.tables("gpu", _GPU_KEYS)
+    entries = [_gpu(t, path.parent, captures) for t in tables]
+    order = [pos if index is None else index for pos, (index, _) in enumerate(entries)]
+    if sorted(order) != list(range(len(entries))):
+        top.fail(f"gpu indices {order} are not 0..{len(entries) - 1}, each once", "gpu")
+    for key in ("uuid", "minor"):
+        seen: dict[Any, str] = {}
+        for (_, gpu), t in zip(entries, tables, strict=True):
+            value = getattr(gpu, key)
+            if value is not None and value in seen:
+                t.fail(f"{key} {value!r} is also {seen[value]}'s; give each GPU its own", key)
+            seen[value] = t.where
+    by_index = dict(zip(order, (gpu for _, gpu in entries), strict=True))
+    gpus = tuple(by_index[i] for i in range(len(entries)))
+    faults = [_fault(t, len(gpus), calls, errors) for t in top.tables("fault", _FAULT_KEYS)]
+    first = next(iter(captures.values()), SystemCapture(None, None, ()))
+    return SystemCapture(first.driver_version, first.cuda_version, gpus), faults
+
+
+def _fault(t: _Table, gpu_count: int, calls: Collection[str], errors: Collection[str]) -> Fault:
+    call = t.get("call", str, required=True)
+    if call != "*" and call not in calls:
+        t.fail(f"{call!r} is not a call the replay implements (or '*')", "call")
+    error = t.get("error", str)
+    if error is not None and error not in errors:
+        t.fail(f"unknown NVML error {error!r} (expected an NVML_ERROR_* name without the prefix)", "error")
+    gpu = t.get("gpu", int)
+    if gpu is not None and gpu >= gpu_count:
+        t.fail(f"no GPU with NVML index {gpu} (the scenario has {gpu_count})", "gpu")
+    hang = float(t.get("hang_seconds", (int, float), 0))
+    if error is None and not hang:
+        t.fail("a fault needs `error`, `hang_seconds` or both", "error")
+    return Fault(call=call, error=error, gpu=gpu, after_calls=t.get("after_calls", int, 0),
+                 times=t.get("times", int), hang_seconds=hang)

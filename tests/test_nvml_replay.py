@@ -1,0 +1,919 @@
+"""collectors.nvml_replay against every capture in ../shared/fixtures, as pynvml would answer.
+
+Expected values are read off the captures by hand (and, for the H200, off nvml_probe.json, which
+recorded what real NVML answered on that machine), never computed by the code under test.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pynvml
+import pytest
+
+from collectors.nvml_replay import IMPLEMENTED_CALLS, ReplayError, ReplayNVML, mig_uuid
+
+SHARED = Path(os.environ.get("ACCELSTATS_SHARED") or Path(__file__).resolve().parents[2] / "shared")
+FIXTURES = SHARED / "fixtures"
+H200 = FIXTURES / "h200" / "nvidia-smi-q.xml"
+PROBE = FIXTURES / "h200" / "nvml_probe.json"
+A100 = FIXTURES / "public" / "a100-sxm4-v12.xml"
+A5000 = FIXTURES / "public" / "dual_a5000-v13.xml"
+T4 = FIXTURES / "public" / "tesla-t4.xml"
+SCENARIOS = Path(__file__).resolve().parent / "scenarios"
+MIB = 1 << 20
+NA = 0xFFFFFFFF  # NVML's gpuInstanceId / computeInstanceId outside MIG
+H200_UUID = "GPU-5f1c2a9e-0b7d-4c3e-9a61-2d8e4f7b9c10"
+A100_UUID = "GPU-513536b6-7d19-9063-b049-1e69664bb298"
+
+
+class FakeClock:
+    """Wall clock the tests move by hand (seconds since the epoch)."""
+
+    def __init__(self, now: float = 1_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def opened(path: Path, **kwargs: Any) -> ReplayNVML:
+    nvml = ReplayNVML.from_path(path, **kwargs)
+    nvml.nvmlInit()
+    return nvml
+
+
+def call(nvml: ReplayNVML, gpu: int, name: str, *args: Any) -> Any:
+    """``nvml.<name>(handle of GPU gpu, *args)``."""
+    return getattr(nvml, name)(nvml.nvmlDeviceGetHandleByIndex(gpu), *args)
+
+
+def scenario(tmp_path: Path, text: str, name: str = "scenario.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text.replace("@H200", H200.as_posix()).replace("@A5000", A5000.as_posix())
+                    .replace("@A100", A100.as_posix()))
+    return path
+
+
+# -- identity ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("capture", "gpu", "name", "args", "expected"), [
+    (H200, 0, "nvmlDeviceGetName", (), "NVIDIA H200"),
+    (H200, 0, "nvmlDeviceGetUUID", (), H200_UUID),
+    (H200, 0, "nvmlDeviceGetSerial", (), "1650000000001"),
+    (H200, 0, "nvmlDeviceGetMinorNumber", (), 0),
+    (H200, 0, "nvmlDeviceGetIndex", (), 0),
+    (H200, 0, "nvmlDeviceGetVbiosVersion", (), "96.00.A5.00.1A"),
+    (H200, 0, "nvmlDeviceGetBoardPartNumber", (), "692-2G520-0282-001"),
+    (H200, 0, "nvmlDeviceGetMigMode", (), [0, 0]),
+    (H200, 0, "nvmlDeviceGetComputeMode", (), pynvml.NVML_COMPUTEMODE_DEFAULT),
+    (H200, 0, "nvmlDeviceGetPersistenceMode", (), 1),
+    (H200, 0, "nvmlDeviceGetDisplayActive", (), 0),
+    (H200, 0, "nvmlDeviceGetCudaComputeCapability", (), (9, 0)),
+    (H200, 0, "nvmlDeviceGetArchitecture", (), pynvml.NVML_DEVICE_ARCH_HOPPER),
+    (A100, 0, "nvmlDeviceGetName", (), "NVIDIA A100-SXM4-80GB"),
+    (A100, 0, "nvmlDeviceGetUUID", (), A100_UUID),
+    (A100, 0, "nvmlDeviceGetSerial", (), "1650522003820"),
+    (A100, 0, "nvmlDeviceGetMinorNumber", (), 1),
+    (A100, 0, "nvmlDeviceGetVbiosVersion", (), "92.00.36.00.02"),
+    (A100, 0, "nvmlDeviceGetBoardPartNumber", (), "692-2G506-0212-002"),
+    (A100, 0, "nvmlDeviceGetMigMode", (), [1, 1]),
+    (A100, 0, "nvmlDeviceGetPersistenceMode", (), 0),
+    (A100, 0, "nvmlDeviceGetDisplayMode", (), 1),
+    (A100, 0, "nvmlDeviceGetCudaComputeCapability", (), (8, 0)),
+    (A100, 0, "nvmlDeviceGetArchitecture", (), pynvml.NVML_DEVICE_ARCH_AMPERE),
+    (A5000, 0, "nvmlDeviceGetName", (), "NVIDIA RTX A5000"),
+    (A5000, 0, "nvmlDeviceGetUUID", (), "GPU-12345678-aaaa-bbbb-cccc-0123456789ab"),
+    (A5000, 0, "nvmlDeviceGetSerial", (), "0123456789012"),
+    (A5000, 0, "nvmlDeviceGetMinorNumber", (), 1),  # NVML index 0 is /dev/nvidia1 on this host
+    (A5000, 0, "nvmlDeviceGetIndex", (), 0),
+    (A5000, 0, "nvmlDeviceGetCudaComputeCapability", (), (8, 6)),
+    (A5000, 1, "nvmlDeviceGetUUID", (), "GPU-12345678-aaaa-bbbb-cccc-0123456789cd"),
+    (A5000, 1, "nvmlDeviceGetSerial", (), "1234567890123"),
+    (A5000, 1, "nvmlDeviceGetMinorNumber", (), 0),
+    (A5000, 1, "nvmlDeviceGetIndex", (), 1),
+    (A5000, 1, "nvmlDeviceGetBoardPartNumber", (), "900-5G132-1700-000"),
+    (T4, 0, "nvmlDeviceGetName", (), "Tesla T4"),
+    (T4, 0, "nvmlDeviceGetUUID", (), "GPU-d37e67a5-91dd-3774-a5cb-99096249601a"),
+    (T4, 0, "nvmlDeviceGetMinorNumber", (), 0),
+    (T4, 0, "nvmlDeviceGetVbiosVersion", (), "90.04.84.00.06"),
+    (T4, 0, "nvmlDeviceGetDisplayMode", (), 0),
+    (T4, 0, "nvmlDeviceGetCudaComputeCapability", (), (7, 5)),
+    (T4, 0, "nvmlDeviceGetArchitecture", (), pynvml.NVML_DEVICE_ARCH_TURING),
+])
+def test_identity(capture: Path, gpu: int, name: str, args: tuple[Any, ...], expected: Any) -> None:
+    assert call(opened(capture), gpu, name, *args) == expected
+
+
+@pytest.mark.parametrize(("capture", "driver", "cuda", "nvml_version", "count"), [
+    (H200, "580.159.04", 13000, "13.580.159.04", 1),
+    (A100, "535.54.03", 12020, "12.535.54.03", 1),  # attached_gpus says 4; the file holds one <gpu>
+    (A5000, "590.44.01", 13010, "13.590.44.01", 2),
+    (T4, "515.105.01", 11070, "11.515.105.01", 1),
+])
+def test_system(capture: Path, driver: str, cuda: int, nvml_version: str, count: int) -> None:
+    nvml = opened(capture)
+    assert nvml.nvmlSystemGetDriverVersion() == driver
+    assert nvml.nvmlSystemGetCudaDriverVersion() == cuda
+    assert nvml.nvmlSystemGetNVMLVersion() == nvml_version
+    assert nvml.nvmlDeviceGetCount() == count
+    assert (nvml.source, nvml.path) == ("replay", capture)
+
+
+@pytest.mark.parametrize(("capture", "gpu", "bus_id", "legacy", "domain", "bus", "device", "device_id", "subsys"), [
+    (H200, 0, "00000000:00:06.0", "0000:00:06.0", 0, 0x00, 0x06, 0x233510DE, 0x18BF10DE),
+    (A100, 0, "00000000:01:00.0", "0000:01:00.0", 0, 0x01, 0x00, 0x20B210DE, 0x147F10DE),
+    (A5000, 0, "00000000:81:00.0", "0000:81:00.0", 0, 0x81, 0x00, 0x223110DE, 0x147E10DE),
+    (A5000, 1, "00000000:C1:00.0", "0000:C1:00.0", 0, 0xC1, 0x00, 0x223110DE, 0x147E10DE),
+    (T4, 0, "00000000:00:1E.0", "0000:00:1E.0", 0, 0x00, 0x1E, 0x1EB810DE, 0x12A210DE),
+])
+def test_pci_info(capture: Path, gpu: int, bus_id: str, legacy: str, domain: int, bus: int, device: int,
+                  device_id: int, subsys: int) -> None:
+    nvml = opened(capture)
+    for name in ("nvmlDeviceGetPciInfo", "nvmlDeviceGetPciInfo_v3"):
+        info = call(nvml, gpu, name)
+        assert isinstance(info, pynvml.nvmlPciInfo_t)
+        assert (info.busId, info.busIdLegacy, info.domain, info.bus, info.device, info.pciDeviceId,
+                info.pciSubSystemId) == (bus_id, legacy, domain, bus, device, device_id, subsys)
+    assert nvml.nvmlDeviceGetHandleByPciBusId(bus_id) is nvml.nvmlDeviceGetHandleByIndex(gpu)
+    assert nvml.nvmlDeviceGetHandleByPciBusId(legacy.lower().encode()) is nvml.nvmlDeviceGetHandleByIndex(gpu)
+
+
+# -- readings ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("capture", "gpu", "total", "reserved", "used", "free"), [
+    (H200, 0, 143771, 616, 0, 143156),
+    (A100, 0, 81920, 869, 50, 80999),
+    (A5000, 0, 24564, 450, 22437, 1678),
+    (A5000, 1, 24564, 450, 17253, 6862),
+    (T4, 0, 15360, 388, 1032, 13939),
+])
+def test_memory_info(capture: Path, gpu: int, total: int, reserved: int, used: int, free: int) -> None:
+    nvml = opened(capture)
+    v2 = call(nvml, gpu, "nvmlDeviceGetMemoryInfo", pynvml.nvmlMemory_v2)
+    assert isinstance(v2, pynvml.c_nvmlMemory_v2_t)
+    assert (v2.version, v2.total, v2.reserved, v2.used, v2.free) == (
+        pynvml.nvmlMemory_v2, total * MIB, reserved * MIB, used * MIB, free * MIB)
+    v1 = call(nvml, gpu, "nvmlDeviceGetMemoryInfo")
+    assert isinstance(v1, pynvml.c_nvmlMemory_t)
+    assert (v1.total, v1.free, v1.used) == (total * MIB, free * MIB, (total - free) * MIB)  # v1 counts reserved
+    with pytest.raises(pynvml.NVMLError_ArgumentVersionMismatch):
+        call(nvml, gpu, "nvmlDeviceGetMemoryInfo", 0x01000018)
+
+
+@pytest.mark.parametrize(("capture", "gpu", "total", "used", "free"), [
+    (H200, 0, 262144, 1, 262143), (A100, 0, 131072, 1, 131071), (A5000, 1, 256, 5, 251), (T4, 0, 256, 5, 251),
+])
+def test_bar1_memory(capture: Path, gpu: int, total: int, used: int, free: int) -> None:
+    bar1 = call(opened(capture), gpu, "nvmlDeviceGetBAR1MemoryInfo")
+    assert (bar1.bar1Total, bar1.bar1Used, bar1.bar1Free) == (total * MIB, used * MIB, free * MIB)
+
+
+SM, MEM, GR, VID = pynvml.NVML_CLOCK_SM, pynvml.NVML_CLOCK_MEM, pynvml.NVML_CLOCK_GRAPHICS, pynvml.NVML_CLOCK_VIDEO
+CORR, UNC = pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+VOL, AGG = pynvml.NVML_VOLATILE_ECC, pynvml.NVML_AGGREGATE_ECC
+TX, RX = pynvml.NVML_PCIE_UTIL_TX_BYTES, pynvml.NVML_PCIE_UTIL_RX_BYTES
+
+
+@pytest.mark.parametrize(("capture", "gpu", "name", "args", "expected"), [
+    # power (mW): v13 average_power_draw, v12/v11 power_draw; limits v12+ current/requested, v11 enforced/power_limit
+    (H200, 0, "nvmlDeviceGetPowerUsage", (), 126360),
+    (A100, 0, "nvmlDeviceGetPowerUsage", (), 67030),
+    (A5000, 0, "nvmlDeviceGetPowerUsage", (), 6410),
+    (A5000, 1, "nvmlDeviceGetPowerUsage", (), 13600),
+    (T4, 0, "nvmlDeviceGetPowerUsage", (), 26780),
+    (H200, 0, "nvmlDeviceGetEnforcedPowerLimit", (), 700000),
+    (A100, 0, "nvmlDeviceGetEnforcedPowerLimit", (), 500000),
+    (A5000, 1, "nvmlDeviceGetEnforcedPowerLimit", (), 230000),
+    (T4, 0, "nvmlDeviceGetEnforcedPowerLimit", (), 70000),
+    (H200, 0, "nvmlDeviceGetPowerManagementLimit", (), 700000),
+    (T4, 0, "nvmlDeviceGetPowerManagementLimit", (), 70000),
+    (A100, 0, "nvmlDeviceGetPowerManagementDefaultLimit", (), 500000),
+    (H200, 0, "nvmlDeviceGetPowerManagementLimitConstraints", (), [200000, 700000]),
+    (T4, 0, "nvmlDeviceGetPowerManagementLimitConstraints", (), [60000, 70000]),
+    # temperature (C)
+    (H200, 0, "nvmlDeviceGetTemperature", (pynvml.NVML_TEMPERATURE_GPU,), 35),
+    (A100, 0, "nvmlDeviceGetTemperature", (pynvml.NVML_TEMPERATURE_GPU,), 27),
+    (A5000, 0, "nvmlDeviceGetTemperature", (pynvml.NVML_TEMPERATURE_GPU,), 13),
+    (A5000, 1, "nvmlDeviceGetTemperature", (pynvml.NVML_TEMPERATURE_GPU,), 15),
+    (T4, 0, "nvmlDeviceGetTemperature", (pynvml.NVML_TEMPERATURE_GPU,), 40),
+    # clocks (MHz)
+    (H200, 0, "nvmlDeviceGetClockInfo", (SM,), 1980),
+    (H200, 0, "nvmlDeviceGetClockInfo", (MEM,), 3201),
+    (H200, 0, "nvmlDeviceGetClockInfo", (VID,), 1545),
+    (A100, 0, "nvmlDeviceGetClockInfo", (GR,), 1275),
+    (A100, 0, "nvmlDeviceGetClockInfo", (MEM,), 1593),
+    (A5000, 1, "nvmlDeviceGetClockInfo", (SM,), 210),
+    (A5000, 1, "nvmlDeviceGetClockInfo", (MEM,), 405),
+    (A5000, 1, "nvmlDeviceGetClockInfo", (VID,), 555),
+    (T4, 0, "nvmlDeviceGetClockInfo", (SM,), 585),
+    (T4, 0, "nvmlDeviceGetClockInfo", (MEM,), 5000),
+    (H200, 0, "nvmlDeviceGetMaxClockInfo", (SM,), 1980),
+    (A100, 0, "nvmlDeviceGetMaxClockInfo", (SM,), 1410),
+    (A100, 0, "nvmlDeviceGetMaxClockInfo", (VID,), 1290),
+    (A5000, 0, "nvmlDeviceGetMaxClockInfo", (MEM,), 8001),
+    (A5000, 0, "nvmlDeviceGetMaxClockInfo", (GR,), 2100),
+    (T4, 0, "nvmlDeviceGetMaxClockInfo", (MEM,), 5001),
+    (T4, 0, "nvmlDeviceGetMaxClockInfo", (VID,), 1470),
+    # performance state and clock event reasons (v11 T4: clocks_throttle_reasons)
+    (H200, 0, "nvmlDeviceGetPerformanceState", (), 0),
+    (A5000, 0, "nvmlDeviceGetPerformanceState", (), 8),
+    (T4, 0, "nvmlDeviceGetPerformanceState", (), 0),
+    (H200, 0, "nvmlDeviceGetCurrentClocksEventReasons", (), pynvml.nvmlClocksEventReasonGpuIdle),
+    (H200, 0, "nvmlDeviceGetCurrentClocksThrottleReasons", (), pynvml.nvmlClocksThrottleReasonGpuIdle),
+    (A100, 0, "nvmlDeviceGetCurrentClocksEventReasons", (), 0),
+    (A5000, 1, "nvmlDeviceGetCurrentClocksEventReasons", (), pynvml.nvmlClocksEventReasonGpuIdle),
+    (T4, 0, "nvmlDeviceGetCurrentClocksThrottleReasons", (), 0),
+    # utilisation (%), encoder/decoder [%, sampling period us]
+    (H200, 0, "nvmlDeviceGetEncoderUtilization", (), [0, 100000]),
+    (A5000, 1, "nvmlDeviceGetDecoderUtilization", (), [0, 100000]),
+    (T4, 0, "nvmlDeviceGetEncoderUtilization", (), [0, 100000]),
+    # ECC
+    (H200, 0, "nvmlDeviceGetEccMode", (), [1, 1]),
+    (A100, 0, "nvmlDeviceGetEccMode", (), [1, 1]),
+    (A5000, 0, "nvmlDeviceGetEccMode", (), [0, 0]),
+    (T4, 0, "nvmlDeviceGetEccMode", (), [1, 1]),
+    (H200, 0, "nvmlDeviceGetTotalEccErrors", (CORR, VOL), 0),
+    (H200, 0, "nvmlDeviceGetTotalEccErrors", (UNC, AGG), 0),
+    (A100, 0, "nvmlDeviceGetTotalEccErrors", (UNC, VOL), 0),
+    (T4, 0, "nvmlDeviceGetTotalEccErrors", (CORR, AGG), 0),
+    (H200, 0, "nvmlDeviceGetRemappedRows", (), (0, 0, 0, 0)),
+    (A5000, 1, "nvmlDeviceGetRemappedRows", (), (0, 0, 0, 0)),
+    (T4, 0, "nvmlDeviceGetRetiredPages", (pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,), []),
+    # PCIe
+    (H200, 0, "nvmlDeviceGetCurrPcieLinkGeneration", (), 5),
+    (H200, 0, "nvmlDeviceGetMaxPcieLinkGeneration", (), 5),
+    (H200, 0, "nvmlDeviceGetCurrPcieLinkWidth", (), 16),
+    (H200, 0, "nvmlDeviceGetPcieReplayCounter", (), 3),
+    (H200, 0, "nvmlDeviceGetPcieThroughput", (TX,), 884),
+    (H200, 0, "nvmlDeviceGetPcieThroughput", (RX,), 422),
+    (A100, 0, "nvmlDeviceGetPcieThroughput", (TX,), 4000),
+    (A5000, 0, "nvmlDeviceGetCurrPcieLinkGeneration", (), 1),
+    (A5000, 0, "nvmlDeviceGetMaxPcieLinkGeneration", (), 4),
+    (A5000, 1, "nvmlDeviceGetPcieThroughput", (RX,), 488),
+    (T4, 0, "nvmlDeviceGetCurrPcieLinkWidth", (), 8),
+    (T4, 0, "nvmlDeviceGetMaxPcieLinkWidth", (), 16),
+    (T4, 0, "nvmlDeviceGetMaxPcieLinkGeneration", (), 3),
+    # fan (%)
+    (A5000, 0, "nvmlDeviceGetFanSpeed", (), 30),
+])
+def test_readings(capture: Path, gpu: int, name: str, args: tuple[Any, ...], expected: Any) -> None:
+    assert call(opened(capture), gpu, name, *args) == expected
+
+
+@pytest.mark.parametrize(("capture", "gpu", "gpu_util", "mem_util"), [(H200, 0, 0, 0), (A5000, 1, 0, 0), (T4, 0, 0, 0)])
+def test_utilization_rates(capture: Path, gpu: int, gpu_util: int, mem_util: int) -> None:
+    rates = call(opened(capture), gpu, "nvmlDeviceGetUtilizationRates")
+    assert isinstance(rates, pynvml.c_nvmlUtilization_t)
+    assert (rates.gpu, rates.memory) == (gpu_util, mem_util)
+
+
+@pytest.mark.parametrize(("capture", "gpu", "field", "ret", "value"), [
+    (H200, 0, pynvml.NVML_FI_DEV_MEMORY_TEMP, pynvml.NVML_SUCCESS, 36),
+    (A100, 0, pynvml.NVML_FI_DEV_MEMORY_TEMP, pynvml.NVML_SUCCESS, 44),
+    (A5000, 0, pynvml.NVML_FI_DEV_MEMORY_TEMP, pynvml.NVML_ERROR_NOT_SUPPORTED, 0),  # <memory_temp>N/A
+    (T4, 0, pynvml.NVML_FI_DEV_MEMORY_TEMP, pynvml.NVML_ERROR_NOT_SUPPORTED, 0),
+    (H200, 0, pynvml.NVML_FI_DEV_POWER_INSTANT, pynvml.NVML_SUCCESS, 126320),
+    (A100, 0, pynvml.NVML_FI_DEV_POWER_INSTANT, pynvml.NVML_SUCCESS, 67030),
+    (A100, 0, pynvml.NVML_FI_DEV_POWER_AVERAGE, pynvml.NVML_ERROR_NOT_SUPPORTED, 0),
+    (H200, 0, pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT, pynvml.NVML_ERROR_NOT_SUPPORTED, 0),
+])
+def test_field_values(capture: Path, gpu: int, field: int, ret: int, value: int) -> None:
+    values = call(opened(capture), gpu, "nvmlDeviceGetFieldValues", [field, (field, 0)])
+    assert len(values) == 2
+    for v in values:
+        assert isinstance(v, pynvml.c_nvmlFieldValue_t)
+        assert (v.fieldId, v.nvmlReturn, v.valueType, v.value.uiVal) == (
+            field, ret, pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, value)
+
+
+@pytest.mark.parametrize(("capture", "gpu", "name", "args", "error"), [
+    (H200, 0, "nvmlDeviceGetFanSpeed", (), pynvml.NVMLError_NotSupported),
+    (H200, 0, "nvmlDeviceGetRetiredPages", (0,), pynvml.NVMLError_NotSupported),  # H200 remaps rows instead
+    (H200, 0, "nvmlDeviceGetDisplayMode", (), pynvml.NVMLError_Deprecated),  # "Requested functionality has been…"
+    (H200, 0, "nvmlDeviceGetGpuInstanceId", (), pynvml.NVMLError_NotSupported),
+    (H200, 0, "nvmlDeviceGetDeviceHandleFromMigDeviceHandle", (), pynvml.NVMLError_InvalidArgument),
+    (H200, 0, "nvmlDeviceGetTemperature", (1,), pynvml.NVMLError_InvalidArgument),  # 1: a sensor NVML lacks
+    (H200, 0, "nvmlDeviceGetClockInfo", (7,), pynvml.NVMLError_InvalidArgument),
+    (H200, 0, "nvmlDeviceGetSamples", (8, 0), pynvml.NVMLError_NotSupported),  # 8: JPG samples
+    (A100, 0, "nvmlDeviceGetUtilizationRates", (), pynvml.NVMLError_NotSupported),  # MIG on: N/A
+    (A100, 0, "nvmlDeviceGetEncoderUtilization", (), pynvml.NVMLError_NotSupported),
+    (A100, 0, "nvmlDeviceGetSamples", (pynvml.NVML_GPU_UTILIZATION_SAMPLES, 0), pynvml.NVMLError_NotSupported),
+    (A100, 0, "nvmlDeviceGetRemappedRows", (), pynvml.NVMLError_NotSupported),  # <remapped_rows>N/A
+    (A100, 0, "nvmlDeviceGetFanSpeed", (), pynvml.NVMLError_NotSupported),
+    (A5000, 0, "nvmlDeviceGetMigMode", (), pynvml.NVMLError_NotSupported),
+    (A5000, 1, "nvmlDeviceGetTotalEccErrors", (CORR, VOL), pynvml.NVMLError_NotSupported),  # ECC disabled
+    (A5000, 1, "nvmlDeviceGetDisplayMode", (), pynvml.NVMLError_Deprecated),
+    (T4, 0, "nvmlDeviceGetBoardPartNumber", (), pynvml.NVMLError_NotSupported),  # no element in v11
+    (T4, 0, "nvmlDeviceGetRemappedRows", (), pynvml.NVMLError_NotSupported),
+    (T4, 0, "nvmlDeviceGetMigMode", (), pynvml.NVMLError_NotSupported),
+    (T4, 0, "nvmlDeviceGetMaxMigDeviceCount", (), None),  # not an error: 0
+])
+def test_not_supported(capture: Path, gpu: int, name: str, args: tuple[Any, ...], error: type | None) -> None:
+    nvml = opened(capture)
+    if error is None:
+        assert call(nvml, gpu, name, *args) == 0
+        return
+    with pytest.raises(error):
+        call(nvml, gpu, name, *args)
+
+
+# -- processes -------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("capture", "gpu", "name", "expected"), [
+    (H200, 0, "nvmlDeviceGetComputeRunningProcesses", []),
+    (A100, 0, "nvmlDeviceGetComputeRunningProcesses", []),
+    (A5000, 0, "nvmlDeviceGetComputeRunningProcesses", [(100477, 22430 * MIB, NA, NA)]),
+    (A5000, 1, "nvmlDeviceGetComputeRunningProcesses", [(100477, 17246 * MIB, NA, NA)]),
+    (A5000, 1, "nvmlDeviceGetGraphicsRunningProcesses", []),
+    (T4, 0, "nvmlDeviceGetComputeRunningProcesses", [(5762, 1005 * MIB, NA, NA)]),
+    (T4, 0, "nvmlDeviceGetGraphicsRunningProcesses", [(675, 22 * MIB, NA, NA)]),
+    (T4, 0, "nvmlDeviceGetMPSComputeRunningProcesses", []),
+])
+def test_processes(capture: Path, gpu: int, name: str, expected: list[tuple[int, int, int, int]]) -> None:
+    procs = call(opened(capture), gpu, name)
+    assert all(isinstance(p, pynvml.nvmlFriendlyObject) for p in procs)
+    assert [(p.pid, p.usedGpuMemory, p.gpuInstanceId, p.computeInstanceId) for p in procs] == expected
+
+
+# -- the H200 capture against what real NVML answered on the same machine (nvml_probe.json) ---------
+PROBE_CALLS = [
+    ("GetName", "nvmlDeviceGetName", ()),
+    ("GetUUID", "nvmlDeviceGetUUID", ()),
+    ("GetSerial", "nvmlDeviceGetSerial", ()),
+    ("GetMinorNumber", "nvmlDeviceGetMinorNumber", ()),
+    ("GetIndex", "nvmlDeviceGetIndex", ()),
+    ("GetEnforcedPowerLimit", "nvmlDeviceGetEnforcedPowerLimit", ()),
+    ("GetMaxClockInfo_SM", "nvmlDeviceGetMaxClockInfo", (SM,)),
+    ("GetClockInfo_MEM", "nvmlDeviceGetClockInfo", (MEM,)),
+    ("GetPerformanceState", "nvmlDeviceGetPerformanceState", ()),
+    ("GetPersistenceMode", "nvmlDeviceGetPersistenceMode", ()),
+    ("GetComputeMode", "nvmlDeviceGetComputeMode", ()),
+    ("GetDisplayActive", "nvmlDeviceGetDisplayActive", ()),
+    ("GetEccMode", "nvmlDeviceGetEccMode", ()),
+    ("GetTotalEccErrors_volatile_corrected", "nvmlDeviceGetTotalEccErrors", (CORR, VOL)),
+    ("GetTotalEccErrors_aggregate_uncorrected", "nvmlDeviceGetTotalEccErrors", (UNC, AGG)),
+    ("GetRemappedRows", "nvmlDeviceGetRemappedRows", ()),
+    ("GetCurrentClocksThrottleReasons", "nvmlDeviceGetCurrentClocksThrottleReasons", ()),
+    ("GetCurrPcieLinkGeneration", "nvmlDeviceGetCurrPcieLinkGeneration", ()),
+    ("GetCurrPcieLinkWidth", "nvmlDeviceGetCurrPcieLinkWidth", ()),
+    ("GetPcieReplayCounter", "nvmlDeviceGetPcieReplayCounter", ()),
+    ("GetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses", ()),
+    ("GetGraphicsRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses", ()),
+    ("GetMPSComputeRunningProcesses", "nvmlDeviceGetMPSComputeRunningProcesses", ()),
+    ("GetMigMode", "nvmlDeviceGetMigMode", ()),
+    ("GetCudaComputeCapability", "nvmlDeviceGetCudaComputeCapability", ()),
+    ("GetArchitecture", "nvmlDeviceGetArchitecture", ()),
+    ("GetVbiosVersion", "nvmlDeviceGetVbiosVersion", ()),
+    ("GetBoardPartNumber", "nvmlDeviceGetBoardPartNumber", ()),
+    ("GetEncoderUtilization", "nvmlDeviceGetEncoderUtilization", ()),
+    ("GetDecoderUtilization", "nvmlDeviceGetDecoderUtilization", ()),
+]
+
+
+def probe() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(PROBE.read_text())
+    return data
+
+
+@pytest.mark.parametrize(("key", "name", "args"), PROBE_CALLS)
+def test_h200_agrees_with_probe(key: str, name: str, args: tuple[Any, ...]) -> None:
+    expected = ast.literal_eval(probe()["calls"][f"idle:{key}"]["value"])
+    assert call(opened(H200), 0, name, *args) == expected
+
+
+def test_h200_pci_bus_id_and_system_agree_with_probe() -> None:
+    p, nvml = probe(), opened(H200)
+    assert call(nvml, 0, "nvmlDeviceGetPciInfo").busId == ast.literal_eval(p["calls"]["idle:GetPciInfo"]["value"])
+    assert (nvml.nvmlSystemGetDriverVersion(), nvml.nvmlSystemGetNVMLVersion(), nvml.nvmlSystemGetCudaDriverVersion(),
+            nvml.nvmlDeviceGetCount()) == (p["driver"], p["nvml_version"], p["cuda_driver_version"], p["count"])
+
+
+@pytest.mark.parametrize(("key", "name", "args"), [
+    ("GetFanSpeed", "nvmlDeviceGetFanSpeed", ()),
+    ("GetRetiredPages", "nvmlDeviceGetRetiredPages", (0,)),
+    ("GetProcessUtilization", "nvmlDeviceGetProcessUtilization", (0,)),
+])
+def test_h200_errors_agree_with_probe(key: str, name: str, args: tuple[Any, ...]) -> None:
+    with pytest.raises(pynvml.NVMLError) as exc:
+        call(opened(H200), 0, name, *args)
+    assert str(exc.value) == probe()["errors"][f"idle:{key}"]
+
+
+def test_busy_h200_scenario_agrees_with_probe() -> None:
+    p, nvml = probe(), opened(SCENARIOS / "h200_busy.toml")
+    busy = {k.removeprefix("busy:"): v["value"] for k, v in p["calls"].items() if k.startswith("busy:")}
+    for key, name, args in [("GetPowerUsage", "nvmlDeviceGetPowerUsage", ()),
+                            ("GetTemperature", "nvmlDeviceGetTemperature", (pynvml.NVML_TEMPERATURE_GPU,)),
+                            ("GetClockInfo_SM", "nvmlDeviceGetClockInfo", (SM,)),
+                            ("GetCurrentClocksThrottleReasons", "nvmlDeviceGetCurrentClocksThrottleReasons", ())]:
+        assert call(nvml, 0, name, *args) == ast.literal_eval(busy[key]), key
+    procs = call(nvml, 0, "nvmlDeviceGetComputeRunningProcesses")
+    assert [{"pid": q.pid, "usedGpuMemory": q.usedGpuMemory} for q in procs] == p["busy_procs"]
+    assert [s.pid for s in call(nvml, 0, "nvmlDeviceGetProcessUtilization", 0)] == [463]
+
+
+# -- MIG (A100 capture: 4 instances, GPU instances 3-6, no MIG UUIDs in the XML) -------------------
+@pytest.mark.parametrize(("slot", "gi"), [(0, 3), (1, 4), (2, 5), (3, 6)])
+def test_a100_mig_devices(slot: int, gi: int) -> None:
+    nvml = opened(A100)
+    parent = nvml.nvmlDeviceGetHandleByIndex(0)
+    assert nvml.nvmlDeviceGetMaxMigDeviceCount(parent) == 7
+    mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, slot)
+    assert bool(nvml.nvmlDeviceIsMigDeviceHandle(mig)) and not nvml.nvmlDeviceIsMigDeviceHandle(parent)
+    assert nvml.nvmlDeviceIsMigDeviceHandle(mig).value == 1  # pynvml returns the ctypes.c_uint itself
+    assert nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig) is parent
+    assert (nvml.nvmlDeviceGetGpuInstanceId(mig), nvml.nvmlDeviceGetComputeInstanceId(mig)) == (gi, 0)
+    assert nvml.nvmlDeviceGetName(mig) == "NVIDIA A100-SXM4-80GB MIG 1g.20gb"  # 14 SMs, 19968 of 81920 MiB
+    uuid = nvml.nvmlDeviceGetUUID(mig)
+    assert uuid == mig_uuid(A100_UUID, gi, 0)
+    assert re.fullmatch(r"MIG-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", uuid)
+    assert nvml.nvmlDeviceGetHandleByUUID(uuid) is mig
+    mem = nvml.nvmlDeviceGetMemoryInfo(mig, version=pynvml.nvmlMemory_v2)
+    assert (mem.total, mem.reserved, mem.used, mem.free) == (19968 * MIB, 0, 12 * MIB, 19955 * MIB)
+    bar1 = nvml.nvmlDeviceGetBAR1MemoryInfo(mig)
+    assert (bar1.bar1Total, bar1.bar1Used) == (32767 * MIB, 0)
+    assert nvml.nvmlDeviceGetComputeRunningProcesses(mig) == []
+    assert nvml.nvmlDeviceGetPciInfo(mig).busId == "00000000:01:00.0"
+
+
+def test_a100_mig_uuids_are_distinct_and_stable() -> None:
+    uuids = [ReplayNVML.from_path(A100) for _ in range(2)]
+    got = []
+    for nvml in uuids:
+        nvml.nvmlInit()
+        parent = nvml.nvmlDeviceGetHandleByIndex(0)
+        got.append([nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, i)) for i in range(4)])
+    assert got[0] == got[1] and len(set(got[0])) == 4
+
+
+@pytest.mark.parametrize(("slot", "error"), [
+    (4, pynvml.NVMLError_NotFound), (6, pynvml.NVMLError_NotFound), (7, pynvml.NVMLError_InvalidArgument),
+    (-1, pynvml.NVMLError_InvalidArgument),
+])
+def test_a100_empty_mig_slots(slot: int, error: type) -> None:
+    nvml = opened(A100)
+    with pytest.raises(error):
+        nvml.nvmlDeviceGetMigDeviceHandleByIndex(nvml.nvmlDeviceGetHandleByIndex(0), slot)
+
+
+@pytest.mark.parametrize(("name", "args"), [
+    ("nvmlDeviceGetUtilizationRates", ()), ("nvmlDeviceGetSamples", (pynvml.NVML_GPU_UTILIZATION_SAMPLES, 0)),
+    ("nvmlDeviceGetProcessUtilization", (0,)), ("nvmlDeviceGetEncoderUtilization", ()),
+    ("nvmlDeviceGetPowerUsage", ()), ("nvmlDeviceGetTemperature", (pynvml.NVML_TEMPERATURE_GPU,)),
+    ("nvmlDeviceGetClockInfo", (SM,)), ("nvmlDeviceGetMigMode", ()), ("nvmlDeviceGetMinorNumber", ()),
+    ("nvmlDeviceGetMaxMigDeviceCount", ()),
+])
+def test_a100_mig_device_calls_not_supported(name: str, args: tuple[Any, ...]) -> None:
+    nvml = opened(A100)
+    mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(nvml.nvmlDeviceGetHandleByIndex(0), 0)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        getattr(nvml, name)(mig, *args)
+
+
+def test_scenario_mig_instances_and_processes(tmp_path: Path) -> None:
+    nvml = opened(scenario(tmp_path, """
+        [[gpu]]
+        capture = "@H200"
+        [[gpu.mig]]
+        gpu_instance_id = 1
+        profile = "3g.71gb"
+        memory_total_bytes = 76235669504
+        uuid = "MIG-11111111-2222-3333-4444-555555555555"
+        [[gpu.mig.process]]
+        pid = 900
+        used_memory_bytes = 1073741824
+        [[gpu.mig]]
+        gpu_instance_id = 2
+        compute_instance_id = 1
+        profile = "1g.18gb"
+        memory_total_bytes = 17716740096
+        [[gpu.process]]
+        pid = 901
+    """))
+    parent = nvml.nvmlDeviceGetHandleByIndex(0)
+    assert nvml.nvmlDeviceGetMigMode(parent) == [1, 1]
+    first, second = (nvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, i) for i in (0, 1))
+    assert nvml.nvmlDeviceGetName(first) == "NVIDIA H200 MIG 3g.71gb"
+    assert nvml.nvmlDeviceGetUUID(first) == "MIG-11111111-2222-3333-4444-555555555555"
+    assert nvml.nvmlDeviceGetUUID(second) == mig_uuid(H200_UUID, 2, 1)
+    assert nvml.nvmlDeviceGetComputeInstanceId(second) == 1
+    mem = nvml.nvmlDeviceGetMemoryInfo(first, version=pynvml.nvmlMemory_v2)
+    assert (mem.total, mem.used, mem.free) == (76235669504, 1 << 30, 76235669504 - (1 << 30))
+    procs = [(p.pid, p.gpuInstanceId, p.computeInstanceId) for p in nvml.nvmlDeviceGetComputeRunningProcesses(first)]
+    assert procs == [(900, 1, 0)]
+    assert nvml.nvmlDeviceGetComputeRunningProcesses(second) == []
+    everything = nvml.nvmlDeviceGetComputeRunningProcesses(parent)
+    assert sorted((p.pid, p.gpuInstanceId) for p in everything) == [(900, 1), (901, NA)]
+
+
+# -- NVML behaviour: init, samples, process utilisation, energy --------------------------------------
+@pytest.mark.parametrize(("name", "args"), [
+    ("nvmlDeviceGetCount", ()), ("nvmlSystemGetDriverVersion", ()), ("nvmlDeviceGetHandleByIndex", (0,)),
+    ("nvmlDeviceGetHandleByUUID", (H200_UUID,)), ("nvmlShutdown", ()),
+])
+def test_uninitialized_before_init(name: str, args: tuple[Any, ...]) -> None:
+    with pytest.raises(pynvml.NVMLError_Uninitialized):
+        getattr(ReplayNVML.from_path(H200), name)(*args)
+
+
+def test_init_is_reference_counted() -> None:
+    nvml = ReplayNVML.from_path(H200)
+    nvml.nvmlInit()
+    nvml.nvmlInitWithFlags(pynvml.NVML_INIT_FLAG_NO_GPUS)
+    handle = nvml.nvmlDeviceGetHandleByIndex(0)
+    nvml.nvmlShutdown()
+    assert nvml.nvmlDeviceGetName(handle) == "NVIDIA H200"  # one reference left
+    nvml.nvmlShutdown()
+    for fn in (lambda: nvml.nvmlDeviceGetName(handle), nvml.nvmlDeviceGetCount, nvml.nvmlShutdown):
+        with pytest.raises(pynvml.NVMLError_Uninitialized):
+            fn()
+
+
+@pytest.mark.parametrize(("arg", "error"), [
+    (1, pynvml.NVMLError_InvalidArgument), (-1, pynvml.NVMLError_InvalidArgument),
+])
+def test_handle_by_index_out_of_range(arg: int, error: type) -> None:
+    with pytest.raises(error):
+        opened(H200).nvmlDeviceGetHandleByIndex(arg)
+
+
+@pytest.mark.parametrize("handle", [None, 0, "GPU-5f1c2a9e-0b7d-4c3e-9a61-2d8e4f7b9c10"])
+def test_foreign_handles_are_invalid(handle: Any) -> None:
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        opened(H200).nvmlDeviceGetName(handle)
+
+
+def test_handles_of_another_replay_are_invalid() -> None:
+    other = opened(H200).nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        opened(H200).nvmlDeviceGetName(other)
+
+
+def test_handle_by_uuid() -> None:
+    nvml = opened(A5000)
+    assert nvml.nvmlDeviceGetIndex(nvml.nvmlDeviceGetHandleByUUID(b"GPU-12345678-aaaa-bbbb-cccc-0123456789cd")) == 1
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        nvml.nvmlDeviceGetHandleByUUID("GPU-00000000-0000-0000-0000-000000000000")
+
+
+@pytest.mark.parametrize(("sampling_type", "value"), [
+    (pynvml.NVML_GPU_UTILIZATION_SAMPLES, 87), (pynvml.NVML_MEMORY_UTILIZATION_SAMPLES, 41),
+    (pynvml.NVML_TOTAL_POWER_SAMPLES, 126360), (pynvml.NVML_PROCESSOR_CLK_SAMPLES, 1980),
+])
+def test_samples_newer_than_timestamp(tmp_path: Path, sampling_type: int, value: int) -> None:
+    clock = FakeClock(1_000.0)
+    nvml = opened(scenario(tmp_path, """
+        [[gpu]]
+        capture = "@H200"
+        [gpu.override]
+        util_gpu_percent = 87
+        util_memory_percent = 41
+    """), clock=clock)
+    h = nvml.nvmlDeviceGetHandleByIndex(0)
+    value_type, samples = nvml.nvmlDeviceGetSamples(h, sampling_type, 0)
+    assert value_type == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+    assert len(samples) == 120  # a full buffer: 20 s at 6 Hz
+    assert all(isinstance(s, pynvml.c_nvmlSample_t) and s.sampleValue.uiVal == value for s in samples)
+    stamps = [s.timeStamp for s in samples]
+    assert stamps == sorted(stamps) and stamps[-1] <= 1_000_000_000 and stamps[1] - stamps[0] == 166_666
+    with pytest.raises(pynvml.NVMLError_NotFound):  # nothing newer than the newest sample yet
+        nvml.nvmlDeviceGetSamples(h, sampling_type, stamps[-1])
+    clock.now += 0.5
+    assert len(nvml.nvmlDeviceGetSamples(h, sampling_type, stamps[-1])[1]) == 3
+    clock.now += 3600
+    assert len(nvml.nvmlDeviceGetSamples(h, sampling_type, stamps[-1])[1]) == 120
+
+
+def test_process_utilization(tmp_path: Path) -> None:
+    clock = FakeClock(2_000.0)
+    nvml = opened(scenario(tmp_path, """
+        [[gpu]]
+        capture = "@H200"
+        [[gpu.process]]
+        pid = 463
+        used_memory_bytes = 1050673152
+        sm_utilization_percent = 35
+        [[gpu.process]]
+        pid = 464
+        type = "graphics"
+    """), clock=clock)
+    h = nvml.nvmlDeviceGetHandleByIndex(0)
+    [sample] = nvml.nvmlDeviceGetProcessUtilization(h, 0)
+    assert isinstance(sample, pynvml.c_nvmlProcessUtilizationSample_t)
+    assert (sample.pid, sample.timeStamp, sample.smUtil, sample.memUtil) == (463, 2_000_000_000, 35, 0)
+    with pytest.raises(pynvml.NVMLError_NotFound):  # no process ran since that timestamp
+        nvml.nvmlDeviceGetProcessUtilization(h, sample.timeStamp)
+    clock.now += 1
+    assert nvml.nvmlDeviceGetProcessUtilization(h, sample.timeStamp)[0].timeStamp == 2_001_000_000
+    assert [p.pid for p in nvml.nvmlDeviceGetGraphicsRunningProcesses(h)] == [464]
+    assert [p.usedGpuMemory for p in nvml.nvmlDeviceGetGraphicsRunningProcesses(h)] == [None]
+
+
+def test_energy_grows_at_captured_power() -> None:
+    clock = FakeClock(5_000.0)
+    nvml = opened(H200, clock=clock)
+    h = nvml.nvmlDeviceGetHandleByIndex(0)
+    assert nvml.nvmlDeviceGetTotalEnergyConsumption(h) == 0
+    clock.now += 10
+    assert nvml.nvmlDeviceGetTotalEnergyConsumption(h) == 1_263_600  # 126360 mW x 10 s
+    clock.now -= 5  # a wall-clock step back never makes the counter go down
+    assert nvml.nvmlDeviceGetTotalEnergyConsumption(h) == 1_263_600
+
+
+# -- pynvml module emulation --------------------------------------------------------------------------
+@pytest.mark.parametrize("name", [
+    "NVML_TEMPERATURE_GPU", "NVML_CLOCK_SM", "NVML_GPU_UTILIZATION_SAMPLES", "nvmlMemory_v2", "NVMLError",
+    "NVMLError_NotSupported", "NVMLError_GpuIsLost", "nvmlClocksEventReasonGpuIdle", "NVML_FI_DEV_MEMORY_TEMP",
+    "c_nvmlMemory_t", "nvmlStructToFriendlyObject",
+])
+def test_constants_come_from_pynvml(name: str) -> None:
+    assert getattr(ReplayNVML.from_path(H200), name) is getattr(pynvml, name)
+
+
+@pytest.mark.parametrize("name", ["nvmlDeviceGetNumGpuCores", "nvmlDeviceGetNvLinkState", "nvmlErrorString",
+                                  "_LoadNvmlLibrary", "nvmlDeviceGetComputeRunningProcesses_v3"])
+def test_unimplemented_functions_never_reach_the_library(name: str) -> None:
+    with pytest.raises(pynvml.NVMLError_FunctionNotFound):
+        getattr(opened(H200), name)(object(), 0)
+
+
+def test_unknown_names_are_attribute_errors_and_dir_lists_constants() -> None:
+    nvml = ReplayNVML.from_path(H200)
+    with pytest.raises(AttributeError):
+        _ = nvml.nvmlNoSuchFunction
+    names = dir(nvml)
+    assert "NVML_ERROR_GPU_IS_LOST" in names and "nvmlDeviceGetName" in names
+
+
+@pytest.mark.parametrize("name", sorted(IMPLEMENTED_CALLS))
+def test_signatures_match_pynvml(name: str) -> None:
+    ours = list(inspect.signature(getattr(ReplayNVML, name)).parameters.values())[1:]
+    theirs = list(inspect.signature(getattr(pynvml, name)).parameters.values())
+    assert [(p.name, p.default) for p in ours] == [(p.name, p.default) for p in theirs]
+
+
+# -- faults ---------------------------------------------------------------------------------------------
+# Arguments after the handle for every implemented device call; a fault naming the call must fail it.
+DEVICE_CALL_ARGS: dict[str, tuple[Any, ...]] = {
+    "nvmlDeviceGetClockInfo": (SM,), "nvmlDeviceGetMaxClockInfo": (SM,), "nvmlDeviceGetFieldValues": ([82],),
+    "nvmlDeviceGetMemoryInfo": (), "nvmlDeviceGetMigDeviceHandleByIndex": (0,), "nvmlDeviceGetPcieThroughput": (TX,),
+    "nvmlDeviceGetProcessUtilization": (0,), "nvmlDeviceGetRetiredPages": (0,),
+    "nvmlDeviceGetSamples": (pynvml.NVML_GPU_UTILIZATION_SAMPLES, 0),
+    "nvmlDeviceGetTemperature": (pynvml.NVML_TEMPERATURE_GPU,), "nvmlDeviceGetTotalEccErrors": (CORR, VOL),
+}
+SYSTEM_CALLS = {"nvmlInit": (), "nvmlInitWithFlags": (0,), "nvmlShutdown": (), "nvmlSystemGetDriverVersion": (),
+                "nvmlSystemGetCudaDriverVersion": (), "nvmlSystemGetNVMLVersion": (), "nvmlDeviceGetCount": (),
+                "nvmlDeviceGetHandleByIndex": (0,), "nvmlDeviceGetHandleByUUID": (H200_UUID,),
+                "nvmlDeviceGetHandleByPciBusId": ("00000000:00:06.0",)}
+
+
+@pytest.mark.parametrize("name", sorted(IMPLEMENTED_CALLS))
+def test_every_call_can_be_faulted(tmp_path: Path, name: str) -> None:
+    gpu = "" if name in SYSTEM_CALLS else "gpu = 0"
+    nvml = ReplayNVML.from_path(scenario(tmp_path, f"""
+        [[gpu]]
+        capture = "@H200"
+        [[fault]]
+        {gpu}
+        call = "{name}"
+        error = "UNKNOWN"
+        after_calls = 1
+    """))
+    for _ in range({"nvmlInit": 0, "nvmlInitWithFlags": 0, "nvmlShutdown": 2}.get(name, 1)):
+        nvml.nvmlInit()
+    if name in SYSTEM_CALLS:
+        fn: Callable[[], Any] = lambda: getattr(nvml, name)(*SYSTEM_CALLS[name])  # noqa: E731
+    else:
+        handle = nvml.nvmlDeviceGetHandleByIndex(0)
+        fn = lambda: getattr(nvml, name)(handle, *DEVICE_CALL_ARGS.get(name, ()))  # noqa: E731
+    try:
+        fn()  # after_calls = 1: the first call is not failed (it may still raise NOT_SUPPORTED)
+    except pynvml.NVMLError as exc:
+        assert not isinstance(exc, pynvml.NVMLError_Unknown)
+    with pytest.raises(pynvml.NVMLError_Unknown):
+        fn()
+
+
+@pytest.mark.parametrize(("after_calls", "times", "outcomes"), [
+    (0, None, "xxxxx"),
+    (2, None, "..xxx"),
+    (0, 1, "x...."),
+    (2, 3, "..xxx."),
+    (1, 0, "....."),
+])
+def test_fault_after_calls_and_times(tmp_path: Path, after_calls: int, times: int | None, outcomes: str) -> None:
+    nvml = opened(scenario(tmp_path, f"""
+        [[gpu]]
+        capture = "@A5000"
+        [[gpu]]
+        capture = "@A5000"
+        capture_index = 1
+        [[fault]]
+        gpu = 1
+        call = "nvmlDeviceGetMemoryInfo"
+        error = "GPU_IS_LOST"
+        after_calls = {after_calls}
+        {"" if times is None else f"times = {times}"}
+    """))
+    healthy, faulty = (nvml.nvmlDeviceGetHandleByIndex(i) for i in (0, 1))
+    got = ""
+    for _ in outcomes:
+        try:
+            nvml.nvmlDeviceGetMemoryInfo(faulty)
+            got += "."
+        except pynvml.NVMLError_GpuIsLost:
+            got += "x"
+        assert nvml.nvmlDeviceGetMemoryInfo(healthy).total == 24564 * MIB  # the other GPU never fails
+    assert got == outcomes
+
+
+@pytest.mark.parametrize(("error", "exc_type"), [
+    ("LIBRARY_NOT_FOUND", pynvml.NVMLError_LibraryNotFound),
+    ("DRIVER_NOT_LOADED", pynvml.NVMLError_DriverNotLoaded),
+    ("LIB_RM_VERSION_MISMATCH", pynvml.NVMLError_LibRmVersionMismatch),
+])
+def test_system_fault_on_init(tmp_path: Path, error: str, exc_type: type) -> None:
+    nvml = ReplayNVML.from_path(scenario(tmp_path, f"""
+        [[gpu]]
+        capture = "@H200"
+        [[fault]]
+        call = "nvmlInit"
+        error = "{error}"
+        times = 2
+    """))
+    for _ in range(2):
+        with pytest.raises(exc_type):
+            nvml.nvmlInit()
+        with pytest.raises(pynvml.NVMLError_Uninitialized):  # a failed init leaves NVML uninitialised
+            nvml.nvmlDeviceGetCount()
+    nvml.nvmlInit()  # a driver installed later is picked up by the retry
+    assert nvml.nvmlDeviceGetCount() == 1
+
+
+def test_fault_on_every_call_of_one_gpu(tmp_path: Path) -> None:
+    nvml = opened(SCENARIOS / "h200_pair_one_lost.toml")
+    lost = nvml.nvmlDeviceGetHandleByIndex(1)
+    for _ in range(19):
+        nvml.nvmlDeviceGetName(lost)
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):
+        nvml.nvmlDeviceGetPowerUsage(lost)
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):
+        nvml.nvmlDeviceGetHandleByIndex(1)
+    assert nvml.nvmlDeviceGetPowerUsage(nvml.nvmlDeviceGetHandleByIndex(0)) == 126360
+    assert nvml.nvmlDeviceGetCount() == 2
+
+
+@pytest.mark.parametrize(("error", "answers"), [("TIMEOUT", False), (None, True)])
+def test_fault_hangs_then_fails_or_answers(tmp_path: Path, error: str | None, answers: bool) -> None:
+    nvml = opened(scenario(tmp_path, f"""
+        [[gpu]]
+        capture = "@H200"
+        [[fault]]
+        gpu = 0
+        call = "nvmlDeviceGetTemperature"
+        {"" if error is None else f'error = "{error}"'}
+        hang_seconds = 0.05
+        times = 1
+    """))
+    h = nvml.nvmlDeviceGetHandleByIndex(0)
+    start = time.monotonic()
+    if answers:
+        assert nvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU) == 35
+    else:
+        with pytest.raises(pynvml.NVMLError_Timeout):
+            nvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)
+    assert time.monotonic() - start >= 0.05
+    start = time.monotonic()
+    assert nvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU) == 35  # times = 1: no more hang
+    assert time.monotonic() - start < 0.05
+
+
+# -- scenario overrides -----------------------------------------------------------------------------------
+def test_scenario_identity_overrides_and_order(tmp_path: Path) -> None:
+    nvml = opened(scenario(tmp_path, """
+        [[gpu]]
+        capture = "@A5000"
+        index = 1
+        [[gpu]]
+        capture = "@A5000"
+        capture_index = 1
+        index = 0
+        minor = 7
+        uuid = "GPU-00000000-1111-2222-3333-444444444444"
+        name = "NVIDIA RTX A5000 (replayed)"
+        pci_bus_id = "0000:3b:00.0"
+    """))
+    first = nvml.nvmlDeviceGetHandleByIndex(0)
+    assert (nvml.nvmlDeviceGetIndex(first), nvml.nvmlDeviceGetMinorNumber(first), nvml.nvmlDeviceGetUUID(first),
+            nvml.nvmlDeviceGetName(first)) == (0, 7, "GPU-00000000-1111-2222-3333-444444444444",
+                                               "NVIDIA RTX A5000 (replayed)")
+    pci = nvml.nvmlDeviceGetPciInfo(first)
+    assert (pci.busId, pci.domain, pci.bus, pci.device) == ("00000000:3B:00.0", 0, 0x3B, 0)
+    assert nvml.nvmlDeviceGetSerial(first) == "1234567890123"  # the rest is capture_index 1's
+    second = nvml.nvmlDeviceGetHandleByIndex(1)
+    assert nvml.nvmlDeviceGetUUID(second) == "GPU-12345678-aaaa-bbbb-cccc-0123456789ab"
+
+
+def test_scenario_reading_overrides_and_process_merge(tmp_path: Path) -> None:
+    nvml = opened(scenario(tmp_path, """
+        [[gpu]]
+        capture = "@A5000"
+        [gpu.override]
+        temp_gpu_c = 80
+        fan_speed_percent = "N/A"
+        [[gpu.process]]
+        pid = 100477
+        used_memory_bytes = 1024
+        sm_utilization_percent = 90
+        [[gpu.process]]
+        pid = 5
+        type = "mps"
+    """))
+    h = nvml.nvmlDeviceGetHandleByIndex(0)
+    assert nvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU) == 80
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        nvml.nvmlDeviceGetFanSpeed(h)
+    assert [(p.pid, p.usedGpuMemory) for p in nvml.nvmlDeviceGetComputeRunningProcesses(h)] == [(100477, 1024)]
+    assert [p.pid for p in nvml.nvmlDeviceGetMPSComputeRunningProcesses(h)] == [5]
+    assert nvml.nvmlDeviceGetPowerUsage(h) == 6410  # not overridden: the capture's
+
+
+def test_scenario_capture_path_is_relative_to_the_toml(tmp_path: Path) -> None:
+    (tmp_path / "captures").mkdir()
+    shutil.copy(T4, tmp_path / "captures" / "t4.xml")
+    path = tmp_path / "t4.toml"
+    path.write_text('[[gpu]]\ncapture = "captures/t4.xml"\n')
+    assert call(opened(path), 0, "nvmlDeviceGetName") == "Tesla T4"
+
+
+def test_doctype_is_never_fetched(tmp_path: Path) -> None:
+    """An entity defined only in the DTD the DOCTYPE names stays undefined: the DTD is not read."""
+    (tmp_path / "evil.dtd").write_text('<!ENTITY drv "from-the-dtd">')
+    path = tmp_path / "capture.xml"
+    path.write_text('<?xml version="1.0" ?>\n<!DOCTYPE nvidia_smi_log SYSTEM "evil.dtd">\n'
+                    "<nvidia_smi_log>\n<driver_version>&drv;</driver_version>\n</nvidia_smi_log>\n")
+    with pytest.raises(ReplayError, match=r"capture\.xml: line 4, column \d+: not well-formed XML \(undefined entity"):
+        ReplayNVML.from_path(path)
+
+
+# -- bad input: every message names the file and the line/column or the key ------------------------------
+@pytest.mark.parametrize(("name", "text", "message"), [
+    ("bad.xml", "<nvidia_smi_log>\n  <gpu>\n</nvidia_smi_log>\n",
+     r"bad\.xml: line 3, column 3: not well-formed XML \(mismatched tag\)"),
+    ("empty.xml", "", r"empty\.xml: line 1, column 1: not well-formed XML \(no element found\)"),
+    ("other.xml", "<foo/>", r"other\.xml: root element is <foo>, expected <nvidia_smi_log>"),
+    ("bad.toml", '[[gpu]]\ncapture = \n', r"bad\.toml: line 2, column 11: not valid TOML \(Invalid value\)"),
+    ("eod.toml", '[[gpu]]\ncapture = "x', r"eod\.toml: line 2, column 13: not valid TOML \(Unterminated string\)"),
+    ("top.toml", "gpus = []\n", r"top\.toml: gpus: unknown key 'gpus'"),
+    ("key.toml", '[[gpu]]\ncapture = "@H200"\ncolour = 1\n', r"key\.toml: gpu\[0\]\.colour: unknown key 'colour'"),
+    ("nocap.toml", "[[gpu]]\nindex = 0\n", r"nocap\.toml: gpu\[0\]\.capture: missing required key"),
+    ("missing.toml", '[[gpu]]\ncapture = "nope.xml"\n',
+     r"missing\.toml: gpu\[0\]\.capture: capture file .*nope\.xml does not exist"),
+    ("range.toml", '[[gpu]]\ncapture = "@H200"\ncapture_index = 1\n',
+     r"range\.toml: gpu\[0\]\.capture_index: .*nvidia-smi-q\.xml holds 1 <gpu> element\(s\); index 1 is out of range"),
+    ("type.toml", '[[gpu]]\ncapture = "@H200"\n[[gpu.process]]\npid = "x"\n',
+     r"type\.toml: gpu\[0\]\.process\[0\]\.pid: expected int, got 'x'"),
+    ("ptype.toml", '[[gpu]]\ncapture = "@H200"\n[[gpu.process]]\npid = 1\ntype = "cuda"\n',
+     r"ptype\.toml: gpu\[0\]\.process\[0\]\.type: expected 'compute', 'graphics' or 'mps', got 'cuda'"),
+    ("override.toml", '[[gpu]]\ncapture = "@H200"\n[gpu.override]\nwattage = 1\n',
+     r"override\.toml: gpu\[0\]\.override\.wattage: unknown key 'wattage'"),
+    ("dup.toml", '[[gpu]]\ncapture = "@H200"\n[[gpu]]\ncapture = "@H200"\n',
+     r"dup\.toml: gpu\[1\]\.uuid: uuid 'GPU-5f1c2a9e-0b7d-4c3e-9a61-2d8e4f7b9c10' is also gpu\[0\]'s"),
+    ("index.toml", '[[gpu]]\ncapture = "@H200"\nindex = 3\n', r"index\.toml: gpu: gpu indices \[3\] are not 0\.\.0"),
+    ("pci.toml", '[[gpu]]\ncapture = "@H200"\npci_bus_id = "06.0"\n', r"pci\.toml: gpu\[0\]\.pci_bus_id: expected"),
+    ("err.toml", '[[gpu]]\ncapture = "@H200"\n[[fault]]\ncall = "nvmlInit"\nerror = "GPU_ON_FIRE"\n',
+     r"err\.toml: fault\[0\]\.error: unknown NVML error 'GPU_ON_FIRE'"),
+    ("call.toml", '[[gpu]]\ncapture = "@H200"\n[[fault]]\ncall = "nvmlDeviceGetFoo"\nerror = "UNKNOWN"\n',
+     r"call\.toml: fault\[0\]\.call: 'nvmlDeviceGetFoo' is not a call the replay implements"),
+    ("fgpu.toml", '[[gpu]]\ncapture = "@H200"\n[[fault]]\ngpu = 1\ncall = "*"\nerror = "UNKNOWN"\n',
+     r"fgpu\.toml: fault\[0\]\.gpu: no GPU with NVML index 1"),
+    ("noerr.toml", '[[gpu]]\ncapture = "@H200"\n[[fault]]\ncall = "nvmlInit"\n',
+     r"noerr\.toml: fault\[0\]\.error: a fault needs `error`, `hang_seconds` or both"),
+    ("neg.toml", '[[gpu]]\ncapture = "@H200"\n[[fault]]\ncall = "nvmlInit"\nerror = "UNKNOWN"\nafter_calls = -1\n',
+     r"neg\.toml: fault\[0\]\.after_calls: must not be negative"),
+])
+def test_bad_input(tmp_path: Path, name: str, text: str, message: str) -> None:
+    with pytest.raises(ReplayError, match=message) as exc:
+        ReplayNVML.from_path(scenario(tmp_path, text, name))
+    assert isinstance(exc.value, ValueError) and str(tmp_path / name) in str(exc.value)
+
+
+def test_bad_capture_named_by_a_scenario(tmp_path: Path) -> None:
+    (tmp_path / "broken.xml").write_text("<nvidia_smi_log>\n<gpu>\n")
+    path = scenario(tmp_path, '[[gpu]]\ncapture = "broken.xml"\n')
+    with pytest.raises(ReplayError, match=r"scenario\.toml: gpu\[0\]\.capture: bad capture: .*broken\.xml: "
+                                          r"line 3, column 1: not well-formed XML \(no element found\)"):
+        ReplayNVML.from_path(path)
+
+
+def test_missing_files(tmp_path: Path) -> None:
+    for name in ("gone.xml", "gone.toml"):
+        with pytest.raises(ReplayError, match=rf"cannot read .*{name}"):
+            ReplayNVML.from_path(tmp_path / name)
