@@ -1,0 +1,262 @@
+"""The ``accelstats`` command: serve, dump, devices, containers.
+
+Every command takes the same source options (``--config``, ``--nvml-replay``, ``--file-devices``,
+``--cgroup-root``, ``--proc-root``, ``--log-level``); settings come from the defaults, then the config
+file (``/etc/accelstats/config.toml`` when present), then the command line. Errors in input print one
+line ``accelstats: error: ...`` and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import click
+
+from accelstats import __version__
+from accelstats.config import (
+    DEFAULT_CONFIG,
+    DEFAULT_PORT,
+    LOG_LEVELS,
+    ConfigError,
+    Settings,
+    configure_logging,
+    load_config,
+    parse_listen,
+)
+from accelstats.manager import AcceleratorManager, Collection
+from accelstats.registry import COLLECTORS
+from collectors.files import FileDevicesError
+
+log = logging.getLogger("accelstats")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def fail(message: str) -> NoReturn:
+    """Print ``accelstats: error: <message>`` on stderr and exit with status 2."""
+    click.echo(f"accelstats: error: {message}", err=True)
+    sys.exit(2)
+
+
+def source_options(fn: F) -> F:
+    """The options every command shares (where the data comes from)."""
+    options = [
+        click.option("--config", "config_path", type=click.Path(path_type=Path),
+                     help=f"TOML config file (default: {DEFAULT_CONFIG} when present)."),
+        click.option("--nvml-replay", type=click.Path(path_type=Path),
+                     help="Replay an nvidia-smi -q -x XML or a scenario TOML instead of live NVML."),
+        click.option("--file-devices", type=click.Path(path_type=Path),
+                     help="Directory whose files are file devices (Nomad example-plugin model)."),
+        click.option("--cgroup-root", type=click.Path(path_type=Path), help="cgroup root [/sys/fs/cgroup]."),
+        click.option("--proc-root", type=click.Path(path_type=Path), help="proc root [/proc]."),
+        click.option("--sysfs-root", type=click.Path(path_type=Path), hidden=True, help="sysfs root [/sys]."),
+        click.option("--log-level", type=click.Choice(LOG_LEVELS, case_sensitive=False),
+                     help="Log level [info]."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def build_settings(config_path: Path | None, nvml_replay: Path | None, file_devices: Path | None,
+                   cgroup_root: Path | None, proc_root: Path | None, sysfs_root: Path | None,
+                   log_level: str | None, **extra: Any) -> Settings:
+    """Defaults, then the config file, then the command line. Exits 2 on a config error."""
+    settings = Settings()
+    path = config_path or (DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None)
+    try:
+        if path is not None:
+            settings = load_config(path, settings)
+        changes: dict[str, Any] = {k: v for k, v in {
+            "nvml_replay": nvml_replay, "cgroup_root": cgroup_root, "proc_root": proc_root,
+            "sysfs_root": sysfs_root, "log_level": log_level.lower() if log_level else None}.items()
+            if v is not None}
+        if extra.get("listen"):
+            changes["listen_host"], changes["listen_port"] = parse_listen(extra["listen"])
+        if extra.get("collectors"):
+            changes["collectors"] = tuple(extra["collectors"])
+        if file_devices is not None:
+            changes["file_devices"] = replace(settings.file_devices, dir=file_devices)
+        settings = replace(settings, **changes)
+    except ConfigError as exc:
+        fail(str(exc))
+    configure_logging(settings.log_level)
+    return settings
+
+
+def make_manager(settings: Settings) -> AcceleratorManager:
+    """Build and set up the manager; the replay backend when ``settings.nvml_replay`` is set. Exits 2 on
+    a replay file that cannot be read or a file-devices directory that does not exist."""
+    nvml: Any = None
+    if settings.nvml_replay is not None:
+        from collectors.nvml_replay import ReplayError, ReplayNVML
+
+        try:
+            nvml = ReplayNVML.from_path(settings.nvml_replay)
+        except ReplayError as exc:
+            fail(str(exc))
+        except OSError as exc:
+            fail(f"{settings.nvml_replay}: {exc.strerror or exc}")
+    manager = AcceleratorManager(settings, nvml)
+    try:
+        manager.setup()
+    except FileDevicesError as exc:
+        fail(str(exc))
+    except KeyError as exc:
+        fail(str(exc.args[0]))
+    return manager
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="accelstats")
+def main() -> None:
+    """Per-container accelerator metrics: which container uses which GPU, and how hard."""
+
+
+@main.command()
+@click.option("--listen", default=None, metavar="HOST:PORT",
+              help=f"Address to serve /metrics on [:{DEFAULT_PORT}, every interface].")
+@click.option("--collector", "collectors", multiple=True,
+              type=click.Choice([e.name for e in COLLECTORS]),
+              help="Run only these collectors (repeatable). "
+              + "; ".join(f"{e.name}: {e.help}{' (default on)' if e.enabled_by_default else ''}"
+                          for e in COLLECTORS))
+@source_options
+def serve(listen: str | None, collectors: tuple[str, ...], **opts: Any) -> None:
+    """Serve /metrics, /healthz and / until SIGTERM or SIGINT."""
+    from accelstats.exporter import serve as start_server
+
+    settings = build_settings(listen=listen, collectors=collectors, **opts)
+    manager = make_manager(settings)
+    try:
+        server, thread = start_server(manager, settings.listen_host, settings.listen_port)
+    except OSError as exc:
+        manager.destroy()
+        fail(f"cannot listen on {settings.listen}: {exc.strerror or exc}")
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        log.info("received %s, shutting down", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    log.info("accelstats %s serving http://%s/metrics", __version__, settings.listen)
+    while not stop.wait(3600):
+        pass
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=5)
+    manager.destroy()
+    log.info("stopped")
+
+
+@main.command()
+@source_options
+def dump(**opts: Any) -> None:
+    """One collection, as Prometheus exposition text on stdout."""
+    from accelstats.exporter import exposition
+
+    manager = make_manager(build_settings(**opts))
+    try:
+        sys.stdout.write(exposition(manager).decode())
+    finally:
+        manager.destroy()
+
+
+def _collect(**opts: Any) -> Collection:
+    manager = make_manager(build_settings(**opts))
+    try:
+        return manager.collect()
+    finally:
+        manager.destroy()
+
+
+def devices_json(collection: Collection) -> list[dict[str, Any]]:
+    """``accelstats devices --json``: one object per GPU, MIG instance and file device."""
+    snap = collection.snapshot
+    out: list[dict[str, Any]] = []
+    for d in snap.devices:
+        s = snap.samples.get(d.uuid)
+        out.append({
+            "kind": d.kind, "index": d.index, "minor": d.minor, "uuid": d.uuid, "name": d.name,
+            "pci_bus_id": d.pci_bus_id, "parent_uuid": d.parent_uuid, "mig_profile": d.mig_profile,
+            "up": bool(s and s.up), "error": s.error if s else "",
+            "memory_total_bytes": s.memory_total_bytes if s else None,
+            "memory_used_bytes": s.memory_used_bytes if s else None,
+            "power_watts": s.power_watts if s else None,
+            "temperature_celsius": dict(s.temperatures_celsius).get("gpu") if s else None,
+            "utilization_ratio": s.utilization_ratio if s else None,
+            "source": snap.source,
+        })
+    for f in snap.file_devices:
+        out.append({"kind": "file", "id": f.id, "path": f.path, "vendor": f.vendor, "type": f.type,
+                    "name": f.name, "healthy": f.healthy, "health_description": f.health_description,
+                    "size_bytes": f.size_bytes, "mode": oct(f.mode), "permissions": f.permissions})
+    return out
+
+
+def containers_json(collection: Collection) -> list[dict[str, Any]]:
+    """``accelstats containers --json``: every container cgroup found, with the devices attributed."""
+    out = []
+    for c in collection.containers:
+        i, m = c.identity, c.metadata
+        out.append({
+            "cgroup": c.cgroup, "runtime": i.runtime if i else "unknown", "id": i.id if i else "",
+            "name": m.name, "image": m.image, "pod": m.pod, "namespace": m.namespace,
+            "pod_uid": i.pod_uid if i else "", "alloc_id": i.alloc_id if i else "", "task": i.task if i else "",
+            "devices": [{"uuid": a.id, "minor": a.minor, "attribution": a.attribution,
+                         "memory_used_bytes": a.container_memory_used_bytes} for a in c.accelerators],
+            "reason": c.reason,
+        })
+    return out
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
+@source_options
+def devices(as_json: bool, **opts: Any) -> None:
+    """List GPUs, MIG instances and file devices."""
+    collection = _collect(**opts)
+    rows = devices_json(collection)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if collection.snapshot.nvml_status:
+        click.echo(f"# NVIDIA: {collection.snapshot.nvml_status}", err=True)
+    click.echo(f"{'KIND':5} {'IDX':>3} {'MINOR':>5} {'UUID / ID':42} {'NAME':28} {'UP':3} MEMORY")
+    for r in rows:
+        if r["kind"] == "file":
+            click.echo(f"{'file':5} {'':>3} {'':>5} {r['id']:42} {r['path'][-28:]:28} "
+                       f"{'yes' if r['healthy'] else 'NO':3} {r['size_bytes']} B")
+        else:
+            mem = r["memory_total_bytes"]
+            click.echo(f"{r['kind']:5} {r['index']:>3} {'' if r['minor'] is None else r['minor']:>5} "
+                       f"{r['uuid']:42} {r['name'][:28]:28} {'yes' if r['up'] else 'NO':3} "
+                       f"{'' if mem is None else f'{mem / 2**30:.1f} GiB'}")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
+@source_options
+def containers(as_json: bool, **opts: Any) -> None:
+    """List container cgroups and the devices attributed to each."""
+    rows = containers_json(_collect(**opts))
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    click.echo(f"{'RUNTIME':10} {'ID':14} {'CGROUP':60} DEVICES")
+    for r in rows:
+        devs = ", ".join(f"{d['uuid']} ({d['attribution']})" for d in r["devices"]) or "-"
+        click.echo(f"{r['runtime']:10} {r['id'][:12]:14} {r['cgroup'][-60:]:60} {devs}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,174 @@
+"""Per-container accelerator stats: cAdvisor's ``AcceleratorCollector`` and what it fills.
+
+A collector is made for one container's devices cgroup by
+:meth:`accelstats.manager.AcceleratorManager.get_collector` and bound to one collection's device
+snapshot. ``update_stats(stats)`` appends one :class:`AcceleratorStats` per device the container is
+attributed, saying how (``attribution``):
+
+* ``devices_cgroup`` — cgroup v1: the container's ``devices.list`` grants ``c 195:<minor> r|w``
+  (spec/cgroups.md §2, re-read on every collection so ``docker update`` is seen).
+
+Device-wide numbers (memory total/used, duty cycle) stay device-wide, as cAdvisor's were; the
+container's own numbers come from NVML's per-process data summed over the processes whose
+``/proc/<pid>/cgroup`` names this container's cgroup.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from accelstats.cgroups import ContainerIdentity, gpu_grant, parse_proc_cgroup, read_devices_list
+from collectors.model import Device, DeviceSnapshot, ProcessUsage
+
+log = logging.getLogger(__name__)
+
+NVIDIA_MAJOR = 195
+
+
+@dataclass(frozen=True)
+class AcceleratorStats:
+    """One device as seen from one container (cAdvisor's ``AcceleratorStats`` plus attribution).
+
+    ``memory_*`` are device-wide bytes, ``duty_cycle`` device-wide percent 0-100 (cAdvisor
+    compatibility); ``container_memory_used_bytes`` / ``container_sm_utilization_ratio`` /
+    ``container_processes`` are the container's own share, ``None`` when NVML's process list is
+    not readable.
+    """
+
+    make: str
+    model: str
+    id: str
+    minor: int | None
+    index: int
+    attribution: str
+    memory_total_bytes: int | None
+    memory_used_bytes: int | None
+    duty_cycle: float | None
+    container_memory_used_bytes: int | None
+    container_sm_utilization_ratio: float | None
+    container_processes: int | None
+
+
+@dataclass(frozen=True)
+class ContainerMetadata:
+    """What people call the container: cAdvisor's ``name``, ``image``, ``container``, ``pod``,
+    ``namespace`` labels ("" when unknown; filled from the cgroup path and, when readable, the
+    runtime's state files)."""
+
+    name: str = ""
+    image: str = ""
+    container: str = ""
+    pod: str = ""
+    namespace: str = ""
+
+
+@dataclass
+class ContainerStats:
+    """One container: its cgroup path, identity, metadata, and the accelerators attributed to it."""
+
+    cgroup: str
+    identity: ContainerIdentity | None
+    metadata: ContainerMetadata = field(default_factory=ContainerMetadata)
+    accelerators: list[AcceleratorStats] = field(default_factory=list)
+    reason: str = ""  # why nothing could be attributed (e.g. unreadable devices.list)
+
+
+class AcceleratorCollector(Protocol):
+    """cAdvisor's collector interface: fill one container's accelerator stats."""
+
+    def update_stats(self, stats: ContainerStats) -> None:
+        """Append this container's :class:`AcceleratorStats` to ``stats.accelerators``; never raises."""
+
+
+class NoopCollector:
+    """A collector that reports nothing and says why (unknown or unreadable cgroup, NVML absent)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def update_stats(self, stats: ContainerStats) -> None:
+        """Leave ``stats.accelerators`` alone; record :attr:`reason` on ``stats``."""
+        stats.reason = stats.reason or self.reason
+
+
+def cgroup_of_pids(pids: Iterable[int], proc_root: Path, controller: str) -> dict[int, str]:
+    """``{pid: cgroup path}`` from ``<proc_root>/<pid>/cgroup``; vanished or unreadable PIDs are left out."""
+    found = {}
+    for pid in pids:
+        try:
+            text = (proc_root / str(pid) / "cgroup").read_text()
+        except OSError:
+            continue
+        parsed = parse_proc_cgroup(text)
+        path = parsed.get(controller) or parsed.get("")
+        if path is not None:
+            found[pid] = path
+    return found
+
+
+class DevicesCgroupCollector:
+    """Collector for a cgroup v1 container: attribution by its ``devices.list`` (spec/cgroups.md §2).
+
+    ``directory``: the container's directory in the devices hierarchy; ``cgroup``: its path as
+    ``/proc/<pid>/cgroup`` names it; ``pid_cgroups``: ``{pid: cgroup path}`` of the snapshot's GPU
+    processes, for the container's own share. ``on_skipped(n)`` is told how many malformed lines
+    the file had (they count in ``accelstats_devices_list_skipped_lines_total``).
+    """
+
+    def __init__(self, directory: Path, cgroup: str, snapshot: DeviceSnapshot, pid_cgroups: Mapping[int, str],
+                 on_skipped: Callable[[int], None] | None = None) -> None:
+        self.directory = directory
+        self.cgroup = cgroup
+        self.snapshot = snapshot
+        self.pid_cgroups = pid_cgroups
+        self.on_skipped = on_skipped
+
+    def update_stats(self, stats: ContainerStats) -> None:
+        """Append one AcceleratorStats per GPU the ``devices.list`` grants read or write access to."""
+        devices_list = read_devices_list(self.directory)
+        if devices_list is None:
+            stats.reason = f"devices.list not readable in {self.directory}"
+            return
+        if devices_list.skipped_lines and self.on_skipped is not None:
+            self.on_skipped(len(devices_list.skipped_lines))
+        by_minor = {d.minor: d for d in self.snapshot.devices if d.kind == "gpu" and d.minor is not None}
+        grant = gpu_grant(devices_list, by_minor.keys(), nvidia_major=NVIDIA_MAJOR)
+        if grant.unrestricted:
+            stats.reason = "unrestricted devices cgroup (a *:* rwm): needs process evidence"
+            return
+        for minor in sorted(grant.minors):
+            stats.accelerators.append(self.stats_for(by_minor[minor], "devices_cgroup"))
+
+    def stats_for(self, device: Device, attribution: str) -> AcceleratorStats:
+        """The AcceleratorStats of ``device`` for this container, with its own process share."""
+        sample = self.snapshot.samples.get(device.uuid)
+        mine: list[ProcessUsage] | None = None
+        if sample is not None and sample.processes is not None:
+            mine = [p for p in sample.processes if self.pid_cgroups.get(p.pid) == self.cgroup]
+        util = sample.utilization_ratio if sample is not None else None
+        return AcceleratorStats(
+            make="nvidia", model=device.name, id=device.uuid, minor=device.minor, index=device.index,
+            attribution=attribution,
+            memory_total_bytes=sample.memory_total_bytes if sample is not None else None,
+            memory_used_bytes=sample.memory_used_bytes if sample is not None else None,
+            duty_cycle=util * 100.0 if util is not None else None,
+            container_memory_used_bytes=_sum_memory(mine),
+            container_sm_utilization_ratio=_sum_sm(mine),
+            container_processes=len(mine) if mine is not None else None,
+        )
+
+
+def _sum_memory(procs: list[ProcessUsage] | None) -> int | None:
+    if procs is None or any(p.used_memory_bytes is None for p in procs):
+        return None
+    return sum(p.used_memory_bytes or 0 for p in procs)
+
+
+def _sum_sm(procs: list[ProcessUsage] | None) -> float | None:
+    if procs is None or any(p.sm_utilization_ratio is None for p in procs):
+        return None
+    return sum(p.sm_utilization_ratio or 0.0 for p in procs)

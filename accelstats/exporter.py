@@ -1,0 +1,205 @@
+"""The Prometheus sink: a ``prometheus_client`` custom collector over the manager, and the HTTP server.
+
+``AccelstatsCollector.collect()`` asks the manager for a collection (shared with concurrent
+scrapes) and renders it into metric families declared in :mod:`accelstats.catalog`; ``describe()``
+yields the same families without samples, so registering never touches NVML (client_python's
+custom-collector pattern; no global Gauges set from threads). ``serve`` answers ``/metrics``,
+``/healthz`` and a landing page at ``/`` from one threading WSGI server.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import socketserver
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+
+from accelstats import __version__, catalog
+from accelstats.catalog import Family
+from accelstats.containers import ContainerStats
+from accelstats.manager import AcceleratorManager, Collection
+
+log = logging.getLogger(__name__)
+
+StartResponse = Callable[..., Any]
+
+
+def _family(spec: Family) -> GaugeMetricFamily | CounterMetricFamily:
+    if spec.type == "counter":
+        return CounterMetricFamily(spec.name, spec.help, labels=list(spec.labels))
+    return GaugeMetricFamily(spec.name, spec.help, labels=list(spec.labels))
+
+
+def _identity_labels(c: ContainerStats) -> list[str]:
+    """cAdvisor's container labels: id (cgroup path), name, image, container, pod, namespace."""
+    m = c.metadata
+    return [c.cgroup, m.name, m.image, m.container, m.pod, m.namespace]
+
+
+def render(collection: Collection) -> Iterator[Metric]:
+    """The catalog's families for one collection; families with no sample this time are left out
+    (``describe()`` still declares them all)."""
+    snap = collection.snapshot
+    fams = {f.name: _family(f) for f in catalog.ALL}
+
+    def add(spec: Family, labels: Iterable[str], value: float) -> None:
+        fams[spec.name].add_metric(list(labels), value)
+
+    add(catalog.BUILD_INFO, [__version__, platform.python_version(), snap.nvml_version, snap.driver_version], 1)
+    for r in snap.collector_results:
+        add(catalog.COLLECTOR_SUCCESS, [r.name], 1.0 if r.success else 0.0)
+        add(catalog.COLLECTOR_DURATION, [r.name], r.duration_seconds)
+    add(catalog.SKIPPED_LINES, [], collection.devices_list_skipped_lines_total)
+    add(catalog.CGROUPS_VANISHED, [], collection.cgroups_vanished_total)
+    for (call, error), count in sorted(collection.nvml_errors.items()):
+        add(catalog.NVML_ERRORS, [call, error], count)
+
+    devices = {d.uuid: d for d in snap.devices}
+    for d in snap.devices:
+        base = [d.uuid, str(d.index), d.name]
+        add(catalog.GPU_INFO, base + [
+            "" if d.minor is None else str(d.minor), d.pci_bus_id, d.kind, d.parent_uuid, d.mig_profile,
+            _opt(d.gpu_instance_id), _opt(d.compute_instance_id), snap.driver_version, snap.cuda_driver_version,
+            d.vbios_version, d.mig_mode, d.compute_mode, d.persistence_mode, d.compute_capability,
+            d.architecture, snap.source], 1)
+        sample = snap.samples.get(d.uuid)
+        add(catalog.GPU_UP, base, 1.0 if sample is not None and sample.up else 0.0)
+        if sample is None or not sample.up:
+            continue
+        for spec in catalog.GPU_SAMPLED:
+            assert spec.read is not None
+            for extra, value in spec.read(sample):
+                add(spec, base + list(extra), value)
+
+    for c in collection.containers:
+        if not c.accelerators:
+            continue
+        ident = _identity_labels(c)
+        i = c.identity
+        add(catalog.CONTAINER_INFO, ident + ([i.runtime, i.id, i.pod_uid, i.alloc_id, i.task] if i is not None
+                                             else ["unknown", "", "", "", ""]), 1)
+        for a in c.accelerators:
+            cad = ident + [a.make, a.model, a.id]
+            if a.memory_total_bytes is not None:
+                add(catalog.CADVISOR_MEMORY_TOTAL, cad, a.memory_total_bytes)
+            if a.memory_used_bytes is not None:
+                add(catalog.CADVISOR_MEMORY_USED, cad, a.memory_used_bytes)
+            if a.duty_cycle is not None:
+                add(catalog.CADVISOR_DUTY_CYCLE, cad, a.duty_cycle)
+            dev = devices.get(a.id)
+            labels = ident + [a.id, str(dev.index if dev else a.index), a.attribution]
+            if a.container_memory_used_bytes is not None:
+                add(catalog.CONTAINER_MEMORY, labels, a.container_memory_used_bytes)
+            if a.container_sm_utilization_ratio is not None:
+                add(catalog.CONTAINER_SM, labels, a.container_sm_utilization_ratio)
+            if a.container_processes is not None:
+                add(catalog.CONTAINER_PROCESSES, labels, a.container_processes)
+
+    for f in snap.file_devices:
+        labels = [f.id, f.vendor, f.type, f.name, f.path]
+        add(catalog.FILE_INFO, labels, 1)
+        add(catalog.FILE_HEALTHY, labels, 1.0 if f.healthy else 0.0)
+        add(catalog.FILE_SIZE, labels, f.size_bytes)
+        add(catalog.FILE_MTIME, labels, f.modified_timestamp_seconds)
+        add(catalog.FILE_MODE, labels, f.mode)
+    yield from (f for f in fams.values() if f.samples)
+
+
+def _opt(value: int | None) -> str:
+    return "" if value is None else str(value)
+
+
+class AccelstatsCollector:
+    """prometheus_client custom collector: one manager collection per scrape, rendered from the catalog."""
+
+    def __init__(self, manager: AcceleratorManager) -> None:
+        self.manager = manager
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield every family for a fresh (or concurrently shared) collection."""
+        yield from render(self.manager.collect())
+
+    def describe(self) -> Iterator[Metric]:
+        """Yield every family of the catalog without samples (no NVML call at registration)."""
+        for spec in catalog.ALL:
+            yield _family(spec)
+
+
+def make_registry(manager: AcceleratorManager) -> CollectorRegistry:
+    """A registry of our own (never the global REGISTRY) holding only :class:`AccelstatsCollector`."""
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(AccelstatsCollector(manager))
+    return registry
+
+
+def exposition(manager: AcceleratorManager) -> bytes:
+    """One collection as Prometheus text exposition format 0.0.4 (what ``accelstats dump`` prints)."""
+    return generate_latest(make_registry(manager))
+
+
+LANDING = """<!doctype html>
+<html><head><title>accelstats</title></head><body>
+<h1>accelstats {version}</h1>
+<p>Per-container accelerator metrics (NVIDIA GPUs, MIG, MPS, file devices).</p>
+<ul><li><a href="metrics">/metrics</a> &mdash; Prometheus exposition</li>
+<li><a href="healthz">/healthz</a> &mdash; liveness</li></ul>
+</body></html>
+"""
+
+
+def make_app(manager: AcceleratorManager) -> Callable[[dict[str, Any], StartResponse], Iterable[bytes]]:
+    """WSGI app: ``/metrics`` (client_python's app: gzip, ``name[]`` filter), ``/healthz``, ``/``."""
+    metrics = make_wsgi_app(make_registry(manager))
+    landing = LANDING.format(version=__version__).encode()
+
+    def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "/")
+        if path == "/metrics":
+            return metrics(environ, start_response)  # type: ignore[no-any-return]
+        if path == "/healthz":
+            start_response("200 OK", [("Content-Type", "text/plain; charset=utf-8")])
+            return [b"ok\n"]
+        if path == "/":
+            start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
+            return [landing]
+        start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+        return [b"not found: try /metrics\n"]
+
+    return app
+
+
+class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s %s", self.address_string(), format % args)
+
+
+class _V6Server(_ThreadingServer):
+    import socket as _socket
+
+    address_family = _socket.AF_INET6
+
+
+def serve(manager: AcceleratorManager, host: str, port: int) -> tuple[WSGIServer, threading.Thread]:
+    """Start serving on ``host:port`` (``""`` = every interface) in a daemon thread.
+
+    Returns ``(server, thread)``; call ``server.shutdown()`` to stop. Raises OSError when the address
+    cannot be bound (e.g. EADDRINUSE).
+    """
+    server_class = _V6Server if ":" in host else _ThreadingServer
+    server = make_server(host or "0.0.0.0", port, make_app(manager), server_class=server_class,
+                         handler_class=_QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, name="accelstats-http", daemon=True)
+    thread.start()
+    return server, thread

@@ -1,0 +1,97 @@
+"""Scrape cost: full collections + exposition over a synthetic cgroup v1 host and a replayed GPU fleet.
+
+For each G GPUs (replayed from the H200 capture, minors 0..G-1) and N containers (docker cgroupfs
+paths, each granted ``c 195:<i mod G> rw`` plus the usual runc defaults), builds the tree in a temp
+directory, then times ``generate_latest`` on the exporter's registry (one collection + rendering,
+what one ``/metrics`` scrape costs) and prints p50/p99 in milliseconds.
+
+Usage: ``python3 benchmarks/scrape.py [--scrapes 200] [--shared ../shared]``. Figures are recorded in
+docs/performance.md; there is no pass/fail here (machines are noisy; compare within one run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import platform
+import secrets
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from collectors.nvml_replay import ReplayNVML
+from prometheus_client.exposition import generate_latest
+
+from accelstats.config import Settings
+from accelstats.exporter import make_registry
+from accelstats.manager import AcceleratorManager
+
+RUNC_DEFAULTS = ["c 1:3 rwm", "c 1:5 rwm", "c 1:7 rwm", "c 1:8 rwm", "c 1:9 rwm", "c 5:0 rwm", "c 5:2 rwm",
+                 "c 136:* rwm", "c 10:200 rwm", "c 195:255 rw"]
+
+
+def build_host(root: Path, capture: Path, gpus: int, containers: int) -> Settings:
+    """Write a replay scenario of ``gpus`` GPUs and a v1 devices tree of ``containers`` containers."""
+    lines = []
+    for i in range(gpus):
+        lines += ["[[gpu]]", f'capture = "{capture}"', f"index = {i}", f"minor = {i}",
+                  f'uuid = "GPU-{i:08x}-0000-4000-8000-{secrets.token_hex(6)}"', ""]
+    scenario = root / "scenario.toml"
+    scenario.write_text("\n".join(lines))
+    devices = root / "cgroup" / "devices"
+    devices.mkdir(parents=True)
+    (devices / "devices.list").write_text("a *:* rwm\n")
+    for n in range(containers):
+        d = devices / "docker" / secrets.token_hex(32)
+        d.mkdir(parents=True)
+        rules = ["b *:* m", "c *:* m", *RUNC_DEFAULTS, f"c 195:{n % gpus} rw"]
+        (d / "devices.list").write_text("\n".join(rules) + "\n")
+    (root / "proc").mkdir()
+    return Settings(nvml_replay=scenario, cgroup_root=root / "cgroup", proc_root=root / "proc",
+                    collectors=("nvidia",))
+
+
+def time_scrapes(settings: Settings, scrapes: int) -> tuple[float, float, int]:
+    """Median and p99 of ``scrapes`` full scrapes in milliseconds, and the exposition size in bytes."""
+    assert settings.nvml_replay is not None
+    manager = AcceleratorManager(settings, ReplayNVML.from_path(settings.nvml_replay))
+    manager.setup()
+    registry = make_registry(manager)
+    size = len(generate_latest(registry))  # warm-up
+    times = []
+    for _ in range(scrapes):
+        t0 = time.perf_counter()
+        generate_latest(registry)
+        times.append((time.perf_counter() - t0) * 1000)
+    manager.destroy()
+    times.sort()
+    return statistics.median(times), times[min(len(times) - 1, int(len(times) * 0.99))], size
+
+
+def main() -> None:
+    """Run every (G, N) case and print one line each."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scrapes", type=int, default=200)
+    parser.add_argument("--shared", type=Path,
+                        default=Path(os.environ.get("ACCELSTATS_SHARED", Path(__file__).resolve().parents[2]
+                                                    / "shared")))
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    capture = args.shared / "fixtures" / "h200" / "nvidia-smi-q.xml"
+    print(f"# {time.strftime('%Y-%m-%d')} {platform.node()} {platform.processor() or platform.machine()} "
+          f"cpus={os.cpu_count()} python={platform.python_version()} scrapes={args.scrapes}")
+    print(f"{'GPUs':>4} {'containers':>10} {'p50 ms':>8} {'p99 ms':>8} {'bytes':>9}")
+    for gpus in (1, 8):
+        for containers in (10, 100, 1000):
+            with tempfile.TemporaryDirectory() as tmp:
+                settings = build_host(Path(tmp), capture, gpus, containers)
+                p50, p99, size = time_scrapes(settings, args.scrapes)
+            print(f"{gpus:>4} {containers:>10} {p50:>8.2f} {p99:>8.2f} {size:>9}")
+            sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

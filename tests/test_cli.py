@@ -1,0 +1,175 @@
+"""The ``accelstats`` command as a user runs it: serve, dump, devices, bad input and exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+CLI = [sys.executable, "-m", "accelstats"]
+
+
+def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+@pytest.fixture
+def h200(fixtures_dir: Path) -> Path:
+    return fixtures_dir / "h200" / "nvidia-smi-q.xml"
+
+
+@pytest.fixture
+def served(h200: Path, tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """`accelstats serve` on a free loopback port with the H200 replay and a file-devices dir."""
+    devs = tmp_path / "devs"
+    devs.mkdir()
+    (devs / "dev0").write_text("hello")
+    port = free_port()
+    proc = subprocess.Popen([*CLI, "serve", "--listen", f"127.0.0.1:{port}", "--nvml-replay", str(h200),
+                             "--file-devices", str(devs)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if get(url + "/healthz")[0] == 200:
+                break
+        except OSError:
+            time.sleep(0.1)
+    try:
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=10)
+
+
+def test_serve_answers_metrics_healthz_and_landing(served: tuple[str, subprocess.Popen[str]]) -> None:
+    url, _ = served
+    status, body = get(url + "/metrics")
+    assert status == 200
+    families = {f.name: f for f in text_string_to_metric_families(body)}
+    up = families["accelstats_gpu_up"].samples
+    assert [(s.labels["uuid"], s.value) for s in up] == [("GPU-5f1c2a9e-0b7d-4c3e-9a61-2d8e4f7b9c10", 1.0)]
+    assert families["accelstats_file_device_size_bytes"].samples[0].value == 5
+    assert get(url + "/healthz") == (200, "ok\n")
+    status, page = get(url + "/")
+    assert status == 200 and 'href="metrics"' in page
+    assert get(url + "/nope")[0] == 404
+
+
+def test_sigterm_stops_serve_cleanly(served: tuple[str, subprocess.Popen[str]]) -> None:
+    _, proc = served
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=10) == 0
+
+
+def test_listen_port_in_use_is_one_line_exit_2(h200: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = run("serve", "--listen", f"127.0.0.1:{port}", "--nvml-replay", str(h200))
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert errors == [f"accelstats: error: cannot listen on 127.0.0.1:{port}: Address already in use"]
+
+
+def test_missing_file_devices_dir_exit_2(h200: Path, tmp_path: Path) -> None:
+    proc = run("dump", "--nvml-replay", str(h200), "--file-devices", str(tmp_path / "absent"))
+    assert proc.returncode == 2
+    assert f"accelstats: error: file-devices directory {tmp_path / 'absent'} does not exist" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "where"),
+    [
+        ("bad.xml", "<nvidia_smi_log>\n  <gpu>\n</nvidia_smi_log>\n", "line 3"),
+        ("bad.toml", "[[gpu]]\ncapture = \n", "line 2"),
+    ],
+)
+def test_replay_file_that_does_not_parse_names_file_and_position(
+        tmp_path: Path, name: str, content: str, where: str) -> None:
+    path = tmp_path / name
+    path.write_text(content)
+    proc = run("dump", "--nvml-replay", str(path))
+    assert proc.returncode == 2
+    assert str(path) in proc.stderr and where in proc.stderr
+    assert proc.stderr.count("accelstats: error:") == 1
+
+
+def test_bad_config_names_file_and_key(tmp_path: Path) -> None:
+    cfg = tmp_path / "config.toml"
+    cfg.write_text('listen = "everywhere"\n')
+    proc = run("dump", "--config", str(cfg))
+    assert proc.returncode == 2
+    assert f"accelstats: error: {cfg}: key 'listen': expected HOST:PORT" in proc.stderr
+
+
+def test_command_line_wins_over_config(tmp_path: Path, h200: Path) -> None:
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'nvml_replay = "{tmp_path / "absent.xml"}"\n')
+    proc = run("devices", "--json", "--config", str(cfg), "--nvml-replay", str(h200))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)[0]["name"] == "NVIDIA H200"
+
+
+def test_devices_json_h200(h200: Path) -> None:
+    proc = run("devices", "--json", "--nvml-replay", str(h200))
+    assert proc.returncode == 0, proc.stderr
+    (gpu,) = json.loads(proc.stdout)
+    assert gpu["uuid"] == "GPU-5f1c2a9e-0b7d-4c3e-9a61-2d8e4f7b9c10"
+    assert (gpu["index"], gpu["minor"], gpu["pci_bus_id"]) == (0, 0, "00000000:00:06.0")
+    assert gpu["memory_total_bytes"] == 143771 * 2**20
+    assert gpu["source"] == "replay" and gpu["up"] is True
+
+
+def test_no_nvidia_here_still_serves_files_and_containers(tmp_path: Path) -> None:
+    """This host has no NVIDIA PCI device: gpu families absent, one reason logged, files still there."""
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "f").write_text("")
+    proc = run("dump", "--file-devices", str(tmp_path / "d"), "--sysfs-root", str(tmp_path / "sys"))
+    assert proc.returncode == 0, proc.stderr
+    assert "accelstats_gpu_" not in proc.stdout
+    assert 'accelstats_file_device_info{device="f"' in proc.stdout
+    assert 'accelstats_scrape_collector_success{collector="nvidia"} 0.0' in proc.stdout
+    reasons = [line for line in proc.stderr.splitlines() if "NVIDIA GPUs not available" in line]
+    assert len(reasons) == 1 and "no NVIDIA PCI device" in reasons[0]
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None and os.environ.get("CI") != "true",
+                    reason="promtool (Debian package prometheus) not installed")
+@pytest.mark.parametrize("capture", ["h200/nvidia-smi-q.xml", "public/a100-sxm4-v12.xml",
+                                     "public/dual_a5000-v13.xml", "public/tesla-t4.xml"])
+def test_promtool_accepts_the_exposition(fixtures_dir: Path, capture: str) -> None:
+    proc = run("dump", "--nvml-replay", str(fixtures_dir / capture))
+    assert proc.returncode == 0, proc.stderr
+    list(text_string_to_metric_families(proc.stdout))  # client_python's parser accepts it too
+    check = subprocess.run(["promtool", "check", "metrics"], input=proc.stdout, capture_output=True, text=True,
+                           timeout=60, check=False)
+    assert check.returncode == 0, check.stdout + check.stderr
