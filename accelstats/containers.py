@@ -15,13 +15,21 @@ container's own numbers come from NVML's per-process data summed over the proces
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from accelstats.cgroups import ContainerIdentity, gpu_grant, parse_proc_cgroup, read_devices_list
+from accelstats.cgroups import (
+    ContainerIdentity,
+    GpuGrant,
+    gpu_grant,
+    parse_devices_list,
+    parse_proc_cgroup,
+    read_devices_list_text,
+)
 from collectors.model import Device, DeviceSnapshot, ProcessUsage
 
 log = logging.getLogger(__name__)
@@ -129,14 +137,14 @@ class DevicesCgroupCollector:
 
     def update_stats(self, stats: ContainerStats) -> None:
         """Append one AcceleratorStats per GPU the ``devices.list`` grants read or write access to."""
-        devices_list = read_devices_list(self.directory)
-        if devices_list is None:
+        text = read_devices_list_text(self.directory)
+        if text is None:
             stats.reason = f"devices.list not readable in {self.directory}"
             return
-        if devices_list.skipped_lines and self.on_skipped is not None:
-            self.on_skipped(len(devices_list.skipped_lines))
         by_minor = {d.minor: d for d in self.snapshot.devices if d.kind == "gpu" and d.minor is not None}
-        grant = gpu_grant(devices_list, by_minor.keys(), nvidia_major=NVIDIA_MAJOR)
+        grant, skipped = _grant(text, frozenset(by_minor))
+        if skipped and self.on_skipped is not None:
+            self.on_skipped(skipped)
         if grant.unrestricted:
             stats.reason = "unrestricted devices cgroup (a *:* rwm): needs process evidence"
             return
@@ -160,6 +168,15 @@ class DevicesCgroupCollector:
             container_sm_utilization_ratio=_sum_sm(mine),
             container_processes=len(mine) if mine is not None else None,
         )
+
+
+@functools.lru_cache(maxsize=4096)
+def _grant(devices_list_text: str, minors: frozenset[int]) -> tuple[GpuGrant, int]:
+    """(grant, skipped line count) of a ``devices.list`` text. Parsing and granting are pure and a
+    host's containers share a handful of rule sets, so this is cached by text (strings cache their
+    hash; the parsed rules do not)."""
+    parsed = parse_devices_list(devices_list_text)
+    return gpu_grant(parsed, minors, nvidia_major=NVIDIA_MAJOR), len(parsed.skipped_lines)
 
 
 def _sum_memory(procs: list[ProcessUsage] | None) -> int | None:

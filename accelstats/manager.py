@@ -183,7 +183,8 @@ class AcceleratorManager:
         for cg in found.containers:
             stats = ContainerStats(cgroup=cg.path, identity=cg.identity,
                                    metadata=ContainerMetadata(name=cg.identity.name if cg.identity else ""))
-            self.get_collector(cg.directory, cg.path, snapshot, pid_cgroups).update_stats(stats)
+            collector = DevicesCgroupCollector(cg.directory, cg.path, snapshot, pid_cgroups, self._count_skipped)
+            collector.update_stats(stats)
             out.append(stats)
         return out
 

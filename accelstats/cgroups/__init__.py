@@ -28,6 +28,7 @@ from accelstats.cgroups.discovery import (
     discover_v1_containers,
     discover_v2_containers,
     read_devices_list,
+    read_devices_list_text,
 )
 from accelstats.cgroups.identity import (
     RUNTIMES,
@@ -69,4 +70,5 @@ __all__ = [
     "parse_proc_cgroup",
     "parse_rule",
     "read_devices_list",
+    "read_devices_list_text",
 ]

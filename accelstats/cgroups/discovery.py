@@ -10,7 +10,9 @@ exiting mid-walk is normal) or could not be read, separately.
 
 from __future__ import annotations
 
+import functools
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,7 +62,7 @@ def _cgroup_path(parts: tuple[str, ...]) -> str:
     return "/" + "/".join(parts)
 
 
-def _subdirectories(directory: Path) -> list[str]:
+def _subdirectories(directory: str) -> list[str]:
     """Names of the real (non-symlink) subdirectories, sorted; ``OSError`` propagates."""
     names: list[str] = []
     with os.scandir(directory) as entries:
@@ -74,28 +76,30 @@ def _subdirectories(directory: Path) -> list[str]:
     return names
 
 
-def _payload_directory(directory: Path) -> bool:
+def _payload_directory(directory: str) -> bool:
     """True when the container keeps its processes in a ``container`` child (podman/crun)."""
     try:
-        return (directory / _PAYLOAD_CHILD).is_dir() and not (directory / _PAYLOAD_CHILD).is_symlink()
+        return stat.S_ISDIR(os.lstat(os.path.join(directory, _PAYLOAD_CHILD)).st_mode)
     except OSError:
         return False
 
 
 def _walk(root: Path, max_depth: int) -> Discovery:
+    # Plain strings rather than pathlib in the loop: a scrape walks every cgroup directory.
     found: list[ContainerCgroup] = []
     vanished = unreadable = too_deep = 0
+    base = str(root)
     stack: list[tuple[str, ...]] = [()]
     while stack:
         parts = stack.pop()
-        directory = root.joinpath(*parts)
+        directory = os.path.join(base, *parts) if parts else base
         if parts:
             identity = identify(_cgroup_path(parts))
             if identity is not None:
                 if _payload_directory(directory):
                     parts = (*parts, _PAYLOAD_CHILD)
-                    directory = directory / _PAYLOAD_CHILD
-                found.append(ContainerCgroup(_cgroup_path(parts), directory, identity))
+                    directory = os.path.join(directory, _PAYLOAD_CHILD)
+                found.append(ContainerCgroup(_cgroup_path(parts), Path(directory), identity))
                 continue
         if len(parts) >= max_depth:
             too_deep += 1
@@ -143,9 +147,31 @@ def read_devices_list(directory: Path) -> DevicesList | None:
     lines are in the result's ``skipped_lines``.  Re-read on every collection: cAdvisor read it once
     and missed ``docker update`` and ``daemon-reload`` changes (spec §2).  Never raises ``OSError``.
     """
+    text = read_devices_list_text(directory)
+    return None if text is None else _parse_cached(text)
+
+
+def read_devices_list_text(directory: Path | str) -> str | None:
+    """The text of ``<directory>/devices.list`` (at most 1 MiB, invalid UTF-8 replaced), or ``None``
+    when it vanished or cannot be read. Never raises ``OSError``."""
+    chunks: list[bytes] = []
+    size = 0
     try:
-        with open(directory / "devices.list", "rb") as handle:
-            data = handle.read(_MAX_DEVICES_LIST_BYTES)
+        fd = os.open(os.path.join(directory, "devices.list"), os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            while size < _MAX_DEVICES_LIST_BYTES:
+                chunk = os.read(fd, 16384)  # cgroupfs answers in page-sized reads; no 1 MiB buffer per file
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+        finally:
+            os.close(fd)
     except OSError:
         return None
-    return parse_devices_list(data.decode("utf-8", errors="replace"))
+    return b"".join(chunks)[:_MAX_DEVICES_LIST_BYTES].decode("utf-8", errors="replace")
+
+
+# Containers' devices.list texts repeat (most containers of a host share a handful of rule sets), and
+# the parse is pure: cache it by text so re-reading every collection costs a read, not a parse.
+_parse_cached = functools.lru_cache(maxsize=4096)(parse_devices_list)

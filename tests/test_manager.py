@@ -1,0 +1,104 @@
+"""AcceleratorManager on fixture cgroup trees: devices.list attribution, bad lines, shared collections."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from accelstats.config import Settings
+from accelstats.containers import ContainerStats
+from accelstats.exporter import exposition
+from accelstats.manager import AcceleratorManager
+from collectors.nvml_replay import ReplayNVML
+
+DOCKER_A = "a" * 64
+DOCKER_B = "b" * 64
+
+
+def host(tmp_path: Path, capture: Path, lists: dict[str, str]) -> Settings:
+    """A v1 devices tree with one docker container per entry and a two-GPU replay (minors 0, 1)."""
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text(
+        f'[[gpu]]\ncapture = "{capture}"\n'
+        f'[[gpu]]\ncapture = "{capture}"\nminor = 1\nuuid = "GPU-00000000-0000-4000-8000-000000000001"\n')
+    devices = tmp_path / "cgroup" / "devices"
+    devices.mkdir(parents=True)
+    (devices / "devices.list").write_text("a *:* rwm\n")
+    for cid, text in lists.items():
+        d = devices / "docker" / cid
+        d.mkdir(parents=True)
+        (d / "devices.list").write_text(text)
+    (tmp_path / "proc").mkdir()
+    return Settings(nvml_replay=scenario, cgroup_root=tmp_path / "cgroup", proc_root=tmp_path / "proc")
+
+
+def manager(settings: Settings) -> AcceleratorManager:
+    assert settings.nvml_replay is not None
+    m = AcceleratorManager(settings, ReplayNVML.from_path(settings.nvml_replay))
+    m.setup()
+    return m
+
+
+def test_malformed_lines_are_skipped_counted_and_the_rest_used(tmp_path: Path, fixtures_dir: Path) -> None:
+    capture = fixtures_dir / "h200" / "nvidia-smi-q.xml"
+    settings = host(tmp_path, capture, {DOCKER_A: "c 1:2 rwm badformat\nc badformat rwm\nc 195:1 rw\n",
+                                        DOCKER_B: "c 195:* m\n"})
+    m = manager(settings)
+    collection = m.collect()
+    by_id = {c.identity.id: c for c in collection.containers if c.identity}
+    assert [a.minor for a in by_id[DOCKER_A].accelerators] == [1]
+    assert by_id[DOCKER_B].accelerators == []  # lost GPU access after daemon-reload: zero GPUs
+    assert collection.devices_list_skipped_lines_total == 2
+    text = exposition(m).decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert families["accelstats_devices_list_skipped_lines"].samples[0].value == 4  # 2 more per collection
+    cad = families["container_accelerator_memory_total_bytes"].samples
+    assert [(s.labels["id"], s.labels["acc_id"]) for s in cad] == [
+        (f"/docker/{DOCKER_A}", "GPU-00000000-0000-4000-8000-000000000001")]
+
+
+def test_get_collector_outside_the_hierarchy_is_a_noop_with_a_reason(tmp_path: Path, fixtures_dir: Path) -> None:
+    m = manager(host(tmp_path, fixtures_dir / "h200" / "nvidia-smi-q.xml", {}))
+    m.collect()
+    stats = ContainerStats(cgroup="/elsewhere", identity=None)
+    m.get_collector(tmp_path / "elsewhere").update_stats(stats)
+    assert stats.accelerators == [] and "is not under" in stats.reason
+
+
+def test_a_vanished_devices_list_is_a_reason_not_an_exception(tmp_path: Path, fixtures_dir: Path) -> None:
+    settings = host(tmp_path, fixtures_dir / "h200" / "nvidia-smi-q.xml", {DOCKER_A: "c 195:0 rw\n"})
+    m = manager(settings)
+    m.collect()
+    d = settings.cgroup_root / "devices" / "docker" / DOCKER_A
+    (d / "devices.list").unlink()
+    stats = ContainerStats(cgroup=f"/docker/{DOCKER_A}", identity=None)
+    m.get_collector(d).update_stats(stats)
+    assert stats.accelerators == [] and "devices.list not readable" in stats.reason
+
+
+def test_concurrent_scrapes_share_one_collection(tmp_path: Path, fixtures_dir: Path) -> None:
+    m = manager(host(tmp_path, fixtures_dir / "h200" / "nvidia-smi-q.xml", {DOCKER_A: "c 195:0 rw\n"}))
+    runs = 0
+    real = m._containers
+
+    def slow_containers(snapshot):  # type: ignore[no-untyped-def]
+        nonlocal runs
+        runs += 1
+        gate.wait(5)
+        return real(snapshot)
+
+    gate = threading.Event()
+    m._containers = slow_containers  # type: ignore[method-assign]
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(m.collect())) for _ in range(8)]
+    for t in threads:
+        t.start()
+    threading.Event().wait(0.2)  # let all eight arrive while the first collection is running
+    gate.set()
+    for t in threads:
+        t.join(10)
+    assert len(results) == 8
+    assert runs == 2  # the one in flight, then one more shared by the seven that waited for it
+    assert len({id(r) for r in results}) == 2

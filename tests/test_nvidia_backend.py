@@ -1,0 +1,215 @@
+"""NvidiaBackend over the replay: values in base units, absent stays absent, errors stay per device,
+and NVML that cannot start is retried without a restart."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from accelstats.config import FileDevicesSettings, Settings
+from accelstats.exporter import render
+from accelstats.manager import AcceleratorManager
+from collectors.model import DeviceSnapshot, NoDataError
+from collectors.nvidia import NvidiaBackend, nvidia_pci_devices
+from collectors.nvml_replay import ReplayNVML
+
+MIB = 1 << 20
+H200_UUID = "GPU-5f1c2a9e-0b7d-4c3e-9a61-2d8e4f7b9c10"
+
+
+def backend(path: Path, **kw: float) -> NvidiaBackend:
+    return NvidiaBackend(ReplayNVML.from_path(path), **kw)
+
+
+def snapshot(b: NvidiaBackend) -> DeviceSnapshot:
+    snap = DeviceSnapshot()
+    b.update(snap)
+    return snap
+
+
+def write_scenario(tmp_path: Path, capture: Path, body: str) -> Path:
+    path = tmp_path / "scenario.toml"
+    path.write_text(body.replace("CAPTURE", str(capture)))
+    return path
+
+
+@pytest.fixture
+def h200(fixtures_dir: Path) -> Path:
+    return fixtures_dir / "h200" / "nvidia-smi-q.xml"
+
+
+def test_h200_capture_in_base_units(h200: Path) -> None:
+    b = backend(h200)
+    assert b.setup()
+    snap = snapshot(b)
+    (dev,) = snap.devices
+    s = snap.samples[dev.uuid]
+    assert (dev.uuid, dev.index, dev.minor, dev.name) == (H200_UUID, 0, 0, "NVIDIA H200")
+    assert (dev.pci_bus_id, dev.compute_capability, dev.architecture) == ("00000000:00:06.0", "9.0", "hopper")
+    assert (dev.mig_mode, dev.persistence_mode, dev.compute_mode) == ("disabled", "enabled", "default")
+    assert s.up and s.error == ""
+    assert s.memory_total_bytes == 143771 * MIB
+    assert s.memory_reserved_bytes == 616 * MIB
+    assert s.memory_used_bytes == 0
+    assert s.bar1_total_bytes == 262144 * MIB
+    assert s.power_limit_watts == 700.0
+    assert s.power_watts is not None and 100 < s.power_watts < 150
+    assert dict(s.temperatures_celsius)["gpu"] > 0
+    assert dict(s.max_clocks_hz)["sm"] == 1980e6
+    assert dict(s.clocks_hz)["memory"] == 3201e6
+    assert s.performance_state == 0
+    assert dict(s.clock_events)["gpu_idle"] is True
+    assert s.pcie_link_generation == 5 and s.pcie_link_width == 16 and s.pcie_replays == 3
+    assert s.fan_speed_ratio is None  # N/A on the H200: absent, never 0
+    assert s.processes == ()
+    assert snap.source == "replay" and snap.driver_version == "580.159.04" and snap.cuda_driver_version == "13.0"
+
+
+@pytest.mark.parametrize(
+    ("capture", "expected"),
+    [
+        ("public/tesla-t4.xml", [("gpu", "Tesla T4")]),
+        ("public/dual_a5000-v13.xml", [("gpu", "NVIDIA RTX A5000"), ("gpu", "NVIDIA RTX A5000")]),
+        ("public/a100-sxm4-v12.xml",
+         [("gpu", "NVIDIA A100-SXM4-80GB")] + [("mig", "NVIDIA A100-SXM4-80GB MIG 1g.20gb")] * 4),
+    ],
+)
+def test_every_public_capture_enumerates(fixtures_dir: Path, capture: str, expected: list[tuple[str, str]]) -> None:
+    b = backend(fixtures_dir / capture)
+    assert b.setup()
+    snap = snapshot(b)
+    assert [(d.kind, d.name) for d in snap.devices] == expected
+    assert all(snap.samples[d.uuid].up for d in snap.devices)
+
+
+def test_dual_a5000_minor_is_not_the_index(fixtures_dir: Path) -> None:
+    b = backend(fixtures_dir / "public" / "dual_a5000-v13.xml")
+    b.setup()
+    assert [(d.index, d.minor) for d in b.devices()] == [(0, 1), (1, 0)]
+
+
+def test_mig_instances_have_no_utilisation(fixtures_dir: Path) -> None:
+    b = backend(fixtures_dir / "public" / "a100-sxm4-v12.xml")
+    b.setup()
+    snap = snapshot(b)
+    parent, *migs = snap.devices
+    assert parent.mig_mode == "enabled"
+    for m in migs:
+        assert m.kind == "mig" and m.parent_uuid == parent.uuid and m.uuid.startswith("MIG-")
+        assert m.minor is None and m.mig_profile == "1g.20gb"
+        s = snap.samples[m.uuid]
+        assert s.utilization_ratio is None  # NOT_SUPPORTED under MIG: absent, never a fake 0
+        assert s.memory_total_bytes is not None and s.memory_total_bytes > 0
+    assert sorted(m.gpu_instance_id or 0 for m in migs) == [3, 4, 5, 6]
+
+
+def test_lost_gpu_does_not_blank_the_others(tmp_path: Path, h200: Path) -> None:
+    scenario = write_scenario(tmp_path, h200, """
+[[gpu]]
+capture = "CAPTURE"
+[[gpu]]
+capture = "CAPTURE"
+uuid = "GPU-5f1c2a9e-0b7d-4c3e-9a61-2d8e4f7b9c11"
+minor = 1
+pci_bus_id = "00000000:00:07.0"
+[[fault]]
+gpu = 1
+call = "nvmlDeviceGetMemoryInfo"
+error = "GPU_IS_LOST"
+""")
+    b = backend(scenario)
+    b.setup()
+    snap = snapshot(b)
+    first, second = (snap.samples[d.uuid] for d in snap.devices)
+    assert first.up and first.memory_total_bytes == 143771 * MIB
+    assert not second.up and "GPU_IS_LOST" in second.error and second.memory_total_bytes is None
+    assert b.call.errors[("nvmlDeviceGetMemoryInfo", "GPU_IS_LOST")] == 1
+
+
+def test_other_errors_make_one_value_absent_and_are_counted(tmp_path: Path, h200: Path) -> None:
+    scenario = write_scenario(tmp_path, h200, """
+[[gpu]]
+capture = "CAPTURE"
+[[fault]]
+gpu = 0
+call = "nvmlDeviceGetPowerUsage"
+error = "NO_PERMISSION"
+""")
+    b = backend(scenario)
+    b.setup()
+    s = snapshot(b).samples[H200_UUID]
+    assert s.up and s.power_watts is None and s.power_limit_watts == 700.0
+    assert b.call.errors[("nvmlDeviceGetPowerUsage", "NO_PERMISSION")] == 1
+
+
+def test_nvml_that_cannot_start_is_retried_without_restart(tmp_path: Path, h200: Path) -> None:
+    scenario = write_scenario(tmp_path, h200, """
+[[gpu]]
+capture = "CAPTURE"
+[[fault]]
+call = "nvmlInit"
+error = "DRIVER_NOT_LOADED"
+times = 2
+""")
+    b = backend(scenario, retry_interval=0.05)
+    assert not b.setup()
+    assert b.status == "nvmlInit failed: DRIVER_NOT_LOADED"
+    snap = DeviceSnapshot()
+    with pytest.raises(NoDataError):
+        b.update(snap)  # too early to retry: still the first failure
+    assert snap.nvml_status == "nvmlInit failed: DRIVER_NOT_LOADED" and snap.devices == []
+    time.sleep(0.06)
+    with pytest.raises(NoDataError):
+        b.update(DeviceSnapshot())  # second attempt fails too (times = 2)
+    time.sleep(0.06)
+    snap = snapshot(b)  # the driver "came back": picked up on the next retry
+    assert [d.uuid for d in snap.devices] == [H200_UUID]
+
+
+def test_library_missing_serves_files_without_gpu_families(tmp_path: Path, h200: Path) -> None:
+    scenario = write_scenario(tmp_path, h200, """
+[[gpu]]
+capture = "CAPTURE"
+[[fault]]
+call = "nvmlInit"
+error = "LIBRARY_NOT_FOUND"
+""")
+    (tmp_path / "devs").mkdir()
+    (tmp_path / "devs" / "dev0").write_text("x")
+    settings = Settings(nvml_replay=scenario, cgroup_root=tmp_path / "cg", proc_root=tmp_path / "proc",
+                        file_devices=FileDevicesSettings(dir=tmp_path / "devs"))
+    with AcceleratorManager(settings, ReplayNVML.from_path(scenario)) as m:
+        names = {f.name for f in render(m.collect())}
+    assert not any(n.startswith("accelstats_gpu_") for n in names)
+    assert "accelstats_file_device_info" in names
+    assert "accelstats_scrape_collector_success" in names
+
+
+def test_process_share_and_not_found_means_zero(tmp_path: Path, h200: Path) -> None:
+    scenario = write_scenario(tmp_path, h200, """
+[[gpu]]
+capture = "CAPTURE"
+[[gpu.process]]
+pid = 101
+used_memory_bytes = 1073741824
+sm_utilization_percent = 35
+[[gpu.process]]
+pid = 102
+used_memory_bytes = 2147483648
+""")
+    b = backend(scenario)
+    b.setup()
+    procs = {p.pid: p for p in snapshot(b).samples[H200_UUID].processes or ()}
+    assert procs[101].used_memory_bytes == 1 << 30 and procs[101].sm_utilization_ratio == pytest.approx(0.35)
+    assert procs[102].used_memory_bytes == 2 << 30 and procs[102].sm_utilization_ratio == 0.0
+
+
+def test_pci_scan_gates_nvml(tmp_path: Path) -> None:
+    dev = tmp_path / "bus" / "pci" / "devices"
+    for addr, vendor in (("0000:00:01.0", "0x8086"), ("0000:00:06.0", "0x10de")):
+        (dev / addr).mkdir(parents=True)
+        (dev / addr / "vendor").write_text(vendor + "\n")
+    assert nvidia_pci_devices(tmp_path) == ["0000:00:06.0"]
+    assert nvidia_pci_devices(tmp_path / "absent") == []
