@@ -8,7 +8,7 @@ median of each part alone: ``collect`` (NVML replay + cgroup walk + devices.list
 ``render`` (building metric families from the catalog) and ``encode`` (prometheus_client's
 text encoder on those families).
 
-Usage: ``python3 benchmarks/scrape.py [--scrapes 200] [--shared ../shared]``. Figures are recorded in
+Usage: ``python3 benchmarks/scrape.py [--scrapes 200] [--shared DIR]``. Figures are recorded in
 docs/performance.md; there is no pass/fail here (machines are noisy; compare within one run).
 """
 
@@ -108,13 +108,21 @@ def _pct(sorted_ms: list[float], pct: int) -> float:
     return sorted_ms[min(len(sorted_ms) - 1, int(len(sorted_ms) * pct / 100))]
 
 
+def default_shared() -> Path:
+    """``$ACCELSTATS_SHARED``, ``../shared`` beside the repository, or the copies in ``tests/shared``."""
+    root = Path(__file__).resolve().parents[1]
+    env = os.environ.get("ACCELSTATS_SHARED")
+    if env:
+        return Path(env)
+    return root.parent / "shared" if (root.parent / "shared" / "fixtures").is_dir() else root / "tests" / "shared"
+
+
 def main() -> None:
     """Run every (G, N) case and print one line each."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scrapes", type=int, default=200)
-    parser.add_argument("--shared", type=Path,
-                        default=Path(os.environ.get("ACCELSTATS_SHARED", Path(__file__).resolve().parents[2]
-                                                    / "shared")))
+    parser.add_argument("--shared", type=Path, default=default_shared(),
+                        help="folder holding fixtures/ (default: ../shared, else tests/shared)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     capture = args.shared / "fixtures" / "h200" / "nvidia-smi-q.xml"

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from paths import find_shared
 from runc_harness import ContainerSpec, RuncContainer, RuncFactory, runc_available
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -74,9 +75,9 @@ def repo_root() -> Path:
 
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
-    """The read-only shared folder: ``$ACCELSTATS_SHARED``, else ``../shared`` from the repo root."""
-    env = os.environ.get("ACCELSTATS_SHARED")
-    path = Path(env) if env else REPO_ROOT.parent / "shared"
+    """The read-only shared folder: ``$ACCELSTATS_SHARED``, else ``../shared`` from the repo root, else
+    the copies in ``tests/shared`` (see ``tests/paths.py``)."""
+    path = find_shared()
     if not path.is_dir():
         pytest.fail(f"shared folder {path} not found (set ACCELSTATS_SHARED)", pytrace=False)
     return path

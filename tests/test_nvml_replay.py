@@ -9,7 +9,6 @@ from __future__ import annotations
 import ast
 import inspect
 import json
-import os
 import re
 import shutil
 import time
@@ -19,11 +18,11 @@ from typing import Any
 
 import pynvml
 import pytest
+from paths import find_shared
 
 from collectors.nvml_replay import IMPLEMENTED_CALLS, ReplayError, ReplayNVML, mig_uuid
 
-SHARED = Path(os.environ.get("ACCELSTATS_SHARED") or Path(__file__).resolve().parents[2] / "shared")
-FIXTURES = SHARED / "fixtures"
+FIXTURES = find_shared() / "fixtures"
 H200 = FIXTURES / "h200" / "nvidia-smi-q.xml"
 PROBE = FIXTURES / "h200" / "nvml_probe.json"
 A100 = FIXTURES / "public" / "a100-sxm4-v12.xml"
