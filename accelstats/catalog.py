@@ -70,10 +70,8 @@ def _flag(attr: str) -> Reader:
 
 
 def _process_counts(sample: DeviceSample) -> Iterable[Reading]:
-    if sample.processes is None:
-        return
-    for ptype in ("compute", "graphics", "mps"):
-        yield (ptype,), float(sum(1 for p in sample.processes if p.type == ptype))
+    for ptype in sample.process_types:  # only the lists NVML answered: NOT_SUPPORTED stays absent
+        yield (ptype,), float(sum(1 for p in sample.processes or () if p.type == ptype))
 
 
 def _gpu(name: str, help_: str, read: Reader, extra: tuple[str, ...] = (),

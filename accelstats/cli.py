@@ -12,7 +12,6 @@ import json
 import logging
 import signal
 import sys
-import threading
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -82,6 +81,10 @@ def build_settings(config_path: Path | None, nvml_replay: Path | None, file_devi
             changes["listen_host"], changes["listen_port"] = parse_listen(extra["listen"])
         if extra.get("collectors"):
             changes["collectors"] = tuple(extra["collectors"])
+        known = [e.name for e in COLLECTORS]
+        for name in changes.get("collectors", settings.collectors) or ():
+            if name not in known:
+                raise ConfigError(f"{path}: key 'collectors': unknown collector {name!r} (known: {', '.join(known)})")
         if file_devices is not None:
             changes["file_devices"] = replace(settings.file_devices, dir=file_devices)
         settings = replace(settings, **changes)
@@ -134,23 +137,19 @@ def serve(listen: str | None, collectors: tuple[str, ...], **opts: Any) -> None:
     from accelstats.exporter import serve as start_server
 
     settings = build_settings(listen=listen, collectors=collectors, **opts)
+    # Block SIGTERM/SIGINT before any thread starts (threads inherit the mask), then wait for one
+    # with sigwait: no Python-level signal handler runs in the middle of other code.
+    stop_signals = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
     manager = make_manager(settings)
     try:
         server, thread = start_server(manager, settings.listen_host, settings.listen_port)
     except OSError as exc:
         manager.destroy()
         fail(f"cannot listen on {settings.listen}: {exc.strerror or exc}")
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: Any) -> None:
-        log.info("received %s, shutting down", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     log.info("accelstats %s serving http://%s/metrics", __version__, settings.listen)
-    while not stop.wait(3600):
-        pass
+    signum = signal.sigwait(stop_signals)
+    log.info("received %s, shutting down", signal.Signals(signum).name)
     server.shutdown()
     server.server_close()
     thread.join(timeout=5)

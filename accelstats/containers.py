@@ -6,7 +6,9 @@ snapshot. ``update_stats(stats)`` appends one :class:`AcceleratorStats` per devi
 attributed, saying how (``attribution``):
 
 * ``devices_cgroup`` — cgroup v1: the container's ``devices.list`` grants ``c 195:<minor> r|w``
-  (spec/cgroups.md §2, re-read on every collection so ``docker update`` is seen).
+  (spec/cgroups.md §2, re-read on every collection so ``docker update`` is seen);
+* ``process`` — an unrestricted v1 cgroup (``a *:* rwm``): the devices NVML lists a process of
+  this container on (``/proc/<pid>/cgroup``).
 
 Device-wide numbers (memory total/used, duty cycle) stay device-wide, as cAdvisor's were; the
 container's own numbers come from NVML's per-process data summed over the processes whose
@@ -64,8 +66,8 @@ class AcceleratorStats:
 @dataclass(frozen=True)
 class ContainerMetadata:
     """What people call the container: cAdvisor's ``name``, ``image``, ``container``, ``pod``,
-    ``namespace`` labels ("" when unknown; filled from the cgroup path and, when readable, the
-    runtime's state files)."""
+    ``namespace`` labels ("" when unknown). Today only ``name`` is filled, where the cgroup path
+    holds one (LXC, systemd-nspawn); the runtimes' state files are not read yet."""
 
     name: str = ""
     image: str = ""
@@ -123,12 +125,17 @@ class DevicesCgroupCollector:
 
     ``directory``: the container's directory in the devices hierarchy; ``cgroup``: its path as
     ``/proc/<pid>/cgroup`` names it; ``pid_cgroups``: ``{pid: cgroup path}`` of the snapshot's GPU
-    processes, for the container's own share. ``on_skipped(n)`` is told how many malformed lines
-    the file had (they count in ``accelstats_devices_list_skipped_lines_total``).
+    processes, for the container's own share (a process counts for the container when its cgroup
+    is the container's or below it). ``on_skipped(cgroup, lines)`` is told the malformed lines the
+    file had (counted once each in ``accelstats_devices_list_skipped_lines_total``).
+
+    An unrestricted cgroup (``a *:* rwm``: privileged, or no device rules) grants every device, so
+    the file proves nothing: such a container is attributed the devices its own processes are on,
+    with ``attribution="process"`` (DESIGN.md "Attribution").
     """
 
     def __init__(self, directory: Path, cgroup: str, snapshot: DeviceSnapshot, pid_cgroups: Mapping[int, str],
-                 on_skipped: Callable[[int], None] | None = None) -> None:
+                 on_skipped: Callable[[str, tuple[str, ...]], None] | None = None) -> None:
         self.directory = directory
         self.cgroup = cgroup
         self.snapshot = snapshot
@@ -144,19 +151,34 @@ class DevicesCgroupCollector:
         by_minor = {d.minor: d for d in self.snapshot.devices if d.kind == "gpu" and d.minor is not None}
         grant, skipped = _grant(text, frozenset(by_minor))
         if skipped and self.on_skipped is not None:
-            self.on_skipped(skipped)
+            self.on_skipped(self.cgroup, skipped)
         if grant.unrestricted:
-            stats.reason = "unrestricted devices cgroup (a *:* rwm): needs process evidence"
+            used = [d for d in self.snapshot.devices if self._own_processes(d)]
+            for device in used:
+                stats.accelerators.append(self.stats_for(device, "process"))
+            if not used:
+                stats.reason = "unrestricted devices cgroup (a *:* rwm) and none of its processes is on a GPU"
             return
         for minor in sorted(grant.minors):
             stats.accelerators.append(self.stats_for(by_minor[minor], "devices_cgroup"))
 
+    def _own_processes(self, device: Device) -> list[ProcessUsage] | None:
+        """This container's processes on ``device`` (None when NVML's process list is not readable)."""
+        sample = self.snapshot.samples.get(device.uuid)
+        if sample is None or sample.processes is None:
+            return None
+        prefix = self.cgroup.rstrip("/") + "/"
+        own = []
+        for p in sample.processes:
+            path = self.pid_cgroups.get(p.pid)
+            if path is not None and (path == self.cgroup or path.startswith(prefix)):
+                own.append(p)
+        return own
+
     def stats_for(self, device: Device, attribution: str) -> AcceleratorStats:
         """The AcceleratorStats of ``device`` for this container, with its own process share."""
         sample = self.snapshot.samples.get(device.uuid)
-        mine: list[ProcessUsage] | None = None
-        if sample is not None and sample.processes is not None:
-            mine = [p for p in sample.processes if self.pid_cgroups.get(p.pid) == self.cgroup]
+        mine = self._own_processes(device)
         util = sample.utilization_ratio if sample is not None else None
         return AcceleratorStats(
             make="nvidia", model=device.name, id=device.uuid, minor=device.minor, index=device.index,
@@ -171,12 +193,12 @@ class DevicesCgroupCollector:
 
 
 @functools.lru_cache(maxsize=4096)
-def _grant(devices_list_text: str, minors: frozenset[int]) -> tuple[GpuGrant, int]:
-    """(grant, skipped line count) of a ``devices.list`` text. Parsing and granting are pure and a
+def _grant(devices_list_text: str, minors: frozenset[int]) -> tuple[GpuGrant, tuple[str, ...]]:
+    """(grant, skipped lines) of a ``devices.list`` text. Parsing and granting are pure and a
     host's containers share a handful of rule sets, so this is cached by text (strings cache their
     hash; the parsed rules do not)."""
     parsed = parse_devices_list(devices_list_text)
-    return gpu_grant(parsed, minors, nvidia_major=NVIDIA_MAJOR), len(parsed.skipped_lines)
+    return gpu_grant(parsed, minors, nvidia_major=NVIDIA_MAJOR), parsed.skipped_lines
 
 
 def _sum_memory(procs: list[ProcessUsage] | None) -> int | None:

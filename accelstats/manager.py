@@ -6,8 +6,9 @@
 * :meth:`AcceleratorManager.get_collector` gives the collector for one container's devices cgroup.
 * :meth:`AcceleratorManager.collect` makes one :class:`Collection`: every collector run once
   (timed, errors isolated: node_exporter's scrape_collector_success/duration), then every container
-  cgroup found and its accelerators attributed. Concurrent callers share one collection: a caller
-  that arrives while a collection runs waits for it and uses its result instead of starting another.
+  cgroup found and its accelerators attributed. Concurrent callers share collections: a caller
+  never gets data from a collection that started before it arrived, and callers that queued behind
+  a running collection share the next one.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ class AcceleratorManager:
         self._lock = threading.Lock()
         self._last: Collection | None = None
         self._skipped_lines = 0
+        self._skipped_seen: set[tuple[str, str]] = set()
         self._vanished = 0
         self._errors_logged: set[tuple[str, str]] = set()
 
@@ -95,11 +97,17 @@ class AcceleratorManager:
         log.info("cgroup mode %s (devices %s, unified %s)", self.layout.mode.value, self.layout.devices_root,
                  self.layout.unified_root)
 
-    def destroy(self) -> None:
-        """Shut NVML down; idempotent."""
-        for c in self.collectors:
-            if isinstance(c, NvidiaBackend):
-                c.shutdown()
+    def destroy(self, timeout: float = 5.0) -> None:
+        """Shut NVML down once no collection is running (waits at most ``timeout`` seconds for one
+        to finish, so a hung NVML call cannot keep the process from exiting); idempotent."""
+        acquired = self._lock.acquire(timeout=timeout)
+        try:
+            for c in self.collectors:
+                if isinstance(c, NvidiaBackend):
+                    c.shutdown()
+        finally:
+            if acquired:
+                self._lock.release()
 
     def __enter__(self) -> AcceleratorManager:
         self.setup()
@@ -129,12 +137,20 @@ class AcceleratorManager:
         cgroup = cgroup or "/" + rel.as_posix().strip(".")
         return DevicesCgroupCollector(devices_cgroup_path, cgroup, snap, pid_cgroups or {}, self._count_skipped)
 
-    def _count_skipped(self, n: int) -> None:
-        self._skipped_lines += n
+    def _count_skipped(self, cgroup: str, lines: tuple[str, ...]) -> None:
+        """Count each malformed (cgroup, line) once, however many collections re-read it."""
+        for line in lines:
+            if (cgroup, line) not in self._skipped_seen:
+                self._skipped_seen.add((cgroup, line))
+                self._skipped_lines += 1
+                if len(self._skipped_seen) <= 20:
+                    log.warning("devices.list of %s: skipped malformed line %r", cgroup, line[:200])
 
     # -- the collection path ----------------------------------------------------------------------
     def collect(self) -> Collection:
-        """One collection, shared with concurrent callers (see module docstring). Never raises."""
+        """One collection. A caller that arrives while another collection runs waits for it to end,
+        then reuses the newest collection if that one started after the caller arrived, else runs
+        one itself; so N concurrent scrapes cost at most two collections. Never raises."""
         arrived = time.monotonic()
         with self._lock:
             if self._last is not None and self._last.started >= arrived:

@@ -94,7 +94,8 @@ class DeviceSample:
     pcie_link_width: int | None = None
     pcie_replays: int | None = None
     fan_speed_ratio: float | None = None
-    processes: tuple[ProcessUsage, ...] | None = None  # None: process list not readable
+    processes: tuple[ProcessUsage, ...] | None = None  # None: no process list readable
+    process_types: tuple[ProcessType, ...] = ()  # the types whose NVML process list answered
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,9 @@ class _DeviceState:
         self.last_proc_util_ts = 0
         self.slow: dict[str, Any] = {}
         self.slow_read_at = -1e18
+        self.up = True
+        self.memory_v2 = True  # memory info v2 until the driver says it has none (then v1)
+        self.failure_logged = ""
 
 
 class NvidiaBackend:
@@ -179,7 +182,12 @@ class NvidiaBackend:
                 continue
             yield _DeviceState(gpu, handle)
             if gpu.mig_mode == "enabled":
-                yield from self._mig_devices(handle, gpu)
+                try:
+                    migs = list(self._mig_devices(handle, gpu))
+                except DeviceLostError as exc:  # the parent stays; its instances are found on a refresh
+                    log.warning("MIG instances of GPU %s not enumerated: %s", gpu.uuid, exc)
+                    migs = []
+                yield from migs
 
     def _identity(self, handle: Any, index: int) -> Device:
         c = self.call
@@ -244,35 +252,67 @@ class NvidiaBackend:
             snapshot.driver_version = self.driver_version
             snapshot.cuda_driver_version = self.cuda_driver_version
             snapshot.nvml_version = self.nvml_version
-            lost = False
+            now = time.monotonic()
+            if not all(s.up for s in self._devices) and now - self._last_attempt >= self.retry_interval:
+                self._last_attempt = now
+                self._refresh()
             for state in self._devices:
                 try:
                     sample = self.sample(state)
                 except DeviceLostError as exc:
-                    sample = DeviceSample(uuid=state.device.uuid, up=False, error=str(exc))
-                    lost = True
+                    sample = self._down(state, str(exc))
                 except NvmlUnavailableError as exc:
                     self.shutdown()
                     self._last_attempt = time.monotonic()
                     self.status = f"NVML became unavailable: {exc}"
                     snapshot.nvml_status = self.status
                     raise NoDataError(self.status) from exc
+                except Exception as exc:  # noqa: BLE001 - one device's surprise must not blank the others
+                    sample = self._down(state, f"{type(exc).__name__}: {exc}", unexpected=True)
+                state.up = sample.up
+                if sample.up:
+                    state.failure_logged = ""
                 snapshot.devices.append(state.device)
                 snapshot.samples[state.device.uuid] = sample
-            if lost and time.monotonic() - self._last_attempt >= self.retry_interval:
-                # A lost GPU may come back (or another may replace it) only in a new session.
-                self._last_attempt = time.monotonic()
-                log.info("a device was lost; NVML will re-enumerate on the next retry")
-                self.shutdown()
+
+    def _down(self, state: _DeviceState, error: str, unexpected: bool = False) -> DeviceSample:
+        """A down sample for ``state``; the first failure of a run is logged (with a traceback when
+        ``unexpected``), repeats at debug level."""
+        if state.failure_logged != error:
+            log.log(logging.ERROR if unexpected else logging.WARNING, "device %s down: %s", state.device.uuid,
+                    error, exc_info=unexpected)
+            state.failure_logged = error
+        return DeviceSample(uuid=state.device.uuid, up=False, error=error)
+
+    def _refresh(self) -> None:
+        """Enumerate again without ending the NVML session, while some device is down: a device that
+        answers again (or a new one) gets a fresh handle; devices that stay lost keep their place and
+        report ``up=0`` (so an alert on ``accelstats_gpu_up == 0`` never resolves by the series
+        vanishing); healthy devices keep their state (sample timestamps, slow-value cache)."""
+        try:
+            fresh = list(self._enumerate())
+        except (NvmlUnavailableError, DeviceLostError) as exc:
+            log.debug("re-enumeration failed: %s", exc)
+            return
+        known = {s.device.uuid: s for s in self._devices}
+        merged: list[_DeviceState] = []
+        for state in fresh:
+            old = known.pop(state.device.uuid, None)
+            merged.append(old if old is not None and old.up else state)
+        merged.extend(known.values())
+        self._devices = merged
 
     def sample(self, state: _DeviceState) -> DeviceSample:
         """Read one device now. Raises DeviceLostError / NvmlUnavailableError (see nvml_call)."""
         c, h, nv, dev = self.call, state.handle, self.nvml, state.device
-        mem = c("nvmlDeviceGetMemoryInfo", h, version=nv.nvmlMemory_v2)
-        processes = self._processes(state)
+        mem = c("nvmlDeviceGetMemoryInfo", h, version=nv.nvmlMemory_v2) if state.memory_v2 else None
+        if mem is None:  # memory info v2 is newer than some drivers: fall back to v1 once, for good
+            state.memory_v2 = False
+            mem = c("nvmlDeviceGetMemoryInfo", h)
+        processes, process_types = self._processes(state)
         if dev.kind == "mig":
             return DeviceSample(
-                uuid=dev.uuid, up=True, processes=processes,
+                uuid=dev.uuid, up=True, processes=processes, process_types=process_types,
                 memory_total_bytes=getattr(mem, "total", None), memory_used_bytes=getattr(mem, "used", None),
                 memory_free_bytes=getattr(mem, "free", None),
                 memory_reserved_bytes=getattr(mem, "reserved", None),
@@ -316,7 +356,7 @@ class NvidiaBackend:
             power_limit_watts=limit / 1000.0 if limit is not None else None,
             energy_joules=slow["energy_mj"] / 1000.0 if slow.get("energy_mj") is not None else None,
             temperatures_celsius=tuple(temps), clocks_hz=tuple(clocks), max_clocks_hz=dev.max_clocks_hz,
-            performance_state=c("nvmlDeviceGetPerformanceState", h),
+            performance_state=_pstate(c("nvmlDeviceGetPerformanceState", h)),
             clock_events=tuple((n, bool(reasons & bit)) for n, bit in CLOCK_EVENT_REASONS)
             if reasons is not None else (),
             ecc_errors=slow.get("ecc", ()),
@@ -327,7 +367,7 @@ class NvidiaBackend:
             pcie_link_width=c("nvmlDeviceGetCurrPcieLinkWidth", h),
             pcie_replays=slow.get("pcie_replays"),
             fan_speed_ratio=fan / 100.0 if fan is not None else None,
-            processes=processes,
+            processes=processes, process_types=process_types,
         )
 
     def _slow(self, h: Any) -> dict[str, Any]:
@@ -367,18 +407,24 @@ class NvidiaBackend:
                 return float(sum(s.sampleValue.uiVal for s in samples)) / len(samples) / 100.0
         return float(rates.gpu) / 100.0 if rates is not None else None
 
-    def _processes(self, state: _DeviceState) -> tuple[ProcessUsage, ...] | None:
-        """Compute, graphics and MPS processes with used memory and SM utilisation since last read."""
+    def _processes(self, state: _DeviceState) -> tuple[tuple[ProcessUsage, ...] | None, tuple[ProcessType, ...]]:
+        """Compute, graphics and MPS processes with used memory and SM utilisation since last read.
+
+        Returns (processes, the types whose list NVML answered); processes is None when no list was
+        readable. A PID NVML lists more than once (a "C+G" process is in both the compute and the
+        graphics list) is one process, of the first type listed, so its memory is counted once.
+        """
         c, h = self.call, state.handle
-        raw: list[tuple[ProcessType, Any]] = []
-        readable = False
+        raw: dict[int, tuple[ProcessType, Any]] = {}
+        readable: list[ProcessType] = []
         for ptype, call in PROCESS_CALLS:
             procs = c(call, h)
             if procs is not None:
-                readable = True
-                raw.extend((ptype, p) for p in procs)
+                readable.append(ptype)
+                for p in procs:
+                    raw.setdefault(int(p.pid), (ptype, p))
         if not readable:
-            return None
+            return None, ()
         sm: dict[int, float] | None = None
         if raw and state.device.kind == "gpu":
             util = c("nvmlDeviceGetProcessUtilization", h, state.last_proc_util_ts, not_found=[])
@@ -389,11 +435,15 @@ class NvidiaBackend:
                     state.last_proc_util_ts = max(state.last_proc_util_ts, int(s.timeStamp))
                 sm = {pid: sum(v) / len(v) for pid, v in per_pid.items()}
         return tuple(
-            ProcessUsage(pid=int(p.pid), type=ptype,
-                         used_memory_bytes=_used_memory(p),
-                         sm_utilization_ratio=(sm.get(int(p.pid), 0.0) if sm is not None else None))
-            for ptype, p in raw
-        )
+            ProcessUsage(pid=pid, type=ptype, used_memory_bytes=_used_memory(p),
+                         sm_utilization_ratio=(sm.get(pid, 0.0) if sm is not None else None))
+            for pid, (ptype, p) in raw.items()
+        ), tuple(readable)
+
+
+def _pstate(value: Any) -> int | None:
+    """NVML P-state 0-15; 32 is NVML_PSTATE_UNKNOWN (absent)."""
+    return int(value) if value is not None and 0 <= int(value) <= 15 else None
 
 
 def _used_memory(proc: Any) -> int | None:

@@ -3,8 +3,8 @@
 Every NVML call of the backend goes through :class:`NvmlCaller` (STYLE.md §3, nvitop's
 ``nvmlQuery``). It answers:
 
-* a value, or ``None`` for NOT_SUPPORTED, FUNCTION_NOT_FOUND (logged once per function: pynvml
-  and the driver do not match), NOT_FOUND where the caller says so, and NVML's "value not
+* a value, or ``None`` for NOT_SUPPORTED, DEPRECATED, FUNCTION_NOT_FOUND (logged once and never
+  called again: pynvml and the driver do not match), NOT_FOUND where the caller says so, and NVML's "value not
   available" sentinels (2^32-1, 2^64-1 and their signed forms; spec/metrics.md conventions);
 * raises :class:`DeviceLostError` for errors that mean the device stopped answering
   (GPU_IS_LOST, UNKNOWN, TIMEOUT, GPU_NOT_FOUND, RESET_REQUIRED, IRQ_ISSUE): the device is then
@@ -33,7 +33,7 @@ LOST_ERRORS = frozenset({"GPU_IS_LOST", "UNKNOWN", "TIMEOUT", "GPU_NOT_FOUND", "
 UNAVAILABLE_ERRORS = frozenset(
     {"UNINITIALIZED", "DRIVER_NOT_LOADED", "LIBRARY_NOT_FOUND", "LIB_RM_VERSION_MISMATCH"}
 )
-ABSENT_ERRORS = frozenset({"NOT_SUPPORTED", "FUNCTION_NOT_FOUND"})
+ABSENT_ERRORS = frozenset({"NOT_SUPPORTED", "FUNCTION_NOT_FOUND", "DEPRECATED"})
 _UNSET: Any = object()
 
 
@@ -55,6 +55,11 @@ def error_name(nvml: Any, exc: BaseException) -> str:
     for name in dir(nvml):
         if name.startswith("NVML_ERROR_") and getattr(nvml, name) == code:
             return name[len("NVML_ERROR_") :]
+    import pynvml  # an nvml object that does not list pynvml's constants (a wrapper): use pynvml's
+
+    for name in dir(pynvml):
+        if name.startswith("NVML_ERROR_") and getattr(pynvml, name) == code:
+            return name[len("NVML_ERROR_") :]
     return f"CODE_{code}"
 
 
@@ -72,6 +77,7 @@ class NvmlCaller:
         self._logged: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
         self._names: dict[int, str] = {}
+        self._missing: set[tuple[str, tuple[str, ...]]] = set()
 
     def _name(self, exc: BaseException) -> str:
         code = getattr(exc, "value", -1)
@@ -96,8 +102,12 @@ class NvmlCaller:
         without it NOT_FOUND is logged, counted and answered with ``None``.
         Raises DeviceLostError or NvmlUnavailableError as classified above.
         """
+        key = (call, tuple(sorted(kwargs)))  # nvmlDeviceGetMemoryInfo(version=v2) can be missing alone
+        if key in self._missing:
+            return None
         fn = getattr(self.nvml, call, None)
         if fn is None:
+            self._missing.add(key)
             self._note(call, "FUNCTION_NOT_FOUND", logging.WARNING)
             return None
         try:
@@ -105,7 +115,8 @@ class NvmlCaller:
         except self.nvml.NVMLError as exc:
             err = self._name(exc)
             if err in ABSENT_ERRORS:
-                if err == "FUNCTION_NOT_FOUND":
+                if err == "FUNCTION_NOT_FOUND":  # pynvml newer than the driver: ask once, not every scrape
+                    self._missing.add(key)
                     self._note(call, err, logging.WARNING)
                 return None
             if err == "NOT_FOUND" and not_found is not _UNSET:

@@ -1,17 +1,28 @@
 #!/usr/bin/env bash
 # Live-NVML check on a real GPU host (the project's H200 device machine). Run from the repo root:
 #   OUT=/some/dir bash scripts/gpu-check.sh
-# It installs nothing over the network: the project runs from this checkout (PYTHONPATH), using the
-# host's nvidia-ml-py, prometheus-client, psutil and click. Every output lands in $OUT; the summary
+# It installs the project from this checkout without the network (pip --no-deps --no-build-isolation,
+# using the host's nvidia-ml-py, prometheus-client, psutil and click; falls back to PYTHONPATH when
+# pip cannot build there) and runs the installed command. Every output lands in $OUT; the summary
 # ($OUT/gpu-check.md) is what docs/gpu-check.md records. Exit status: 0 only when every check passed.
 # It never changes clocks, power limits, compute mode, MIG layout or persistence mode.
 set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1
 py=python3
 fail=0
 step() { echo "== $*" | tee -a "$OUT/steps.log"; }
+
+step "install"
+if $py -m pip install -q --no-deps --no-build-isolation --target /tmp/accelstats-site . > "$OUT/install.log" 2>&1; then
+  export PYTHONPATH="/tmp/accelstats-site${PYTHONPATH:+:$PYTHONPATH}"
+  echo "installed into /tmp/accelstats-site"
+else
+  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+  echo "pip could not build here (see install.log): running from the checkout"
+fi
+cd /tmp || exit 1   # run the installed package, not the checkout's sources
 
 step "host"
 { date -u +%FT%TZ; uname -a; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader;
@@ -27,7 +38,7 @@ $py -m accelstats dump > "$OUT/dump.prom" 2> "$OUT/dump.err" || fail=1
 nvidia-smi --query-gpu=$query --format=csv,noheader,nounits > "$OUT/nvidia-smi-after.csv" || fail=1
 
 step "compare"
-$py scripts/gpu_compare.py "$OUT" > "$OUT/gpu-check.md" || fail=1
+$py "$OLDPWD/scripts/gpu_compare.py" "$OUT" > "$OUT/gpu-check.md" || fail=1
 cat "$OUT/gpu-check.md"
 
 if command -v promtool >/dev/null; then

@@ -36,6 +36,15 @@ def num(value: str) -> float | None:
         return None
 
 
+def gauge(families: dict[str, object], name: str, uuid: str) -> float | None:
+    """The value of ``name{uuid=...}`` in the parsed exposition, or None."""
+    family = families.get(name)
+    for s in getattr(family, "samples", ()):
+        if s.labels.get("uuid") == uuid:
+            return float(s.value)
+    return None
+
+
 def main() -> int:
     out = Path(sys.argv[1])
     devices = [d for d in json.loads((out / "devices.json").read_text()) if d["kind"] == "gpu"]
@@ -58,10 +67,18 @@ def main() -> int:
         b, a = before.get(d["uuid"]), after.get(d["uuid"])
         if b is None or a is None:
             continue
-        row(d["uuid"], "uuid", d["uuid"], b["uuid"], "exact", True)
         row(d["uuid"], "name", d["name"], b["name"], "exact", d["name"] == b["name"])
+        row(d["uuid"], "PCI bus id", d["pci_bus_id"], b["bus_id"], "exact (case-insensitive)",
+            d["pci_bus_id"].lower() == b["bus_id"].lower())
         mib = d["memory_total_bytes"] // 2**20 if d["memory_total_bytes"] is not None else None
         row(d["uuid"], "memory total MiB", mib, b["memory_mib"], "exact", str(mib) == b["memory_mib"])
+        prom = gauge(families, "accelstats_gpu_memory_total_bytes", d["uuid"])
+        row(d["uuid"], "/metrics memory total MiB", None if prom is None else int(prom) // 2**20, b["memory_mib"],
+            "exact", prom is not None and str(int(prom) // 2**20) == b["memory_mib"])
+        prom_w = gauge(families, "accelstats_gpu_power_watts", d["uuid"])
+        row(d["uuid"], "/metrics power W", prom_w, f"{b['power_w']} / {a['power_w']}", "10 % or 15 W",
+            prom_w is not None and any(abs(prom_w - x) <= max(15.0, 0.1 * x)
+                                       for x in (num(b["power_w"]), num(a["power_w"])) if x is not None))
         pw = [x for x in (num(b["power_w"]), num(a["power_w"])) if x is not None]
         ours_pw = d["power_watts"]
         row(d["uuid"], "power W", ours_pw, f"{b['power_w']} / {a['power_w']}", "10 % or 15 W",

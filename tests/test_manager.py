@@ -53,7 +53,7 @@ def test_malformed_lines_are_skipped_counted_and_the_rest_used(tmp_path: Path, f
     assert collection.devices_list_skipped_lines_total == 2
     text = exposition(m).decode()
     families = {f.name: f for f in text_string_to_metric_families(text)}
-    assert families["accelstats_devices_list_skipped_lines"].samples[0].value == 4  # 2 more per collection
+    assert families["accelstats_devices_list_skipped_lines"].samples[0].value == 2  # each line counted once
     cad = families["container_accelerator_memory_total_bytes"].samples
     assert [(s.labels["id"], s.labels["acc_id"]) for s in cad] == [
         (f"/docker/{DOCKER_A}", "GPU-00000000-0000-4000-8000-000000000001")]
@@ -102,3 +102,21 @@ def test_concurrent_scrapes_share_one_collection(tmp_path: Path, fixtures_dir: P
     assert len(results) == 8
     assert runs == 2  # the one in flight, then one more shared by the seven that waited for it
     assert len({id(r) for r in results}) == 2
+
+
+def test_unrestricted_cgroup_is_attributed_by_its_processes(tmp_path: Path, fixtures_dir: Path) -> None:
+    """a *:* rwm proves nothing: the GPU a process of the container (or of a sub-cgroup) is on counts."""
+    capture = fixtures_dir / "h200" / "nvidia-smi-q.xml"
+    settings = host(tmp_path, capture, {DOCKER_A: "a *:* rwm\n", DOCKER_B: "a *:* rwm\n"})
+    scenario = settings.nvml_replay
+    assert scenario is not None
+    scenario.write_text(scenario.read_text() + "[[gpu.process]]\npid = 4242\nused_memory_bytes = 1048576\n")
+    proc = settings.proc_root / "4242"
+    proc.mkdir()
+    (proc / "cgroup").write_text(f"5:devices:/docker/{DOCKER_A}/init.scope\n0::/docker/{DOCKER_A}/init.scope\n")
+    by_id = {c.identity.id: c for c in manager(settings).collect().containers if c.identity}
+    (acc,) = by_id[DOCKER_A].accelerators
+    assert (acc.id, acc.attribution, acc.container_memory_used_bytes, acc.container_processes) == (
+        "GPU-00000000-0000-4000-8000-000000000001", "process", 1048576, 1)
+    assert by_id[DOCKER_B].accelerators == []
+    assert "none of its processes is on a GPU" in by_id[DOCKER_B].reason

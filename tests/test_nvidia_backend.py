@@ -10,8 +10,8 @@ import pytest
 
 from accelstats.config import FileDevicesSettings, Settings
 from accelstats.exporter import render
-from accelstats.manager import AcceleratorManager
-from collectors.model import DeviceSnapshot, NoDataError
+from accelstats.manager import AcceleratorManager, Collection
+from collectors.model import Device, DeviceSnapshot, NoDataError
 from collectors.nvidia import NvidiaBackend, nvidia_pci_devices
 from collectors.nvml_replay import ReplayNVML
 
@@ -213,3 +213,114 @@ def test_pci_scan_gates_nvml(tmp_path: Path) -> None:
         (dev / addr / "vendor").write_text(vendor + "\n")
     assert nvidia_pci_devices(tmp_path) == ["0000:00:06.0"]
     assert nvidia_pci_devices(tmp_path / "absent") == []
+
+
+TWO_H200 = """
+[[gpu]]
+capture = "CAPTURE"
+[[gpu]]
+capture = "CAPTURE"
+uuid = "GPU-5f1c2a9e-0b7d-4c3e-9a61-2d8e4f7b9c11"
+minor = 1
+pci_bus_id = "00000000:00:07.0"
+"""
+
+
+@pytest.mark.parametrize("times", ["", "times = 2"])
+def test_lost_gpu_stays_down_while_the_others_report_over_many_collections(
+        tmp_path: Path, h200: Path, times: str) -> None:
+    """Across collections and re-enumerations: the healthy GPU never disappears, the lost one keeps
+    its up=0 series (so an alert on it cannot resolve by the series vanishing) and, when it answers
+    again, comes back up without a restart."""
+    scenario = write_scenario(tmp_path, h200, TWO_H200 + f"""
+[[fault]]
+gpu = 1
+call = "*"
+error = "GPU_IS_LOST"
+after_calls = 20
+{times}
+""")
+    b = backend(scenario, retry_interval=0.01)
+    b.setup()
+    ups = []
+    for _ in range(6):
+        time.sleep(0.015)
+        snap = snapshot(b)
+        ups.append([(uuid[-2:], s.up) for uuid, s in snap.samples.items()])
+    for row in ups:
+        assert ("10", True) in row and len(row) == 2
+    assert ("11", False) in ups[0]
+    if times:  # the fault ended: a re-enumeration gave the GPU a working handle again
+        assert ups[-1] == [("10", True), ("11", True)]
+    else:
+        assert ups[-1] == [("10", True), ("11", False)]
+
+
+def test_a_process_in_two_lists_is_counted_once(tmp_path: Path, h200: Path) -> None:
+    scenario = write_scenario(tmp_path, h200, """
+[[gpu]]
+capture = "CAPTURE"
+[[gpu.process]]
+pid = 77
+used_memory_bytes = 1048576
+type = "compute"
+[[gpu.process]]
+pid = 77
+used_memory_bytes = 1048576
+type = "graphics"
+""")
+    b = backend(scenario)
+    b.setup()
+    s = snapshot(b).samples[H200_UUID]
+    assert [(p.pid, p.type, p.used_memory_bytes) for p in s.processes or ()] == [(77, "compute", 1048576)]
+
+
+def test_a_process_list_nvml_does_not_support_stays_absent(tmp_path: Path, h200: Path) -> None:
+    scenario = write_scenario(tmp_path, h200, """
+[[gpu]]
+capture = "CAPTURE"
+[gpu.override]
+performance_state = 32
+[[fault]]
+gpu = 0
+call = "nvmlDeviceGetMPSComputeRunningProcesses"
+error = "NOT_SUPPORTED"
+""")
+    b = backend(scenario)
+    b.setup()
+    s = snapshot(b).samples[H200_UUID]
+    assert s.process_types == ("compute", "graphics")
+    families = {f.name: f for f in render(_collection(s))}
+    types = {smp.labels["type"] for smp in families["accelstats_gpu_processes"].samples}
+    assert types == {"compute", "graphics"}  # no mps series: not a fake 0
+    assert s.performance_state is None  # NVML_PSTATE_UNKNOWN (32) is absent
+    assert "accelstats_gpu_performance_state" not in families
+
+
+def test_memory_info_falls_back_to_v1_on_drivers_without_v2(h200: Path) -> None:
+    replay = ReplayNVML.from_path(h200)
+
+    class OldDriver:
+        """The replay, but nvmlDeviceGetMemoryInfo_v2 missing as on drivers before it existed."""
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(replay, name)
+
+        def nvmlDeviceGetMemoryInfo(self, handle: object, version: object = None) -> object:  # noqa: N802
+            if version:
+                raise replay.NVMLError(replay.NVML_ERROR_FUNCTION_NOT_FOUND)
+            return replay.nvmlDeviceGetMemoryInfo(handle)
+
+    b = NvidiaBackend(OldDriver(), pci_scan=False)
+    b.setup()
+    s = snapshot(b).samples[H200_UUID]
+    assert s.memory_total_bytes == 143771 * MIB and s.memory_reserved_bytes is None
+    s = snapshot(b).samples[H200_UUID]  # v2 is not asked again
+    assert b.call.errors[("nvmlDeviceGetMemoryInfo", "FUNCTION_NOT_FOUND")] == 1
+
+
+def _collection(sample: object) -> Collection:
+    snap = DeviceSnapshot()
+    snap.devices.append(Device(uuid=H200_UUID, index=0, minor=0, name="NVIDIA H200"))
+    snap.samples[H200_UUID] = sample  # type: ignore[assignment]
+    return Collection(snapshot=snap)
