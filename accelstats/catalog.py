@@ -175,7 +175,9 @@ FILE_MTIME = Family("accelstats_file_device_modified_timestamp_seconds", "gauge"
                     "Modification time of the file device (Unix time).", FILE_LABELS)
 FILE_MODE = Family("accelstats_file_device_mode", "gauge", "Permission bits of the file device (st_mode & 07777).",
                    FILE_LABELS)
-FILES = (FILE_INFO, FILE_HEALTHY, FILE_SIZE, FILE_MTIME, FILE_MODE)
+FILES_SKIPPED = Family("accelstats_file_devices_skipped_total", "counter",
+                       "Entries of the file-devices directory skipped because their names are not UTF-8.", ())
+FILES = (FILE_INFO, FILE_HEALTHY, FILE_SIZE, FILE_MTIME, FILE_MODE, FILES_SKIPPED)
 
 BUILD_INFO = Family("accelstats_build_info", "gauge", "accelstats build and NVML versions; value 1.",
                     ("version", "python_version", "nvml_version", "driver_version"))

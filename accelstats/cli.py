@@ -51,7 +51,7 @@ def source_options(fn: F) -> F:
                      help=f"TOML config file (default: {DEFAULT_CONFIG} when present)."),
         click.option("--nvml-replay", type=click.Path(path_type=Path),
                      help="Replay an nvidia-smi -q -x XML or a scenario TOML instead of live NVML."),
-        click.option("--file-devices", type=click.Path(path_type=Path),
+        click.option("--file-devices", metavar="DIR",
                      help="Directory whose files are file devices (Nomad example-plugin model)."),
         click.option("--cgroup-root", type=click.Path(path_type=Path), help="cgroup root [/sys/fs/cgroup]."),
         click.option("--proc-root", type=click.Path(path_type=Path), help="proc root [/proc]."),
@@ -64,7 +64,7 @@ def source_options(fn: F) -> F:
     return fn
 
 
-def build_settings(config_path: Path | None, nvml_replay: Path | None, file_devices: Path | None,
+def build_settings(config_path: Path | None, nvml_replay: Path | None, file_devices: str | None,
                    cgroup_root: Path | None, proc_root: Path | None, sysfs_root: Path | None,
                    log_level: str | None, **extra: Any) -> Settings:
     """Defaults, then the config file, then the command line. Exits 2 on a config error."""
@@ -85,12 +85,19 @@ def build_settings(config_path: Path | None, nvml_replay: Path | None, file_devi
         for name in changes.get("collectors", settings.collectors) or ():
             if name not in known:
                 raise ConfigError(f"{path}: key 'collectors': unknown collector {name!r} (known: {', '.join(known)})")
-        if file_devices is not None:
-            changes["file_devices"] = replace(settings.file_devices, dir=file_devices)
+        if file_devices is not None:  # --file-devices "" means none, as dir = "" does in the config
+            changes["file_devices"] = replace(settings.file_devices, dir=Path(file_devices) if file_devices else None)
         settings = replace(settings, **changes)
+        for key in ("cgroup_root", "proc_root"):
+            root = getattr(settings, key)
+            if not root.is_dir():
+                raise ConfigError(f"{key.replace('_', '-')} {root} is not a directory")
     except ConfigError as exc:
         fail(str(exc))
     configure_logging(settings.log_level)
+    if "files" in (settings.collectors or ()) and settings.file_devices.dir is None:
+        log.warning("collector 'files' enabled but no file-devices directory is set (--file-devices, "
+                    "[file_devices] dir): it reports nothing")
     return settings
 
 
@@ -140,7 +147,7 @@ def serve(listen: str | None, collectors: tuple[str, ...], **opts: Any) -> None:
     # Block SIGTERM/SIGINT before any thread starts (threads inherit the mask), then wait for one
     # with sigwait: no Python-level signal handler runs in the middle of other code.
     stop_signals = {signal.SIGTERM, signal.SIGINT}
-    signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals | {signal.SIGHUP})
     manager = make_manager(settings)
     try:
         server, thread = start_server(manager, settings.listen_host, settings.listen_port)
@@ -148,7 +155,12 @@ def serve(listen: str | None, collectors: tuple[str, ...], **opts: Any) -> None:
         manager.destroy()
         fail(f"cannot listen on {settings.listen}: {exc.strerror or exc}")
     log.info("accelstats %s serving http://%s/metrics", __version__, settings.listen)
-    signum = signal.sigwait(stop_signals)
+    manager.collect()  # start NVML now (under its deadline) so its state is logged at start-up
+    while True:
+        signum = signal.sigwait(stop_signals | {signal.SIGHUP})
+        if signum != signal.SIGHUP:
+            break
+        log.info("SIGHUP ignored: restart the service to apply a changed configuration")
     log.info("received %s, shutting down", signal.Signals(signum).name)
     server.shutdown()
     server.server_close()

@@ -10,6 +10,7 @@ settings as the command line::
     sysfs_root = "/sys"
     log_level = "info"
     nvml_retry_interval = 30.0         # seconds between NVML init attempts while unavailable
+    nvml_deadline = 1.5                # seconds a collection waits for NVML before marking a GPU down
     collectors = ["nvidia", "files"]   # enabled collectors (default: those enabled by default)
 
     [file_devices]
@@ -25,6 +26,7 @@ Every error is a :class:`ConfigError` naming the file, the key and the reason.
 from __future__ import annotations
 
 import logging
+import math
 import sys
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -69,6 +71,7 @@ class Settings:
     sysfs_root: Path = Path("/sys")
     log_level: str = "info"
     nvml_retry_interval: float = 30.0
+    nvml_deadline: float = 1.5
     collectors: tuple[str, ...] | None = None  # None: each collector's default
     file_devices: FileDevicesSettings = field(default_factory=FileDevicesSettings)
 
@@ -120,7 +123,7 @@ def load_config(path: Path, base: Settings | None = None) -> Settings:
     where = str(path)
     folder = path.parent
     known = {"listen", "nvml_replay", "cgroup_root", "proc_root", "sysfs_root", "log_level",
-             "nvml_retry_interval", "collectors", "file_devices"}
+             "nvml_retry_interval", "nvml_deadline", "collectors", "file_devices"}
     changes: dict[str, Any] = {}
     for key, value in data.items():
         if key not in known:
@@ -139,10 +142,10 @@ def load_config(path: Path, base: Settings | None = None) -> Settings:
                 raise ConfigError(f"{where}: key 'log_level': expected one of {', '.join(LOG_LEVELS)}, "
                                   f"got {value!r}")
             changes[key] = level
-        elif key == "nvml_retry_interval":
+        elif key in ("nvml_retry_interval", "nvml_deadline"):
             seconds = float(_expect(where, key, value, (int, float)))
-            if seconds <= 0:
-                raise ConfigError(f"{where}: key 'nvml_retry_interval': must be > 0, got {value!r}")
+            if not math.isfinite(seconds) or seconds <= 0:
+                raise ConfigError(f"{where}: key {key!r}: must be a finite number > 0, got {value!r}")
             changes[key] = seconds
         elif key == "collectors":
             items = _expect(where, key, value, list)

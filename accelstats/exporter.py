@@ -9,8 +9,10 @@ custom-collector pattern; no global Gauges set from threads). ``serve`` answers 
 
 from __future__ import annotations
 
+import errno
 import logging
 import platform
+import socket
 import socketserver
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -40,7 +42,15 @@ def _family(spec: Family) -> GaugeMetricFamily | CounterMetricFamily:
 def _identity_labels(c: ContainerStats) -> list[str]:
     """cAdvisor's container labels: id (cgroup path), name, image, container, pod, namespace."""
     m = c.metadata
-    return [c.cgroup, m.name, m.image, m.container, m.pod, m.namespace]
+    return [_utf8(v) for v in (c.cgroup, m.name, m.image, m.container, m.pod, m.namespace)]
+
+
+def _utf8(value: str) -> str:
+    """A label value safe to encode: names read from the filesystem may carry undecodable bytes
+    (``os.fsdecode`` surrogates), which would make the whole exposition fail; they become U+FFFD."""
+    if value.isascii():
+        return value
+    return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def render(collection: Collection) -> Iterator[Metric]:
@@ -102,8 +112,10 @@ def render(collection: Collection) -> Iterator[Metric]:
             if a.container_processes is not None:
                 add(catalog.CONTAINER_PROCESSES, labels, a.container_processes)
 
+    if any(r.name == "files" for r in snap.collector_results):
+        add(catalog.FILES_SKIPPED, [], snap.file_devices_skipped_total)
     for f in snap.file_devices:
-        labels = [f.id, f.vendor, f.type, f.name, f.path]
+        labels = [f.id, f.vendor, f.type, f.name, _utf8(f.path)]
         add(catalog.FILE_INFO, labels, 1)
         add(catalog.FILE_HEALTHY, labels, 1.0 if f.healthy else 0.0)
         add(catalog.FILE_SIZE, labels, f.size_bytes)
@@ -161,6 +173,9 @@ def make_app(manager: AcceleratorManager) -> Callable[[dict[str, Any], StartResp
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
+        if path == "/metrics" and environ.get("REQUEST_METHOD") == "HEAD":  # probes: no collection
+            start_response("200 OK", [("Content-Type", "text/plain; version=0.0.4; charset=utf-8")])
+            return []
         if path == "/metrics":
             return metrics(environ, start_response)  # type: ignore[no-any-return]
         if path == "/healthz":
@@ -186,20 +201,40 @@ class _QuietHandler(WSGIRequestHandler):
 
 
 class _V6Server(_ThreadingServer):
-    import socket as _socket
+    address_family = socket.AF_INET6
 
-    address_family = _socket.AF_INET6
+
+class _DualStackServer(_V6Server):
+    """``[::]`` with IPV6_V6ONLY off: IPv6 and IPv4 clients on one socket (``host ""``)."""
+
+    def server_bind(self) -> None:
+        self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
 
 
 def serve(manager: AcceleratorManager, host: str, port: int) -> tuple[WSGIServer, threading.Thread]:
-    """Start serving on ``host:port`` (``""`` = every interface) in a daemon thread.
+    """Start serving on ``host:port`` in a daemon thread; ``host ""`` is every interface, IPv6 and
+    IPv4 (IPv4 only where the host has no IPv6).
 
     Returns ``(server, thread)``; call ``server.shutdown()`` to stop. Raises OSError when the address
     cannot be bound (e.g. EADDRINUSE).
     """
+    app = make_app(manager)
+    server: WSGIServer
+    if host == "" and socket.has_ipv6:
+        try:
+            server = make_server("::", port, app, server_class=_DualStackServer, handler_class=_QuietHandler)
+        except OSError as exc:
+            if exc.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
+                raise
+        else:
+            return server, _start(server)
     server_class = _V6Server if ":" in host else _ThreadingServer
-    server = make_server(host or "0.0.0.0", port, make_app(manager), server_class=server_class,
-                         handler_class=_QuietHandler)
+    server = make_server(host or "0.0.0.0", port, app, server_class=server_class, handler_class=_QuietHandler)
+    return server, _start(server)
+
+
+def _start(server: WSGIServer) -> threading.Thread:
     thread = threading.Thread(target=server.serve_forever, name="accelstats-http", daemon=True)
     thread.start()
-    return server, thread
+    return thread

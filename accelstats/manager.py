@@ -1,7 +1,9 @@
 """``AcceleratorManager``: cAdvisor's seed interface, and the one collection path both sinks read.
 
-* :meth:`AcceleratorManager.setup` builds the enabled collectors (registry table) and starts NVML
-  when NVIDIA devices are present; an NVML that cannot start is retried later, never fatal.
+* :meth:`AcceleratorManager.setup` builds the enabled collectors (registry table); NVML is started
+  by the first collection on the backend's own thread, under its deadline (a hung ``nvmlInit`` must
+  not keep the exporter from serving), when NVIDIA devices are present; an NVML that cannot start is
+  retried later, never fatal.
 * :meth:`AcceleratorManager.destroy` shuts NVML down (SIGTERM, context-manager exit).
 * :meth:`AcceleratorManager.get_collector` gives the collector for one container's devices cgroup.
 * :meth:`AcceleratorManager.collect` makes one :class:`Collection`: every collector run once
@@ -90,8 +92,6 @@ class AcceleratorManager:
             check = getattr(collector, "check", None)
             if check is not None:
                 check()
-            if isinstance(collector, NvidiaBackend):
-                collector.setup()
             self.collectors.append(collector)
         self.layout = detect_layout(self.settings.cgroup_root, self.settings.proc_root)
         log.info("cgroup mode %s (devices %s, unified %s)", self.layout.mode.value, self.layout.devices_root,

@@ -38,7 +38,8 @@ class CollectorEntry:
 
 
 def _nvidia(settings: Settings, nvml: Any) -> Collector:
-    return NvidiaBackend(nvml, sysfs_root=settings.sysfs_root, retry_interval=settings.nvml_retry_interval)
+    return NvidiaBackend(nvml, sysfs_root=settings.sysfs_root, retry_interval=settings.nvml_retry_interval,
+                         deadline=settings.nvml_deadline)
 
 
 def _files(settings: Settings, nvml: Any) -> Collector | None:

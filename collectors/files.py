@@ -1,9 +1,13 @@
 """File devices, as Nomad's example device plugin (``example-fs-device``) models them.
 
-Every regular file (not a directory, not a symlink to one) directly in ``directory`` is a device
-whose ID is the file name. It is unhealthy when its 10-character permission string
-(``stat.filemode``, e.g. ``-rwxrwxrwx``) equals ``unhealthy_perm``; the description then reads
-``Device has bad permissions "<perm>"`` like the example plugin's (spec/nomad-plugin.md §4).
+Every entry directly in ``directory`` that is not a directory is a device whose ID is the file
+name; entries are ``lstat``-ed, as the example plugin's ``ioutil.ReadDir`` does, so a symlink is a
+device of its own and is never followed (a link to ``/etc/passwd`` does not expose that file's size).
+A name that is not valid UTF-8 cannot be a device ID (Nomad IDs and Prometheus labels are UTF-8): it
+is skipped, logged once and counted (``accelstats_file_devices_skipped_total``). A device is
+unhealthy when its 10-character permission string (``stat.filemode``, e.g. ``-rwxrwxrwx``) equals
+``unhealthy_perm``; the description then reads ``Device has bad permissions "<perm>"`` like the
+example plugin's (spec/nomad-plugin.md §4).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import os
 import stat
 from pathlib import Path
 
-from collectors.model import DeviceSnapshot, FileDevice
+from collectors.model import DeviceSnapshot, FileDevice, NoDataError
 
 log = logging.getLogger(__name__)
 
@@ -23,20 +27,28 @@ class FileDevicesError(Exception):
 
 
 def scan_file_devices(directory: Path, *, unhealthy_perm: str = "-rwxrwxrwx", vendor: str = "nomad",
-                      device_type: str = "file", name: str = "mock") -> list[FileDevice]:
+                      device_type: str = "file", name: str = "mock",
+                      skipped: list[str] | None = None) -> list[FileDevice]:
     """List the file devices in ``directory``, sorted by ID.
 
-    Raises FileNotFoundError / NotADirectoryError / PermissionError when the directory itself cannot
-    be listed; a file that vanishes between listing and ``stat`` is skipped.
+    Names that are not valid UTF-8 are appended to ``skipped`` (as ``os.fsdecode`` gives them)
+    instead. Raises FileNotFoundError / NotADirectoryError / PermissionError when the directory
+    itself cannot be listed; an entry that vanishes between listing and ``lstat`` is skipped.
     """
     devices = []
     with os.scandir(directory) as entries:
         for entry in entries:
             try:
-                st = entry.stat(follow_symlinks=True)
+                entry.name.encode("utf-8")
+            except UnicodeEncodeError:
+                if skipped is not None:
+                    skipped.append(entry.name)
+                continue
+            try:
+                st = entry.stat(follow_symlinks=False)
             except OSError:
-                continue  # vanished or dangling link: not a device
-            if not stat.S_ISREG(st.st_mode):
+                continue  # vanished meanwhile
+            if stat.S_ISDIR(st.st_mode):
                 continue
             perm = stat.filemode(st.st_mode)
             healthy = perm != unhealthy_perm
@@ -69,6 +81,12 @@ class FileDevices:
         self.device_type = device_type
         self.device_name = name
         self._missing_logged = False
+        self._skipped_names: set[str] = set()
+
+    @property
+    def skipped_total(self) -> int:
+        """Distinct directory entries skipped so far because their names are not UTF-8."""
+        return len(self._skipped_names)
 
     def check(self) -> None:
         """Raise FileDevicesError naming the directory when it does not exist or is not a directory."""
@@ -80,16 +98,23 @@ class FileDevices:
     def update(self, snapshot: DeviceSnapshot) -> None:
         """Add the directory's file devices to ``snapshot.file_devices``.
 
-        Raises OSError when the directory cannot be listed (then no file devices are reported).
+        Raises NoDataError when the directory cannot be listed (then no file devices are reported;
+        the reason is logged once at warning level).
         """
+        skipped: list[str] = []
         try:
             found = scan_file_devices(self.directory, unhealthy_perm=self.unhealthy_perm, vendor=self.vendor,
-                                      device_type=self.device_type, name=self.device_name)
+                                      device_type=self.device_type, name=self.device_name, skipped=skipped)
         except OSError as exc:
             if not self._missing_logged:
                 log.warning("file devices: cannot list %s: %s", self.directory, exc.strerror or exc)
                 self._missing_logged = True
-            raise
+            raise NoDataError(f"cannot list {self.directory}: {exc.strerror or exc}") from exc
+        for bad in skipped:
+            if bad not in self._skipped_names:
+                self._skipped_names.add(bad)
+                log.warning("file devices: skipped %r in %s: the name is not UTF-8", bad, self.directory)
+        snapshot.file_devices_skipped_total = self.skipped_total
         if self._missing_logged:
             log.info("file devices: %s is readable again", self.directory)
             self._missing_logged = False

@@ -142,6 +142,7 @@ class DeviceSnapshot:
     devices: list[Device] = field(default_factory=list)
     samples: dict[str, DeviceSample] = field(default_factory=dict)
     file_devices: list[FileDevice] = field(default_factory=list)
+    file_devices_skipped_total: int = 0
     nvml_status: str = ""
     source: str = "nvml"
     driver_version: str = ""

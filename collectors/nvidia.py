@@ -20,9 +20,11 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from collectors.deadline import DeadlineWorker
 from collectors.model import Device, DeviceSample, DeviceSnapshot, NoDataError, ProcessType, ProcessUsage
 from collectors.nvml_call import DeviceLostError, NvmlCaller, NvmlUnavailableError, error_name
 
@@ -89,18 +91,33 @@ class _DeviceState:
         self.failure_logged = ""
 
 
+@dataclass
+class _Pass:
+    """One NVML pass over every device, filled by the worker thread while scrapes may read it."""
+
+    done: bool = False
+    no_data: str = ""
+    versions: tuple[str, str, str] = ("", "", "")
+    devices: list[Device] = field(default_factory=list)
+    samples: dict[str, DeviceSample] = field(default_factory=dict)
+    current: str = ""  # UUID of the device being read now
+
+
 class NvidiaBackend:
     """The ``nvidia`` collector: reads NVIDIA GPUs and MIG instances through NVML.
 
     ``nvml``: the ``pynvml`` module (default, imported lazily) or a replay object; ``source``:
     ``"nvml"`` or ``"replay"`` (taken from ``nvml.source`` when it has one). ``sysfs_root``: where
     the PCI scan looks (``/sys``); ``pci_scan=False`` skips it (the replay has no PCI devices).
+    ``deadline``: seconds a collection waits for NVML (see :meth:`update`); ``retry_interval``:
+    seconds between NVML init attempts while it is unavailable; ``slow_interval``: seconds between
+    reads of the slow values (energy, BAR1, ECC, remapped rows, PCIe replays).
     """
 
     name = "nvidia"
 
     def __init__(self, nvml: Any = None, *, sysfs_root: Path = Path("/sys"), pci_scan: bool | None = None,
-                 retry_interval: float = 30.0, slow_interval: float = 10.0) -> None:
+                 retry_interval: float = 30.0, slow_interval: float = 10.0, deadline: float = 1.5) -> None:
         if nvml is None:
             import pynvml
 
@@ -121,6 +138,11 @@ class NvidiaBackend:
         self._last_attempt = -1e18
         self._status_logged = ""
         self._lock = threading.Lock()
+        self.deadline = deadline
+        self._worker = DeadlineWorker("accelstats-nvml")
+        self._pass: _Pass | None = None
+        self._last_complete: _Pass | None = None
+        self._stuck_logged = ""
 
     # -- session -----------------------------------------------------------------------------
     def setup(self) -> bool:
@@ -162,7 +184,14 @@ class NvidiaBackend:
         return False
 
     def shutdown(self) -> None:
-        """Shut NVML down (``nvmlShutdown``) if it was initialised; forget handles. Never raises."""
+        """Shut NVML down (``nvmlShutdown``) if it was initialised; forget handles. Never raises.
+
+        When a pass is stuck in an NVML call, NVML is left as it is (shutting it down under a running
+        call is undefined): the process is exiting, or the next retry starts a new session.
+        """
+        if self._worker.busy and threading.current_thread().name != self._worker.name:
+            log.warning("NVML left initialised: a call has not returned")
+            return
         self._devices = []
         if self._initialised:
             self._initialised = False
@@ -239,24 +268,40 @@ class NvidiaBackend:
     def update(self, snapshot: DeviceSnapshot) -> None:
         """The collector's read method: add devices and one sample each to ``snapshot``.
 
-        Raises NoDataError when NVML is unavailable (``snapshot.nvml_status`` says why); retries
-        setup at most once per ``retry_interval``.
+        NVML is read by a pass on the backend's own thread; this waits for it at most ``deadline``
+        seconds. A pass that misses the deadline (a call hangs: a GPU fell off the bus) goes on
+        alone, and until it ends every collection gets, at once, the devices it already read in
+        that pass, ``up=0`` for the device it is stuck on, and the last complete readings for the
+        rest. Raises NoDataError when NVML is unavailable (``snapshot.nvml_status`` says why) or
+        answered nothing at all in time; setup is retried at most once per ``retry_interval``.
         """
         with self._lock:
             snapshot.source = self.source
+            current = self._pass
+            if current is None or current.done:
+                current = _Pass()
+                self._pass = current
+                self._worker.run(lambda: self._run_pass(current), self.deadline)
+            self._fill(snapshot, current)
+
+    def _run_pass(self, p: _Pass) -> None:
+        """One NVML pass (on the worker thread): retry setup if due, refresh if a device is down,
+        then sample every device into ``p``."""
+        try:
             if not self._initialised and time.monotonic() - self._last_attempt >= self.retry_interval:
                 self.setup()
             if not self._initialised:
-                snapshot.nvml_status = self.status
-                raise NoDataError(self.status)
-            snapshot.driver_version = self.driver_version
-            snapshot.cuda_driver_version = self.cuda_driver_version
-            snapshot.nvml_version = self.nvml_version
+                p.no_data = self.status
+                return
+            p.versions = (self.driver_version, self.cuda_driver_version, self.nvml_version)
             now = time.monotonic()
             if not all(s.up for s in self._devices) and now - self._last_attempt >= self.retry_interval:
                 self._last_attempt = now
                 self._refresh()
-            for state in self._devices:
+            states = list(self._devices)
+            p.devices = [s.device for s in states]
+            for state in states:
+                p.current = state.device.uuid
                 try:
                     sample = self.sample(state)
                 except DeviceLostError as exc:
@@ -264,16 +309,46 @@ class NvidiaBackend:
                 except NvmlUnavailableError as exc:
                     self.shutdown()
                     self._last_attempt = time.monotonic()
-                    self.status = f"NVML became unavailable: {exc}"
-                    snapshot.nvml_status = self.status
-                    raise NoDataError(self.status) from exc
+                    self.status = p.no_data = f"NVML became unavailable: {exc}"
+                    return
                 except Exception as exc:  # noqa: BLE001 - one device's surprise must not blank the others
                     sample = self._down(state, f"{type(exc).__name__}: {exc}", unexpected=True)
                 state.up = sample.up
                 if sample.up:
                     state.failure_logged = ""
-                snapshot.devices.append(state.device)
-                snapshot.samples[state.device.uuid] = sample
+                p.samples[state.device.uuid] = sample
+            p.current = ""
+            self._last_complete = p
+        finally:
+            p.done = True
+
+    def _fill(self, snapshot: DeviceSnapshot, p: _Pass) -> None:
+        """Copy pass ``p`` (complete, or still stuck past the deadline) into ``snapshot``."""
+        if p.done and p.no_data:
+            snapshot.nvml_status = p.no_data
+            raise NoDataError(p.no_data)
+        if not p.done and not p.devices:
+            reason = f"NVML did not answer within {self.deadline:g}s (setup or enumeration)"
+            snapshot.nvml_status = reason
+            raise NoDataError(reason)
+        snapshot.driver_version, snapshot.cuda_driver_version, snapshot.nvml_version = p.versions
+        last = self._last_complete.samples if self._last_complete is not None else {}
+        for device in p.devices:
+            sample = p.samples.get(device.uuid)
+            if sample is None and device.uuid == p.current:
+                sample = DeviceSample(uuid=device.uuid, up=False,
+                                      error=f"NVML did not answer within {self.deadline:g}s")
+                if self._stuck_logged != device.uuid:
+                    log.warning("device %s: NVML call did not answer within %gs; marked down until it does",
+                                device.uuid, self.deadline)
+                    self._stuck_logged = device.uuid
+            elif sample is None:
+                sample = last.get(device.uuid) or DeviceSample(uuid=device.uuid, up=False,
+                                                               error="not read yet: NVML busy with another device")
+            snapshot.devices.append(device)
+            snapshot.samples[device.uuid] = sample
+        if p.done:
+            self._stuck_logged = ""
 
     def _down(self, state: _DeviceState, error: str, unexpected: bool = False) -> DeviceSample:
         """A down sample for ``state``; the first failure of a run is logged (with a traceback when

@@ -11,6 +11,16 @@ call with NVML_ERROR_NOT_SUPPORTED. A cell reading ``Requested functionality has
 (nvidia-smi prints ``nvmlErrorString(NVML_ERROR_DEPRECATED)``) is also ``None`` and its field name
 is listed in :attr:`GpuCapture.deprecated`, so the replay raises NVML_ERROR_DEPRECATED instead.
 
+A cell NVML could not have answered is invalid: text that does not convert (``"warm"`` for a
+temperature, a malformed PCI bus id) or a number outside the range of the C type NVML answers it
+in (every NVML reading is unsigned: ``-36 C``, ``-1980 MHz``, ``-5 MiB``, or more than 2^32-1 /
+2^64-1, :func:`int_max`). Such a value is also ``None`` (the call raises NOT_SUPPORTED, as for N/A)
+and its field name is listed in :attr:`GpuCapture.invalid` (``temp_gpu_c``, ``processes[1].pid``,
+``migs[0].memory_total_bytes``; a process whose pid is invalid is left out), so that nothing wraps
+around or comes out negative. The capture as a whole is rejected (CaptureError naming the
+``<gpu>``'s NVML index and line) only when a GPU has no UUID (``<uuid>`` missing, empty or N/A:
+NVML always reports one) or the UUID of an earlier ``<gpu>``.
+
 Schema versions differ (``<!DOCTYPE>`` v11: Tesla T4, v12: A100, v13: H200 / RTX A5000):
 ``clocks_throttle_reasons`` (≤ v11) vs ``clocks_event_reasons``; ``power_readings`` with
 ``power_draw`` / ``power_limit`` / ``enforced_power_limit`` (≤ v11) vs ``gpu_power_readings`` with
@@ -48,7 +58,13 @@ and MIG instances, and injects faults (:func:`load_scenario`)::
     times = 3                        # then fail this many times (default: forever)
     hang_seconds = 5                 # block (time.sleep) this long before failing / answering
 
-Errors in either input are :class:`CaptureError`, naming the file and the line/column or the key.
+Scenario integers must fit the C type NVML answers them in (unsigned int; unsigned long long for
+bytes, ECC counts and ``clock_reasons``; ``used_memory_bytes`` below 2^64-1, which is
+NVML_VALUE_NOT_AVAILABLE); ``uuid`` must not be empty (or ``"N/A"``); ``hang_seconds`` must be
+finite, 0..:data:`MAX_HANG_SECONDS`; ``after_calls`` / ``times`` non-negative integers.
+
+Errors in either input are :class:`CaptureError`, naming the file and the line/column (malformed
+XML or TOML; the line and byte offset of a scenario that is not UTF-8) or the key.
 
 Facts the XML does not hold are derived here, each from a documented table: CUDA compute
 capability and NVML architecture code (from ``product_architecture`` and the product name), and a
@@ -57,15 +73,18 @@ MIG instance's profile name (from its SM count and memory share).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
+import stat
 import sys
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, fields, replace
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
+from xml.parsers import expat
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -240,6 +259,23 @@ class GpuCapture:
     processes: tuple[ProcessCapture, ...] = ()
     migs: tuple[MigCapture, ...] = ()
     deprecated: frozenset[str] = field(default_factory=frozenset)
+    invalid: frozenset[str] = field(default_factory=frozenset)
+
+
+# Largest values of NVML's C types: unsigned int, unsigned long long. A process's usedGpuMemory of
+# 2^64-1 is NVML_VALUE_NOT_AVAILABLE (pynvml turns it into None), so a real value stays below it.
+U32 = (1 << 32) - 1
+U64 = (1 << 64) - 1
+USED_MEMORY_MAX = U64 - 1
+_U64_FIELDS = frozenset({f.name for f in fields(GpuCapture) if f.name.endswith("_bytes")} | {
+    "clock_reasons", "ecc_volatile_corrected", "ecc_volatile_uncorrected", "ecc_aggregate_corrected",
+    "ecc_aggregate_uncorrected"})
+
+
+def int_max(name: str) -> int:
+    """Largest value of the int :class:`GpuCapture` field ``name`` NVML's C type holds: unsigned
+    long long (2^64-1) for bytes, ECC counts and the clock-reason mask, unsigned int (2^32-1) else."""
+    return U64 if name in _U64_FIELDS else U32
 
 
 @dataclass(frozen=True)
@@ -256,23 +292,33 @@ def _str(t: str) -> str:
     return t
 
 
+# Numbers are at most _DIGITS digits long (longer ones are out of every NVML type's range anyway, and
+# Python refuses to convert more than 4300); a minus sign is kept so that the range check rejects it.
+_DIGITS = 40
+
+
 def _int(t: str) -> int | None:
-    m = re.fullmatch(r"(-?\d+)\s*(x|%|C|MHz|KB/s|us)?", t)
+    m = re.fullmatch(rf"(-?\d{{1,{_DIGITS}}})\s*(x|%|C|MHz|KB/s|us)?", t)
     return int(m.group(1)) if m else None
 
 
 def _hex(t: str) -> int | None:
-    return int(t, 16) if re.fullmatch(r"(0x)?[0-9A-Fa-f]+", t) else None
+    return int(t, 16) if re.fullmatch(rf"(0x)?[0-9A-Fa-f]{{1,{_DIGITS}}}", t) else None
 
 
 def _bytes(t: str) -> int | None:
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB)", t)
+    m = re.fullmatch(rf"(-?\d{{1,{_DIGITS}}}(?:\.\d{{1,{_DIGITS}}})?)\s*(B|KiB|MiB|GiB)", t)
     return int(Decimal(m.group(1)) * _UNITS[m.group(2)]) if m else None
 
 
 def _mw(t: str) -> int | None:
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*W", t)
+    m = re.fullmatch(rf"(-?\d{{1,{_DIGITS}}}(?:\.\d{{1,{_DIGITS}}})?)\s*W", t)
     return int(Decimal(m.group(1)) * 1000) if m else None
+
+
+def _bus_id(t: str) -> str | None:
+    """A PCI bus id NVML could report (``DOMAIN:BUS:DEVICE.FUNCTION``), else None."""
+    return t if pci_bus_id_parts(t) is not None else None
 
 
 def _enabled(t: str) -> int | None:
@@ -284,7 +330,7 @@ def _yes(t: str) -> int | None:
 
 
 def _pstate(t: str) -> int | None:
-    m = re.fullmatch(r"P(\d+)", t)
+    m = re.fullmatch(rf"P(\d{{1,{_DIGITS}}})", t)
     return int(m.group(1)) if m else None
 
 
@@ -310,7 +356,7 @@ _FIELDS: dict[str, tuple[tuple[str, ...], Callable[[str], Any]]] = {
     "mig_current": (("mig_mode/current_mig",), _enabled),
     "mig_pending": (("mig_mode/pending_mig",), _enabled),
     "compute_mode": (("compute_mode",), _compute_mode),
-    "pci_bus_id": (("pci/pci_bus_id",), _str),
+    "pci_bus_id": (("pci/pci_bus_id",), _bus_id),
     "pci_domain": (("pci/pci_domain",), _hex),
     "pci_bus": (("pci/pci_bus",), _hex),
     "pci_device": (("pci/pci_device",), _hex),
@@ -353,21 +399,47 @@ _FIELDS: dict[str, tuple[tuple[str, ...], Callable[[str], Any]]] = {
 }
 
 
-def _lookup(el: ET.Element, paths: tuple[str, ...], conv: Callable[[str], Any]) -> tuple[Any, bool]:
-    """(value, deprecated): the first path whose text converts; deprecated when a cell said so."""
-    deprecated = False
+class _Cells:
+    """Reads the cells of one ``<gpu>``, noting the fields whose cells are deprecated or invalid.
+
+    A cell is invalid when its text does not convert (``"warm"`` for a temperature) or converts to
+    a number NVML's C type for that value cannot hold (``-36 C``; more than :func:`int_max`).
+    """
+
+    def __init__(self) -> None:
+        self.deprecated: set[str] = set()
+        self.invalid: set[str] = set()
+
+    def read(self, el: ET.Element, paths: tuple[str, ...], conv: Callable[[str], Any], name: str,
+             maximum: int = U32, *, note_deprecated: bool = False) -> Any:
+        """The first of ``paths`` whose cell converts to a value in 0..``maximum`` (ints), else None."""
+        value, state = _lookup(el, paths, conv, maximum)
+        if state == "invalid":
+            self.invalid.add(name)
+        elif state == "deprecated" and note_deprecated:
+            self.deprecated.add(name)
+        return value
+
+
+def _lookup(el: ET.Element, paths: tuple[str, ...], conv: Callable[[str], Any],
+            maximum: int = U32) -> tuple[Any, str | None]:
+    """(value, None) from the first path whose text converts to a value NVML's type holds (an int
+    in 0..``maximum``); else (None, state): ``"invalid"`` when a cell held text that does not convert
+    or a number out of range, ``"deprecated"`` when one said so, None when all are N/A or missing."""
+    state = None
     for path in paths:
         node = el.find(path)
         if node is None:
             continue
         text = " ".join((node.text or "").split())
         if text.lower() == _DEPRECATED:
-            deprecated = True
+            state = state or "deprecated"
         elif text.lower() not in _ABSENT:
             value = conv(text)
-            if value is not None:
-                return value, False
-    return None, deprecated
+            if value is not None and (not isinstance(value, int) or 0 <= value <= maximum):
+                return value, None
+            state = "invalid"
+    return None, state
 
 
 def _value(el: ET.Element, path: str, conv: Callable[[str], Any]) -> Any:
@@ -389,30 +461,42 @@ def _clock_reasons(gpu: ET.Element) -> int | None:
     return mask if seen else None
 
 
-def _ecc_totals(gpu: ET.Element, scope: str) -> tuple[int | None, int | None]:
+def _ecc_totals(gpu: ET.Element, scope: str, cells: _Cells) -> tuple[int | None, int | None]:
     """(corrected, uncorrected) of ``ecc_errors/<scope>``: the sum of its SRAM and DRAM cells
-    (v11+), or ``single_bit/total`` and ``double_bit/total`` (older schemas); None if any is N/A."""
+    (v11+), or ``single_bit/total`` and ``double_bit/total`` (older schemas); None if any is N/A
+    or invalid, or the sum exceeds an unsigned long long."""
     el = gpu.find(f"ecc_errors/{scope}")
     if el is None:
         return None, None
+    names = (f"ecc_{scope}_corrected", f"ecc_{scope}_uncorrected")
     if el.find("single_bit/total") is not None:
-        return _value(el, "single_bit/total", _int), _value(el, "double_bit/total", _int)
+        return (cells.read(el, ("single_bit/total",), _int, names[0], U64),
+                cells.read(el, ("double_bit/total",), _int, names[1], U64))
     out: list[int | None] = []
-    for pattern in (r"(sram|dram)_correctable", r"(sram|dram)_uncorrectable(_\w+)?"):
-        values = [_value(el, c.tag, _int) for c in el if re.fullmatch(pattern, c.tag)]
+    for name, pattern in zip(names, (r"(sram|dram)_correctable", r"(sram|dram)_uncorrectable(_\w+)?"), strict=True):
+        values = [cells.read(el, (c.tag,), _int, name, U64) for c in el if re.fullmatch(pattern, c.tag)]
         known = [v for v in values if v is not None]
-        out.append(sum(known) if known and len(known) == len(values) else None)
+        total = sum(known) if known and len(known) == len(values) else None
+        if total is not None and total > U64:
+            cells.invalid.add(name)
+            total = None
+        out.append(total)
     return out[0], out[1]
 
 
-def _retired(gpu: ET.Element, cause: str) -> tuple[int, ...] | None:
-    """Retired page addresses for one cause; None when the count is N/A (row-remapping GPUs)."""
+def _retired(gpu: ET.Element, cause: str, name: str, cells: _Cells) -> tuple[int, ...] | None:
+    """Retired page addresses for one cause; None when the count is N/A (row-remapping GPUs) or
+    a count or address is out of range (invalid)."""
     base = f"retired_pages/{cause}"
-    if _value(gpu, f"{base}/retired_count", _int) is None:
+    if cells.read(gpu, (f"{base}/retired_count",), _int, name) is None:
         return None
     pages = gpu.find(f"{base}/retired_pagelist")
-    return tuple(int(n.text.strip(), 16) for n in (pages.iter() if pages is not None else ())
-                 if n.text and re.fullmatch(r"\s*0x[0-9A-Fa-f]+\s*", n.text))
+    addresses = tuple(int(n.text.strip(), 16) for n in (pages.iter() if pages is not None else ())
+                      if n.text and re.fullmatch(r"\s*0x[0-9A-Fa-f]+\s*", n.text))
+    if any(a > U64 for a in addresses):
+        cells.invalid.add(name)
+        return None
+    return addresses
 
 
 def process_types(code: str) -> frozenset[str]:
@@ -423,31 +507,38 @@ def process_types(code: str) -> frozenset[str]:
     return frozenset({"compute"} if "C" in parts else set()) | frozenset({"graphics"} if "G" in parts else set())
 
 
-def _processes(gpu: ET.Element) -> tuple[ProcessCapture, ...]:
+def _processes(gpu: ET.Element, cells: _Cells) -> tuple[ProcessCapture, ...]:
+    """``<process_info>`` elements; one whose pid is N/A or invalid is left out."""
     procs = []
-    for p in gpu.iterfind("processes/process_info"):
-        pid = _value(p, "pid", _int)
+    for i, p in enumerate(gpu.iterfind("processes/process_info")):
+        where = f"processes[{i}]"
+        pid = cells.read(p, ("pid",), _int, f"{where}.pid")
         if pid is not None:
             procs.append(ProcessCapture(
                 pid=pid, types=process_types(_value(p, "type", _str) or "C"),
-                used_memory_bytes=_value(p, "used_memory", _bytes),
-                gpu_instance_id=_value(p, "gpu_instance_id", _int),
-                compute_instance_id=_value(p, "compute_instance_id", _int),
+                used_memory_bytes=cells.read(p, ("used_memory",), _bytes, f"{where}.used_memory_bytes",
+                                             USED_MEMORY_MAX),
+                gpu_instance_id=cells.read(p, ("gpu_instance_id",), _int, f"{where}.gpu_instance_id"),
+                compute_instance_id=cells.read(p, ("compute_instance_id",), _int, f"{where}.compute_instance_id"),
                 name=_value(p, "process_name", _str) or ""))
     return tuple(procs)
 
 
-def _migs(gpu: ET.Element) -> tuple[MigCapture, ...]:
+def _migs(gpu: ET.Element, cells: _Cells) -> tuple[MigCapture, ...]:
     migs: list[MigCapture] = []
-    for m in gpu.iterfind("mig_devices/mig_device"):
-        mem = {k: _value(m, f"fb_memory_usage/{k}", _bytes) for k in ("total", "reserved", "used", "free")}
-        bar1 = {k: _value(m, f"bar1_memory_usage/{k}", _bytes) for k in ("total", "used", "free")}
-        index = _value(m, "index", _int)
+    for i, m in enumerate(gpu.iterfind("mig_devices/mig_device")):
+        mem, bar1 = ({k: cells.read(m, (f"{group}/{k}",), _bytes, f"migs[{i}].{prefix}_{k}_bytes", U64) for k in keys}
+                     for group, prefix, keys in (("fb_memory_usage", "memory", ("total", "reserved", "used", "free")),
+                                                 ("bar1_memory_usage", "bar1", ("total", "used", "free"))))
+        ids = {k: cells.read(m, (path,), _int, f"migs[{i}].{k}") for k, path in (
+            ("index", "index"), ("gpu_instance_id", "gpu_instance_id"),
+            ("compute_instance_id", "compute_instance_id"),
+            ("sm_count", "device_attributes/shared/multiprocessor_count"))}
         migs.append(MigCapture(
-            index=len(migs) if index is None else index,
-            gpu_instance_id=_value(m, "gpu_instance_id", _int) or 0,
-            compute_instance_id=_value(m, "compute_instance_id", _int) or 0,
-            sm_count=_value(m, "device_attributes/shared/multiprocessor_count", _int),
+            index=len(migs) if ids["index"] is None else ids["index"],
+            gpu_instance_id=ids["gpu_instance_id"] or 0,
+            compute_instance_id=ids["compute_instance_id"] or 0,
+            sm_count=ids["sm_count"],
             memory_total_bytes=mem["total"], memory_reserved_bytes=mem["reserved"],
             memory_used_bytes=mem["used"], memory_free_bytes=mem["free"],
             bar1_total_bytes=bar1["total"], bar1_used_bytes=bar1["used"], bar1_free_bytes=bar1["free"]))
@@ -455,28 +546,31 @@ def _migs(gpu: ET.Element) -> tuple[MigCapture, ...]:
 
 
 def parse_gpu(gpu: ET.Element) -> GpuCapture:
-    """One ``<gpu>`` element → :class:`GpuCapture` (see the module docstring for units and N/A)."""
+    """One ``<gpu>`` element → :class:`GpuCapture` (see the module docstring for units, N/A and invalid cells)."""
     values: dict[str, Any] = {}
-    deprecated = set()
+    cells = _Cells()
     for name, (paths, conv) in _FIELDS.items():
-        values[name], was_deprecated = _lookup(gpu, paths, conv)
-        if was_deprecated:
-            deprecated.add(name)
-    values["pci_bus_id"] = values["pci_bus_id"] or gpu.get("id")
+        values[name] = cells.read(gpu, paths, conv, name, int_max(name), note_deprecated=True)
+    if values["pci_bus_id"] is None and "pci_bus_id" not in cells.invalid:
+        values["pci_bus_id"] = _bus_id(gpu.get("id") or "")
     for scope in ("volatile", "aggregate"):
-        values[f"ecc_{scope}_corrected"], values[f"ecc_{scope}_uncorrected"] = _ecc_totals(gpu, scope)
+        values[f"ecc_{scope}_corrected"], values[f"ecc_{scope}_uncorrected"] = _ecc_totals(gpu, scope, cells)
     return GpuCapture(
         **values, clock_reasons=_clock_reasons(gpu),
-        retired_pages_sbe=_retired(gpu, "multiple_single_bit_retirement"),
-        retired_pages_dbe=_retired(gpu, "double_bit_retirement"),
-        processes=_processes(gpu), migs=_migs(gpu), deprecated=frozenset(deprecated))
+        retired_pages_sbe=_retired(gpu, "multiple_single_bit_retirement", "retired_pages_sbe", cells),
+        retired_pages_dbe=_retired(gpu, "double_bit_retirement", "retired_pages_dbe", cells),
+        processes=_processes(gpu, cells), migs=_migs(gpu, cells),
+        deprecated=frozenset(cells.deprecated), invalid=frozenset(cells.invalid))
 
 
 def parse_capture(path: str | Path) -> SystemCapture:
     """Parse an ``nvidia-smi -q -x`` file: every ``<gpu>`` in document order (NVML index = position).
 
     Raises CaptureError naming the file and the 1-based line and column when the file is not
-    well-formed XML, or when its root element is not ``<nvidia_smi_log>``; OSError when unreadable.
+    well-formed XML (or names an encoding the parser cannot use), when its root element is not
+    ``<nvidia_smi_log>``, or naming the ``<gpu>`` (NVML index and line) when a GPU has no UUID
+    (``<uuid>`` missing, empty or N/A: NVML always reports one) or the UUID of an earlier one;
+    OSError when unreadable.
     """
     path = Path(path)
     try:
@@ -485,13 +579,55 @@ def parse_capture(path: str | Path) -> SystemCapture:
         line, column = exc.position
         reason = re.sub(r": line \d+, column \d+$", "", str(exc))
         raise CaptureError(f"{path}: line {line}, column {column + 1}: not well-formed XML ({reason})") from exc
+    except (LookupError, ValueError) as exc:  # the encoding the XML declaration names: unknown, multi-byte, ...
+        raise CaptureError(f"{path}: line 1: not well-formed XML (cannot decode it as the encoding its XML "
+                           f"declaration names: {exc})") from exc
     if root.tag != "nvidia_smi_log":
         raise CaptureError(f"{path}: root element is <{root.tag}>, expected <nvidia_smi_log> "
                            "(the output of `nvidia-smi -q -x`)")
+    gpus = tuple(parse_gpu(g) for g in root.iterfind("gpu"))
+    seen: dict[str, int] = {}
+    for i, gpu in enumerate(gpus):
+        if gpu.uuid is None or gpu.uuid in seen:
+            lines = _gpu_lines(path)
+            at = f"line {lines[i]}: " if i < len(lines) else ""
+            if gpu.uuid is None:
+                raise CaptureError(f"{path}: {at}the <gpu> at NVML index {i} has no UUID (<uuid> missing, "
+                                   "empty or N/A); NVML always reports one")
+            j = seen[gpu.uuid]
+            raise CaptureError(f"{path}: {at}the <gpu> at NVML index {i} has uuid {gpu.uuid!r}, as has the "
+                               f"<gpu> at NVML index {j}{f' (line {lines[j]})' if j < len(lines) else ''}; "
+                               "each GPU has its own")
+        seen[gpu.uuid] = i
     return SystemCapture(
         driver_version=_value(root, "driver_version", _str),
         cuda_version=_value(root, "cuda_version", _str),
-        gpus=tuple(parse_gpu(g) for g in root.iterfind("gpu")))
+        gpus=gpus)
+
+
+def _gpu_lines(path: Path) -> list[int]:
+    """The line of each ``<gpu>`` start tag under the root, in NVML index order (fewer if unknown).
+
+    Only for error messages: a second expat pass over the file (ElementTree keeps no line numbers).
+    """
+    lines: list[int] = []
+    parser = expat.ParserCreate(namespace_separator="}")  # as ElementTree: {uri}gpu is not <gpu>
+    depth = 0
+
+    def start(name: str, attrs: Any) -> None:
+        nonlocal depth
+        depth += 1
+        if depth == 2 and name == "gpu":
+            lines.append(parser.CurrentLineNumber)
+
+    def end(name: str) -> None:
+        nonlocal depth
+        depth -= 1
+
+    parser.StartElementHandler, parser.EndElementHandler = start, end
+    with contextlib.suppress(expat.ExpatError, OSError, LookupError, ValueError):
+        parser.Parse(path.read_bytes(), True)
+    return lines
 
 
 def pci_bus_id_parts(text: str) -> tuple[int, int, int, int] | None:
@@ -553,6 +689,7 @@ class Fault:
     hang_seconds: float = 0.0
 
 
+MAX_HANG_SECONDS = 365 * 86400  # a year; time.sleep refuses from about 9.2e9 s (OverflowError / EINVAL)
 _GPU_KEYS = {"capture", "capture_index", "index", "minor", "uuid", "name", "pci_bus_id", "override", "process", "mig"}
 _PROCESS_KEYS = {"pid", "used_memory_bytes", "sm_utilization_percent", "type", "name"}
 _MIG_KEYS = {"gpu_instance_id", "compute_instance_id", "profile", "memory_total_bytes", "uuid", "process"}
@@ -571,7 +708,7 @@ class _Table:
             if key not in allowed:
                 self.fail(f"unknown key {key!r} (known: {', '.join(sorted(allowed))})", key)
 
-    def fail(self, message: str, key: str | None = None) -> None:
+    def fail(self, message: str, key: str | None = None) -> NoReturn:
         raise CaptureError(f"{self.path}: {'.'.join(k for k in (self.where, key) if k)}: {message}")
 
     def get(self, key: str, kind: type | tuple[type, ...], default: Any = None, *, required: bool = False) -> Any:
@@ -584,6 +721,21 @@ class _Table:
             self.fail(f"expected {kind.__name__ if isinstance(kind, type) else 'a number'}, got {value!r}", key)
         if isinstance(value, (int, float)) and value < 0:
             self.fail(f"must not be negative, got {value!r}", key)
+        return value
+
+    def uint(self, key: str, maximum: int = U32, default: int | None = None, *, required: bool = False) -> Any:
+        """An int in 0..``maximum`` (the C type NVML answers it in: :data:`U32` or :data:`U64`)."""
+        value = self.get(key, int, default, required=required)
+        if value is not None and value > maximum:
+            kind = {U32: "an unsigned int", U64: "an unsigned long long"}.get(maximum)
+            self.fail(f"must be at most {maximum}{f' (NVML answers it as {kind})' if kind else ''}, got {value}", key)
+        return value
+
+    def seconds(self, key: str) -> float:
+        """A finite number of seconds in 0..:data:`MAX_HANG_SECONDS` (0 when absent)."""
+        value = float(self.get(key, (int, float), 0))
+        if not math.isfinite(value) or value > MAX_HANG_SECONDS:
+            self.fail(f"must be a finite number of seconds, at most {MAX_HANG_SECONDS}, got {value!r}", key)
         return value
 
     def tables(self, key: str, allowed: set[str]) -> list[_Table]:
@@ -601,9 +753,27 @@ def _process(t: _Table, gi: int | None = None, ci: int | None = None) -> Process
     sm = t.get("sm_utilization_percent", int)
     if sm is not None and sm > 100:
         t.fail(f"must be 0-100, got {sm}", "sm_utilization_percent")
-    return ProcessCapture(pid=t.get("pid", int, required=True), types=frozenset({kind}),
-                          used_memory_bytes=t.get("used_memory_bytes", int), gpu_instance_id=gi,
+    used = t.uint("used_memory_bytes", U64)
+    if used == U64:
+        t.fail(f"{U64} is NVML_VALUE_NOT_AVAILABLE; leave the key out for an unknown amount", "used_memory_bytes")
+    return ProcessCapture(pid=t.uint("pid", required=True), types=frozenset({kind}),
+                          used_memory_bytes=used, gpu_instance_id=gi,
                           compute_instance_id=ci, sm_utilization_percent=sm, name=t.get("name", str, ""))
+
+
+def _set_pci_bus_id(t: _Table, key: str, text: str, changes: dict[str, Any]) -> None:
+    """``changes`` for a scenario ``pci_bus_id``: the id (normalised) and its domain, bus and device."""
+    parts = pci_bus_id_parts(text)
+    if parts is None:
+        t.fail(f"expected DOMAIN:BUS:DEVICE.FUNCTION, got {text!r}", key)
+    domain, bus, dev, fn = parts
+    changes.update(pci_bus_id=f"{domain:08X}:{bus:02X}:{dev:02X}.{fn}", pci_domain=domain, pci_bus=bus, pci_device=dev)
+
+
+def _set_uuid(t: _Table, key: str, text: str, changes: dict[str, Any]) -> None:
+    if not text.strip() or text.strip().lower() in _ABSENT:
+        t.fail(f"a GPU always has a UUID in NVML, got {text!r}", key)
+    changes["uuid"] = text
 
 
 def _merge(procs: Sequence[ProcessCapture], extra: Sequence[ProcessCapture]) -> tuple[ProcessCapture, ...]:
@@ -617,47 +787,68 @@ def _gpu(t: _Table, base: Path, captures: dict[Path, SystemCapture]) -> tuple[in
     """One ``[[gpu]]`` → (requested NVML index or None, its capture with the scenario applied)."""
     file = base / t.get("capture", str, required=True)
     if file not in captures:
-        if not file.is_file():
+        try:
+            is_file = stat.S_ISREG(file.stat().st_mode)
+        except FileNotFoundError:
             t.fail(f"capture file {file} does not exist", "capture")
+        except (OSError, ValueError) as exc:  # ValueError: a NUL character in the name
+            t.fail(f"cannot read capture file {file}: {getattr(exc, 'strerror', None) or exc}", "capture")
+        if not is_file:
+            t.fail(f"capture file {file} is not a file{' (a directory)' if file.is_dir() else ''}", "capture")
         try:
             captures[file] = parse_capture(file)
-        except (CaptureError, OSError) as exc:
+        except CaptureError as exc:
             t.fail(f"bad capture: {exc}", "capture")
+        except OSError as exc:
+            t.fail(f"cannot read capture file {file}: {exc.strerror or exc}", "capture")
     system = captures[file]
     pick = t.get("capture_index", int, 0)
     if pick >= len(system.gpus):
         t.fail(f"{file} holds {len(system.gpus)} <gpu> element(s); index {pick} is out of range", "capture_index")
     gpu = system.gpus[pick]
-    changes: dict[str, Any] = {k: t.get(k, kind) for k, kind in
-                               (("minor", int), ("uuid", str), ("name", str), ("pci_bus_id", str)) if k in t.data}
-    if "pci_bus_id" in changes:
-        parts = pci_bus_id_parts(changes["pci_bus_id"])
-        if parts is None:
-            t.fail(f"expected DOMAIN:BUS:DEVICE.FUNCTION, got {changes['pci_bus_id']!r}", "pci_bus_id")
-        else:
-            domain, bus, dev, fn = parts
-            changes.update(pci_bus_id=f"{domain:08X}:{bus:02X}:{dev:02X}.{fn}",
-                           pci_domain=domain, pci_bus=bus, pci_device=dev)
+    changes: dict[str, Any] = {}
+    if "minor" in t.data:
+        changes["minor"] = t.uint("minor", int_max("minor"))
+    if "name" in t.data:
+        changes["name"] = t.get("name", str)
+    if "uuid" in t.data:
+        _set_uuid(t, "uuid", t.get("uuid", str), changes)
+    if "pci_bus_id" in t.data:
+        _set_pci_bus_id(t, "pci_bus_id", t.get("pci_bus_id", str), changes)
     if "override" in t.data:
         o = _Table(t.path, f"{t.where}.override", t.data["override"], set(_OVERRIDABLE))
         for key, value in o.data.items():
-            kind = int if _OVERRIDABLE[key].startswith("int") else str
-            changes[key] = None if value == "N/A" else o.get(key, kind)
+            if key == "uuid":
+                _set_uuid(o, key, o.get(key, str), changes)
+            elif value == "N/A":
+                changes[key] = None
+            elif key == "pci_bus_id":
+                _set_pci_bus_id(o, key, o.get(key, str), changes)
+            elif _OVERRIDABLE[key].startswith("int"):
+                changes[key] = o.uint(key, int_max(key))
+            else:
+                changes[key] = o.get(key, str)
     extra = [_process(p) for p in t.tables("process", _PROCESS_KEYS)]
     migs = t.tables("mig", _MIG_KEYS)
     if migs:
         changes.update(mig_current=1, mig_pending=1, migs=tuple(_mig(m, i) for i, m in enumerate(migs)))
         extra += [_process(p, m.data["gpu_instance_id"], m.data.get("compute_instance_id", 0))
                   for m in migs for p in m.tables("process", _PROCESS_KEYS)]
+    # a value the scenario sets (``migs``: all of them) is no longer the capture's deprecated or invalid
+    # cell; scenario processes are added to the capture's, whose invalid cells stay listed
+    changes.update({k: frozenset(n for n in getattr(gpu, k) if re.split(r"[\[.]", n)[0] not in changes)
+                    for k in ("deprecated", "invalid")})
     changes["processes"] = _merge(gpu.processes, extra)
     return t.get("index", int), replace(gpu, **changes)
 
 
 def _mig(t: _Table, index: int) -> MigCapture:
-    total = t.get("memory_total_bytes", int, required=True)
-    used = sum(p.get("used_memory_bytes", int, 0) for p in t.tables("process", _PROCESS_KEYS))
-    return MigCapture(index=index, gpu_instance_id=t.get("gpu_instance_id", int, required=True),
-                      compute_instance_id=t.get("compute_instance_id", int, 0),
+    total = t.uint("memory_total_bytes", U64, required=True)
+    used = sum(_process(p).used_memory_bytes or 0 for p in t.tables("process", _PROCESS_KEYS))
+    if used > U64:
+        t.fail(f"its processes use {used} bytes, more than an unsigned long long holds", "process")
+    return MigCapture(index=index, gpu_instance_id=t.uint("gpu_instance_id", required=True),
+                      compute_instance_id=t.uint("compute_instance_id", default=0),
                       profile=t.get("profile", str, required=True), uuid=t.get("uuid", str),
                       memory_total_bytes=total, memory_reserved_bytes=0, memory_used_bytes=used,
                       memory_free_bytes=max(0, total - used))
@@ -668,26 +859,36 @@ def load_scenario(path: str | Path, *, calls: Collection[str],
     """Read a scenario TOML (keys: the module docstring) into GPUs in NVML index order
     and faults; ``calls`` / ``errors`` are the call and NVML error names a fault may name. The
     driver and CUDA versions are those of the first capture file named. Raises CaptureError naming
-    the file and the line and column (malformed TOML) or the key (unknown key, wrong type, missing
-    or unreadable capture, ``capture_index`` out of range, unknown fault call or error name,
-    duplicate index/uuid/minor).
+    the file and the line and column (malformed TOML), the line and byte offset (not UTF-8), the OS
+    reason (unreadable) or the key (unknown key, wrong type, a value out of its range: negative,
+    beyond the NVML C type's (:func:`int_max`), a non-finite or too long ``hang_seconds``; a capture
+    that is missing, not a file, unreadable or rejected by :func:`parse_capture`, ``capture_index``
+    out of range, unknown fault call or error name, duplicate index/uuid/minor, an empty uuid).
     """
     path = Path(path)
     try:
-        with path.open("rb") as f:
-            data = tomllib.load(f)
+        raw = path.read_bytes()
+        data = tomllib.loads(raw.decode())
     except OSError as exc:
         raise CaptureError(f"cannot read scenario {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise CaptureError(f"{path}: line {line}, byte offset {exc.start}: not UTF-8 text ({exc.reason}; "
+                           "TOML is UTF-8)") from exc
+    except RecursionError as exc:
+        raise CaptureError(f"{path}: not valid TOML (arrays or tables nested too deeply)") from exc
     except tomllib.TOMLDecodeError as exc:
         text = str(exc)
         m = re.search(r"\(at line (\d+), column (\d+)\)$", text)
         if m:
             where = f"line {m.group(1)}, column {m.group(2)}"
         else:  # "(at end of document)"
-            lines = path.read_text(errors="replace").split("\n")
+            lines = raw.decode().split("\n")
             where = f"line {len(lines)}, column {len(lines[-1]) + 1}"
         reason = re.sub(r"\s*\(at (line \d+, column \d+|end of document)\)$", "", text)
         raise CaptureError(f"{path}: {where}: not valid TOML ({reason})") from exc
+    except ValueError as exc:  # an integer of more than 4300 digits (sys.get_int_max_str_digits)
+        raise CaptureError(f"{path}: not valid TOML ({str(exc).split(';')[0]})") from exc
     top = _Table(path, "", data, {"gpu", "fault"})
     captures: dict[Path, SystemCapture] = {}
     tables = top.tables("gpu", _GPU_KEYS)
@@ -719,7 +920,7 @@ def _fault(t: _Table, gpu_count: int, calls: Collection[str], errors: Collection
     gpu = t.get("gpu", int)
     if gpu is not None and gpu >= gpu_count:
         t.fail(f"no GPU with NVML index {gpu} (the scenario has {gpu_count})", "gpu")
-    hang = float(t.get("hang_seconds", (int, float), 0))
+    hang = t.seconds("hang_seconds")
     if error is None and not hang:
         t.fail("a fault needs `error`, `hang_seconds` or both", "error")
     return Fault(call=call, error=error, gpu=gpu, after_calls=t.get("after_calls", int, 0),

@@ -13,7 +13,8 @@ constants and classes (``NVML_CLOCK_SM``, ``nvmlMemory_v2``, ``NVMLError``, …)
 *function* it does not implement raises NVML_ERROR_FUNCTION_NOT_FOUND, so nothing reaches the real
 library. Behaviour follows NVML: every call but init raises UNINITIALIZED before ``nvmlInit`` and
 after the last ``nvmlShutdown`` (init is reference-counted); a value the capture gives as N/A raises
-NOT_SUPPORTED ("Requested functionality has been deprecated": DEPRECATED); MIG device handles answer
+NOT_SUPPORTED ("Requested functionality has been deprecated": DEPRECATED), and so does one NVML's
+unsigned type cannot hold (``-36 C``: listed in ``GpuCapture.invalid``); MIG device handles answer
 identity, memory and process calls and raise NOT_SUPPORTED for everything else (utilisation, power,
 clocks, …), as real MIG devices do.
 
@@ -159,10 +160,15 @@ class ReplayNVML:
     def from_path(cls, path: str | Path, **kwargs: Any) -> ReplayNVML:
         """Load an ``nvidia-smi -q -x`` XML file, or a scenario when the suffix is ``.toml``.
 
-        ``kwargs`` go to the constructor (``clock``, ``sleep``). Raises ReplayError naming the file
-        and the line/column (malformed XML or TOML) or the offending key (scenario errors).
+        ``kwargs`` go to the constructor (``clock``, ``sleep``). Raises ReplayError, and nothing
+        else whatever the file holds, naming the file and the line/column (malformed XML or TOML,
+        a ``<gpu>`` without a UUID or with another's), the line and byte offset (a scenario that is
+        not UTF-8), the OS reason (unreadable: missing, a directory, no permission) or the offending
+        key (scenario errors, :func:`collectors.nvml_capture.load_scenario`).
         """
         path = Path(path)
+        if "\0" in str(path):
+            raise ReplayError(f"cannot read {path!r}: the name holds a NUL character")
         try:
             if path.suffix.lower() == ".toml":
                 errors = [n.removeprefix("NVML_ERROR_") for n in dir(pynvml) if n.startswith("NVML_ERROR_")]
@@ -384,14 +390,15 @@ class ReplayNVML:
         """Frame-buffer memory in bytes from ``<fb_memory_usage>`` (MIG: the instance's).
 
         ``version`` falsy: ``c_nvmlMemory_t`` ``.total .free .used`` with used = total - free (v1
-        counts reserved memory as used); ``pynvml.nvmlMemory_v2``: ``c_nvmlMemory_v2_t`` ``.version
-        .total .reserved .free .used`` as captured. Another version: ARGUMENT_VERSION_MISMATCH.
+        counts reserved memory as used; 0 when a scenario makes free exceed total);
+        ``pynvml.nvmlMemory_v2``: ``c_nvmlMemory_v2_t`` ``.version .total .reserved .free .used`` as
+        captured. Another version: ARGUMENT_VERSION_MISMATCH.
         """
         t = self._device("nvmlDeviceGetMemoryInfo", handle, mig=True)
         src: Any = t.mig or t.gpu
         total, free, used = (self._need(src, f"memory_{k}_bytes") for k in ("total", "free", "used"))
         if not version:
-            return pynvml.c_nvmlMemory_t(total=total, free=free, used=total - free)
+            return pynvml.c_nvmlMemory_t(total=total, free=free, used=max(0, total - free))
         if version != pynvml.nvmlMemory_v2:
             raise _err("ARGUMENT_VERSION_MISMATCH")
         reserved = src.memory_reserved_bytes

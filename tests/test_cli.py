@@ -183,3 +183,47 @@ def test_promtool_accepts_the_exposition(fixtures_dir: Path, capture: str) -> No
     check = subprocess.run(["promtool", "check", "metrics"], input=proc.stdout, capture_output=True, text=True,
                            timeout=60, check=False)
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_head_on_metrics_answers_without_collecting(served: tuple[str, subprocess.Popen[str]]) -> None:
+    url, _ = served
+    req = urllib.request.Request(url + "/metrics", method="HEAD")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status == 200 and r.read() == b""
+
+
+def test_listen_on_every_interface_answers_ipv4_and_ipv6(h200: Path) -> None:
+    port = free_port()
+    proc = subprocess.Popen([*CLI, "serve", "--listen", f":{port}", "--nvml-replay", str(h200)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        hosts = ["127.0.0.1"] + (["[::1]"] if socket.has_ipv6 and _ipv6_loopback() else [])
+        for host in hosts:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    assert get(f"http://{host}:{port}/healthz") == (200, "ok\n")
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=10)
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("option", ["--cgroup-root", "--proc-root"])
+def test_roots_that_are_not_directories_exit_2(tmp_path: Path, option: str) -> None:
+    proc = run("containers", option, str(tmp_path / "absent"))
+    assert proc.returncode == 2
+    assert "is not a directory" in proc.stderr and proc.stderr.count("accelstats: error:") == 1

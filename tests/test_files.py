@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from collectors.files import FileDevices, FileDevicesError, scan_file_devices
-from collectors.model import DeviceSnapshot
+from collectors.model import DeviceSnapshot, NoDataError
 
 
-def test_every_regular_file_is_a_device(tmp_path: Path) -> None:
+def test_every_entry_but_directories_is_a_device_and_links_are_not_followed(tmp_path: Path) -> None:
+    """As the example plugin (ioutil.ReadDir = lstat): a symlink is a device of its own, never followed."""
     (tmp_path / "b").write_bytes(b"12345")
     (tmp_path / "a").write_bytes(b"")
     (tmp_path / "subdir").mkdir()
@@ -20,12 +21,25 @@ def test_every_regular_file_is_a_device(tmp_path: Path) -> None:
     os.chmod(tmp_path / "a", 0o640)
     os.utime(tmp_path / "b", (1_700_000_000, 1_700_000_000))
     devices = scan_file_devices(tmp_path)
-    assert [d.id for d in devices] == ["a", "b"]
-    a, b = devices
+    assert [d.id for d in devices] == ["a", "b", "dangling", "link-to-dir"]
+    a, b, dangling, link = devices
+    assert link.permissions.startswith("l") and link.size_bytes == len(str(tmp_path / "subdir"))
+    assert dangling.permissions.startswith("l")
     assert (a.mode, a.permissions, a.size_bytes, a.healthy) == (0o640, "-rw-r-----", 0, True)
     assert (b.size_bytes, b.modified_timestamp_seconds) == (5, 1_700_000_000)
     assert b.path == str(tmp_path.resolve() / "b")
     assert (b.vendor, b.type, b.name) == ("nomad", "file", "mock")
+
+
+def test_names_that_are_not_utf8_are_skipped_counted_and_logged_once(tmp_path: Path) -> None:
+    (tmp_path / "ok").write_text("")
+    os.close(os.open(os.fsencode(tmp_path) + b"/bad\xff", os.O_CREAT | os.O_WRONLY))
+    collector = FileDevices(tmp_path)
+    for _ in range(2):
+        snap = DeviceSnapshot()
+        collector.update(snap)
+        assert [f.id for f in snap.file_devices] == ["ok"]
+        assert snap.file_devices_skipped_total == 1
 
 
 def test_unhealthy_when_permissions_match(tmp_path: Path) -> None:
@@ -62,8 +76,8 @@ def test_directory_that_disappears_later_then_returns(tmp_path: Path) -> None:
     (d / "dev0").unlink()
     d.rmdir()
     snap = DeviceSnapshot()
-    with pytest.raises(FileNotFoundError):
-        collector.update(snap)  # the runner reports collector failure; devices are gone
+    with pytest.raises(NoDataError, match="cannot list"):
+        collector.update(snap)  # the runner reports collector success 0; devices are gone
     assert snap.file_devices == []
     d.mkdir()
     (d / "dev1").write_text("")

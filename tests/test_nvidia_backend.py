@@ -3,6 +3,7 @@ and NVML that cannot start is retried without a restart."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -324,3 +325,58 @@ def _collection(sample: object) -> Collection:
     snap.devices.append(Device(uuid=H200_UUID, index=0, minor=0, name="NVIDIA H200"))
     snap.samples[H200_UUID] = sample  # type: ignore[assignment]
     return Collection(snapshot=snap)
+
+
+def test_a_hung_nvml_call_costs_one_deadline_then_nothing_and_leaks_no_thread(tmp_path: Path, h200: Path) -> None:
+    """GPU 1's memory call hangs for 1.5 s: each collection answers within the 0.3 s deadline, GPU 0
+    keeps its readings, GPU 1 is down while stuck, one worker thread serves it all, and GPU 1 is up
+    again once the call returns."""
+    scenario = write_scenario(tmp_path, h200, TWO_H200 + """
+[[fault]]
+gpu = 1
+call = "nvmlDeviceGetMemoryInfo"
+hang_seconds = 1.5
+after_calls = 1
+times = 1
+""")
+    b = backend(scenario, deadline=0.3)
+    first = snapshot(b)  # a complete pass: the fault lets one call through first
+    assert all(s.up for s in first.samples.values())
+    threads_before = threading.active_count()
+    timings, ups = [], []
+    for _ in range(5):
+        t0 = time.monotonic()
+        snap = snapshot(b)
+        timings.append(time.monotonic() - t0)
+        ups.append([s.up for s in snap.samples.values()])
+        assert snap.samples[H200_UUID].memory_total_bytes == 143771 * MIB
+    assert max(timings) < 1.2  # well under the 1.5 s hang: nobody waited for it
+    assert ups[0] == [True, False] and all(u == [True, False] for u in ups)
+    assert "did not answer within 0.3s" in snap.samples["GPU-5f1c2a9e-0b7d-4c3e-9a61-2d8e4f7b9c11"].error
+    assert threading.active_count() == threads_before  # no thread per stuck scrape
+    time.sleep(1.6)  # the hung call returns; the pass completes
+    snap = snapshot(b)
+    assert [s.up for s in snap.samples.values()] == [True, True]
+
+
+def test_hung_nvml_init_does_not_block_collection(tmp_path: Path, h200: Path) -> None:
+    scenario = write_scenario(tmp_path, h200, """
+[[gpu]]
+capture = "CAPTURE"
+[[fault]]
+call = "nvmlInit"
+hang_seconds = 1.0
+times = 1
+error = "DRIVER_NOT_LOADED"
+""")
+    b = backend(scenario, deadline=0.2, retry_interval=0.05)
+    t0 = time.monotonic()
+    snap = DeviceSnapshot()
+    with pytest.raises(NoDataError, match=r"did not answer within 0\.2s"):
+        b.update(snap)
+    assert time.monotonic() - t0 < 0.9  # under the 1 s hang
+    with pytest.raises(NoDataError, match=r"did not answer within 0\.2s"):
+        b.update(DeviceSnapshot())  # still stuck: answered at once, no second init started
+    assert time.monotonic() - t0 < 0.9  # under the 1 s hang
+    time.sleep(1.0)  # the stuck init ended (failing); the retry is due: the next pass succeeds
+    assert [d.uuid for d in snapshot(b).devices] == [H200_UUID]

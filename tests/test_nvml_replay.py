@@ -9,15 +9,19 @@ from __future__ import annotations
 import ast
 import inspect
 import json
+import math
 import re
 import shutil
 import time
+import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pynvml
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from paths import find_shared
 
 from collectors.nvml_replay import IMPLEMENTED_CALLS, ReplayError, ReplayNVML, mig_uuid
@@ -916,3 +920,360 @@ def test_missing_files(tmp_path: Path) -> None:
     for name in ("gone.xml", "gone.toml"):
         with pytest.raises(ReplayError, match=rf"cannot read .*{name}"):
             ReplayNVML.from_path(tmp_path / name)
+
+
+# -- inputs NVML could not have produced: rejected at load, or answered as NOT_SUPPORTED ------------------
+U32, U64 = (1 << 32) - 1, (1 << 64) - 1
+FAULT = '[[gpu]]\ncapture = "@H200"\n[[fault]]\ncall = "nvmlInit"\nerror = "UNKNOWN"\n'
+OVERRIDE = '[[gpu]]\ncapture = "@H200"\n[gpu.override]\n'
+PROCESS = '[[gpu]]\ncapture = "@H200"\n[[gpu.process]]\n'
+MIG = '[[gpu]]\ncapture = "@A100"\n[[gpu.mig]]\nprofile = "1g.10gb"\n'
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    # hang_seconds: finite, 0..a year (time.sleep raises OverflowError from ~9.2e9 s)
+    (FAULT + "hang_seconds = inf\n", r"fault\[0\]\.hang_seconds: must be a finite number of seconds.*got inf"),
+    (FAULT + "hang_seconds = nan\n", r"fault\[0\]\.hang_seconds: must be a finite number of seconds.*got nan"),
+    (FAULT + "hang_seconds = -inf\n", r"fault\[0\]\.hang_seconds: must not be negative, got -inf"),
+    (FAULT + "hang_seconds = -0.5\n", r"fault\[0\]\.hang_seconds: must not be negative, got -0\.5"),
+    (FAULT + "hang_seconds = 1e300\n",
+     r"fault\[0\]\.hang_seconds: must be a finite number of seconds, at most 31536000, got 1e\+300"),
+    (FAULT + 'hang_seconds = "5"\n', r"fault\[0\]\.hang_seconds: expected a number, got '5'"),
+    # after_calls / times: non-negative integers
+    (FAULT + "times = -1\n", r"fault\[0\]\.times: must not be negative, got -1"),
+    (FAULT + "times = 1.5\n", r"fault\[0\]\.times: expected int, got 1\.5"),
+    (FAULT + "after_calls = inf\n", r"fault\[0\]\.after_calls: expected int, got inf"),
+    (FAULT + "after_calls = true\n", r"fault\[0\]\.after_calls: expected int, got True"),
+    # integers beyond NVML's C types: unsigned long long (bytes), unsigned int (everything else)
+    (OVERRIDE + "memory_total_bytes = 99999999999999999999\n",
+     r"gpu\[0\]\.override\.memory_total_bytes: must be at most 18446744073709551615 \(NVML answers it as an "
+     r"unsigned long long\), got 99999999999999999999"),
+    (OVERRIDE + f"memory_free_bytes = {U64 + 1}\n", r"gpu\[0\]\.override\.memory_free_bytes: must be at most"),
+    (OVERRIDE + f"temp_gpu_c = {U32 + 1}\n",
+     r"gpu\[0\]\.override\.temp_gpu_c: must be at most 4294967295 \(NVML answers it as an unsigned int\)"),
+    (OVERRIDE + "temp_gpu_c = -36\n", r"gpu\[0\]\.override\.temp_gpu_c: must not be negative, got -36"),
+    (OVERRIDE + "clock_sm_mhz = -1980\n", r"gpu\[0\]\.override\.clock_sm_mhz: must not be negative"),
+    (OVERRIDE + "power_usage_mw = 1.5\n", r"gpu\[0\]\.override\.power_usage_mw: expected int, got 1\.5"),
+    (OVERRIDE + "minor = 4294967296\n", r"gpu\[0\]\.override\.minor: must be at most 4294967295"),
+    ('[[gpu]]\ncapture = "@H200"\nminor = 4294967296\n', r"gpu\[0\]\.minor: must be at most 4294967295"),
+    (PROCESS + "pid = 4294967296\n", r"gpu\[0\]\.process\[0\]\.pid: must be at most 4294967295"),
+    (PROCESS + "pid = -1\n", r"gpu\[0\]\.process\[0\]\.pid: must not be negative"),
+    (PROCESS + f"pid = 1\nused_memory_bytes = {U64 + 1}\n",
+     r"gpu\[0\]\.process\[0\]\.used_memory_bytes: must be at most 18446744073709551615"),
+    (PROCESS + f"pid = 1\nused_memory_bytes = {U64}\n",
+     r"gpu\[0\]\.process\[0\]\.used_memory_bytes: 18446744073709551615 is NVML_VALUE_NOT_AVAILABLE"),
+    (PROCESS + "pid = 1\nused_memory_bytes = -1\n", r"gpu\[0\]\.process\[0\]\.used_memory_bytes: must not be negative"),
+    (MIG + f"gpu_instance_id = {U32 + 1}\nmemory_total_bytes = 1\n",
+     r"gpu\[0\]\.mig\[0\]\.gpu_instance_id: must be at most 4294967295"),
+    (MIG + f"gpu_instance_id = 1\nmemory_total_bytes = {U64 + 1}\n",
+     r"gpu\[0\]\.mig\[0\]\.memory_total_bytes: must be at most 18446744073709551615"),
+    (MIG + f"gpu_instance_id = 1\nmemory_total_bytes = 1\n[[gpu.mig.process]]\npid = 1\nused_memory_bytes = {U64 - 1}\n"
+     f"[[gpu.mig.process]]\npid = 2\nused_memory_bytes = {U64 - 1}\n",
+     r"gpu\[0\]\.mig\[0\]\.process: its processes use 36893488147419103228 bytes"),
+    # NVML always has a UUID
+    ('[[gpu]]\ncapture = "@H200"\nuuid = ""\n', r"gpu\[0\]\.uuid: a GPU always has a UUID in NVML, got ''"),
+    ('[[gpu]]\ncapture = "@H200"\nuuid = "  "\n', r"gpu\[0\]\.uuid: a GPU always has a UUID in NVML"),
+    (OVERRIDE + 'uuid = "N/A"\n', r"gpu\[0\]\.override\.uuid: a GPU always has a UUID in NVML, got 'N/A'"),
+    (OVERRIDE + 'pci_bus_id = "06.0"\n', r"gpu\[0\]\.override\.pci_bus_id: expected DOMAIN:BUS:DEVICE\.FUNCTION"),
+    # the capture: missing, a directory, a path through a file, a NUL character
+    ('[[gpu]]\ncapture = "."\n', r"gpu\[0\]\.capture: capture file .* is not a file \(a directory\)"),
+    ('[[gpu]]\ncapture = "@H200/x.xml"\n', r"gpu\[0\]\.capture: cannot read capture file .*x\.xml: Not a directory"),
+    ('[[gpu]]\ncapture = "a\\u0000.xml"\n', r"gpu\[0\]\.capture: cannot read capture file .*embedded null"),
+    # TOML that tomllib parses into something other than a TOMLDecodeError
+    ("a = " + "1" * 5000 + "\n", r"not valid TOML \(Exceeds the limit \(4300 digits\)"),
+    ("a = " + "[" * 5000 + "]" * 5000 + "\n", r"not valid TOML \(arrays or tables nested too deeply\)"),
+])
+def test_scenario_values_out_of_range(tmp_path: Path, text: str, message: str) -> None:
+    path = scenario(tmp_path, text)
+    with pytest.raises(ReplayError, match=message) as exc:
+        ReplayNVML.from_path(path)
+    assert str(path) in str(exc.value)
+
+
+def test_scenario_accepts_the_extremes_of_the_c_types(tmp_path: Path) -> None:
+    nvml = opened(scenario(tmp_path, OVERRIDE + f"memory_total_bytes = {U64}\nmemory_free_bytes = {U64}\n"
+                           f"temp_gpu_c = {U32}\n[[gpu.process]]\npid = {U32}\nused_memory_bytes = {U64 - 1}\n"
+                           '[[fault]]\ngpu = 0\ncall = "nvmlDeviceGetName"\nhang_seconds = 31536000\n'
+                           f"after_calls = {U64 + 1}\n"))
+    h = nvml.nvmlDeviceGetHandleByIndex(0)
+    assert (nvml.nvmlDeviceGetMemoryInfo(h).total, nvml.nvmlDeviceGetTemperature(h, 0)) == (U64, U32)
+    assert [(p.pid, p.usedGpuMemory) for p in nvml.nvmlDeviceGetComputeRunningProcesses(h)] == [(U32, U64 - 1)]
+
+
+def test_scenario_override_replaces_an_invalid_or_deprecated_cell(tmp_path: Path) -> None:
+    (tmp_path / "t4.xml").write_bytes(edited(T4, {"temperature/gpu_temp": "-36 C"}))
+    nvml = opened(scenario(tmp_path, '[[gpu]]\ncapture = "t4.xml"\n[gpu.override]\ntemp_gpu_c = 40\n'
+                                     '[[gpu]]\ncapture = "@H200"\nminor = 1\n[gpu.override]\ndisplay_mode = "N/A"\n'))
+    assert nvml.capture.gpus[0].invalid == frozenset() and call(nvml, 0, "nvmlDeviceGetTemperature", 0) == 40
+    with pytest.raises(pynvml.NVMLError_NotSupported):  # "N/A" over a deprecated cell: N/A, not DEPRECATED
+        call(nvml, 1, "nvmlDeviceGetDisplayMode")
+
+
+def test_memory_info_v1_used_never_wraps(tmp_path: Path) -> None:
+    nvml = opened(scenario(tmp_path, OVERRIDE + "memory_total_bytes = 10\nmemory_free_bytes = 20\n"))
+    assert call(nvml, 0, "nvmlDeviceGetMemoryInfo").used == 0
+
+
+# -- files that are not text, or cannot be read ----------------------------------------------------------
+def write_bytes(data: bytes) -> Callable[[Path], None]:
+    return lambda path: path.write_bytes(data)
+
+
+@pytest.mark.parametrize(("name", "make", "message"), [
+    ("g.toml", write_bytes(b'[[gpu]]\ncapture = "\xff"\n'),
+     r"g\.toml: line 2, byte offset 19: not UTF-8 text \(invalid start byte; TOML is UTF-8\)"),
+    ("g.toml", write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00"), r"g\.toml: line 1, byte offset 0: not UTF-8 text"),
+    ("g.toml", write_bytes("a = 'é'\n".encode("latin-1")), r"g\.toml: line 1, byte offset 5: not UTF-8 text"),
+    ("g.toml", write_bytes(b"\xef\xbb\xbfa = 1\n"), r"g\.toml: line 1, column 1: not valid TOML"),  # a BOM
+    ("g.xml", write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00"), r"g\.xml: line 1, column 1: not well-formed XML"),
+    ("g.xml", write_bytes(b"<nvidia_smi_log>\xff\xfe</nvidia_smi_log>"),
+     r"g\.xml: line 1, column 17: not well-formed XML \(not well-formed \(invalid token\)\)"),
+    ("g.xml", write_bytes(b'<?xml version="1.0" encoding="utf-32"?><nvidia_smi_log/>'),
+     r"g\.xml: line 1: not well-formed XML \(cannot decode it as the encoding its XML declaration names: "
+     r"multi-byte encodings are not supported\)"),
+    ("g.xml", write_bytes(b'<?xml version="1.0" encoding="rot13"?><nvidia_smi_log/>'),
+     r"g\.xml: line 1: not well-formed XML \(cannot decode .*'rot13' is not a text encoding"),
+    ("g.xml", write_bytes(b'<?xml version="1.0" encoding="no-such-codec"?><nvidia_smi_log/>'),
+     r"g\.xml: line 1: not well-formed XML \(cannot decode .*unknown encoding: no-such-codec"),
+    ("g.xml", write_bytes(b'<?xml version="1.0" encoding="idna"?><nvidia_smi_log/>'), r"g\.xml: line 1: "),
+    ("g.toml", lambda path: path.mkdir(), r"cannot read scenario .*g\.toml: Is a directory"),
+    ("g.xml", lambda path: path.mkdir(), r"cannot read .*g\.xml: Is a directory"),
+])
+def test_binary_and_unreadable_files(tmp_path: Path, name: str, make: Callable[[Path], None], message: str) -> None:
+    path = tmp_path / name
+    make(path)
+    with pytest.raises(ReplayError, match=message) as exc:
+        ReplayNVML.from_path(path)
+    assert str(path) in str(exc.value)
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("g.toml", r"cannot read scenario .*not-a-dir/g\.toml: Not a directory"),
+    ("g.xml", r"cannot read .*not-a-dir/g\.xml: Not a directory"),
+])
+def test_path_through_a_file(tmp_path: Path, name: str, message: str) -> None:
+    (tmp_path / "not-a-dir").write_text("")
+    with pytest.raises(ReplayError, match=message):
+        ReplayNVML.from_path(tmp_path / "not-a-dir" / name)
+
+
+@pytest.mark.parametrize("name", ["g.toml", "g.xml", "a\0b.xml"])
+def test_permission_denied_and_nul_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """No permission (simulated: these tests may run as root, who may read anything)."""
+    path = tmp_path / name
+
+    def denied(*args: Any, **kwargs: Any) -> Any:
+        raise PermissionError(13, "Permission denied", str(path))
+    monkeypatch.setattr(Path, "read_bytes", denied)  # scenarios
+    monkeypatch.setattr("xml.etree.ElementTree.parse", denied)  # captures
+    with pytest.raises(ReplayError, match="NUL character" if "\0" in name else rf"{name}: Permission denied"):
+        ReplayNVML.from_path(path)
+
+
+# -- XML cells NVML's unsigned types cannot hold: NOT_SUPPORTED, listed in GpuCapture.invalid -------------
+def edited(capture: Path, cells: dict[str, str], gpu: int = 0) -> bytes:
+    """``capture`` with the text of each ``<gpu>``-relative element path in ``cells`` replaced."""
+    tree = ET.parse(capture)
+    el = tree.getroot().findall("gpu")[gpu]
+    for path, text in cells.items():
+        node = el.find(path)
+        assert node is not None, path
+        node.text = text
+    return ET.tostring(tree.getroot())
+
+
+@pytest.mark.parametrize(("cells", "name", "args", "invalid"), [
+    ({"temperature/gpu_temp": "-36 C"}, "nvmlDeviceGetTemperature", (0,), {"temp_gpu_c"}),
+    ({"temperature/gpu_temp": "4294967296 C"}, "nvmlDeviceGetTemperature", (0,), {"temp_gpu_c"}),
+    ({"temperature/gpu_temp": "warm"}, "nvmlDeviceGetTemperature", (0,), {"temp_gpu_c"}),
+    ({"temperature/gpu_temp": "9" * 5000 + " C"}, "nvmlDeviceGetTemperature", (0,), {"temp_gpu_c"}),
+    ({"clocks/graphics_clock": "-1980 MHz"}, "nvmlDeviceGetClockInfo", (GR,), {"clock_graphics_mhz"}),
+    ({"max_clocks/sm_clock": "-1 MHz"}, "nvmlDeviceGetMaxClockInfo", (SM,), {"max_clock_sm_mhz"}),
+    ({"fb_memory_usage/total": "-15109 MiB"}, "nvmlDeviceGetMemoryInfo", (), {"memory_total_bytes"}),
+    ({"fb_memory_usage/used": "99999999999 GiB"}, "nvmlDeviceGetMemoryInfo", (), {"memory_used_bytes"}),
+    ({"bar1_memory_usage/free": "-1 MiB"}, "nvmlDeviceGetBAR1MemoryInfo", (), {"bar1_free_bytes"}),
+    ({"power_readings/power_draw": "-26.78 W"}, "nvmlDeviceGetPowerUsage", (), {"power_usage_mw", "power_instant_mw"}),
+    ({"power_readings/power_limit": "4294968 W"}, "nvmlDeviceGetPowerManagementLimit", (), {"power_limit_mw"}),
+    ({"fan_speed": "-5 %"}, "nvmlDeviceGetFanSpeed", (), {"fan_speed_percent"}),
+    ({"utilization/gpu_util": "-1 %"}, "nvmlDeviceGetUtilizationRates", (), {"util_gpu_percent"}),
+    ({"minor_number": "-1"}, "nvmlDeviceGetMinorNumber", (), {"minor"}),
+    ({"pci/replay_counter": "-3"}, "nvmlDeviceGetPcieReplayCounter", (), {"pcie_replay_counter"}),
+    ({"pci/tx_util": "-1 KB/s"}, "nvmlDeviceGetPcieThroughput", (TX,), {"pcie_tx_kbps"}),
+    ({"pci/pci_bus_id": "somewhere"}, "nvmlDeviceGetPciInfo", (), {"pci_bus_id"}),
+    ({"performance_state": "P99999999999"}, "nvmlDeviceGetPerformanceState", (), {"performance_state"}),
+    ({"ecc_errors/volatile/dram_correctable": "-2"}, "nvmlDeviceGetTotalEccErrors", (CORR, VOL),
+     {"ecc_volatile_corrected"}),
+    ({"ecc_errors/aggregate/sram_uncorrectable": str(U64), "ecc_errors/aggregate/dram_uncorrectable": "1"},
+     "nvmlDeviceGetTotalEccErrors", (UNC, AGG), {"ecc_aggregate_uncorrected"}),  # the sum overflows
+    ({"retired_pages/multiple_single_bit_retirement/retired_count": "-1"}, "nvmlDeviceGetRetiredPages", (0,),
+     {"retired_pages_sbe"}),
+])
+def test_invalid_capture_cells(tmp_path: Path, cells: dict[str, str], name: str, args: tuple[Any, ...],
+                               invalid: set[str]) -> None:
+    path = tmp_path / "t4.xml"
+    path.write_bytes(edited(T4, cells))
+    nvml = opened(path)
+    assert nvml.capture.gpus[0].invalid == invalid
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        call(nvml, 0, name, *args)
+    assert call(nvml, 0, "nvmlDeviceGetName") == "Tesla T4"  # the rest of the capture still answers
+
+
+def test_invalid_process_and_mig_cells(tmp_path: Path) -> None:
+    path = tmp_path / "t4.xml"
+    path.write_bytes(edited(T4, {"processes/process_info/pid": "-675"}))
+    gpu = ReplayNVML.from_path(path).capture.gpus[0]
+    assert gpu.invalid == {"processes[0].pid"}
+    assert [p.pid for p in gpu.processes] == [5762]  # the process with the invalid pid is left out
+    path.write_bytes(edited(T4, {"processes/process_info/used_memory": "-22 MiB"}))
+    nvml = opened(path)
+    assert nvml.capture.gpus[0].invalid == {"processes[0].used_memory_bytes"}
+    assert [(p.pid, p.usedGpuMemory) for p in call(nvml, 0, "nvmlDeviceGetGraphicsRunningProcesses")] == [(675, None)]
+    path.write_bytes(edited(A100, {"mig_devices/mig_device/fb_memory_usage/total": "-1 MiB",
+                                   "mig_devices/mig_device/gpu_instance_id": str(U32 + 1)}))
+    nvml = opened(path)
+    assert nvml.capture.gpus[0].invalid == {"migs[0].memory_total_bytes", "migs[0].gpu_instance_id"}
+    mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(nvml.nvmlDeviceGetHandleByIndex(0), 0)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        nvml.nvmlDeviceGetMemoryInfo(mig)
+
+
+def test_retired_page_address_beyond_64_bits(tmp_path: Path) -> None:
+    tree = ET.parse(T4)
+    pages = tree.getroot().find("gpu/retired_pages/double_bit_retirement/retired_pagelist")
+    assert pages is not None
+    ET.SubElement(pages, "retired_page_address").text = "0x1" + "0" * 16
+    path = tmp_path / "t4.xml"
+    path.write_bytes(ET.tostring(tree.getroot()))
+    nvml = opened(path)
+    assert nvml.capture.gpus[0].invalid == {"retired_pages_dbe"}
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        call(nvml, 0, "nvmlDeviceGetRetiredPages", 1)
+
+
+@pytest.mark.parametrize("capture", [H200, A100, A5000, T4])
+def test_real_captures_have_no_invalid_cells(capture: Path) -> None:
+    assert [g.invalid for g in ReplayNVML.from_path(capture).capture.gpus] == [frozenset()] * len(
+        ReplayNVML.from_path(capture).capture.gpus)
+
+
+# -- UUIDs: every GPU has one, and its own ------------------------------------------------------------------
+def two_gpus(first: str, second: str) -> str:
+    return (f'<nvidia_smi_log>\n  <gpu id="00000000:01:00.0">\n    {first}\n  </gpu>\n'
+            f'  <gpu id="00000000:02:00.0">\n    {second}\n  </gpu>\n</nvidia_smi_log>\n')
+
+
+@pytest.mark.parametrize(("xml", "message"), [
+    (two_gpus("<uuid>GPU-a</uuid>", "<uuid>GPU-a</uuid>"),
+     r"caps\.xml: line 5: the <gpu> at NVML index 1 has uuid 'GPU-a', as has the <gpu> at NVML index 0 \(line 2\)"),
+    (two_gpus("<uuid>GPU-a</uuid>", "<uuid></uuid>"), r"caps\.xml: line 5: the <gpu> at NVML index 1 has no UUID"),
+    (two_gpus("<uuid>N/A</uuid>", "<uuid>GPU-b</uuid>"), r"caps\.xml: line 2: the <gpu> at NVML index 0 has no UUID"),
+    (two_gpus("<uuid> </uuid>", "<uuid>GPU-b</uuid>"), r"caps\.xml: line 2: the <gpu> at NVML index 0 has no UUID"),
+    (two_gpus("<name>x</name>", "<uuid>GPU-b</uuid>"),
+     r"caps\.xml: line 2: the <gpu> at NVML index 0 has no UUID \(<uuid> missing, empty or N/A\); NVML always"),
+    (two_gpus("<uuid>Requested functionality has been deprecated</uuid>", "<uuid>GPU-b</uuid>"),
+     r"caps\.xml: line 2: the <gpu> at NVML index 0 has no UUID"),
+])
+def test_capture_uuids(tmp_path: Path, xml: str, message: str) -> None:
+    path = tmp_path / "caps.xml"
+    path.write_text(xml)
+    with pytest.raises(ReplayError, match=message):
+        ReplayNVML.from_path(path)
+    toml = scenario(tmp_path, '[[gpu]]\ncapture = "caps.xml"\n')  # a scenario may not use it either
+    with pytest.raises(ReplayError, match=r"scenario\.toml: gpu\[0\]\.capture: bad capture: .*" + message):
+        ReplayNVML.from_path(toml)
+
+
+def test_capture_with_distinct_uuids_loads(tmp_path: Path) -> None:
+    path = tmp_path / "caps.xml"
+    path.write_text(two_gpus("<uuid>GPU-a</uuid>", "<uuid>GPU-b</uuid>"))
+    nvml = opened(path)
+    assert [call(nvml, i, "nvmlDeviceGetUUID") for i in (0, 1)] == ["GPU-a", "GPU-b"]
+
+
+# -- whatever the bytes, from_path raises ReplayError or loads; what loads answers or raises NVMLError ------
+def answer_everything(nvml: ReplayNVML) -> None:
+    """Every implemented device call on every GPU: a value (ints within NVML's types) or an NVMLError."""
+    nvml.nvmlInit()
+    for index in range(nvml.nvmlDeviceGetCount()):
+        for name in sorted(IMPLEMENTED_CALLS - SYSTEM_CALLS.keys()):
+            try:
+                value = call(nvml, index, name, *DEVICE_CALL_ARGS.get(name, ()))
+            except pynvml.NVMLError:
+                continue
+            for v in value if isinstance(value, (list, tuple)) else [value]:
+                assert not isinstance(v, int) or 0 <= v <= U64, (name, value)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.binary(max_size=2000), suffix=st.sampled_from([".toml", ".xml"]))
+def test_arbitrary_bytes_raise_only_replay_error(tmp_path: Path, data: bytes, suffix: str) -> None:
+    path = tmp_path / f"fuzz{suffix}"
+    path.write_bytes(data)
+    try:
+        nvml = ReplayNVML.from_path(path)
+    except ReplayError:
+        return
+    answer_everything(nvml)
+
+
+CELLS = ["temperature/gpu_temp", "clocks/sm_clock", "fb_memory_usage/total", "fb_memory_usage/free",
+         "power_readings/power_draw", "fan_speed", "minor_number", "uuid", "pci/pci_bus_id", "performance_state",
+         "ecc_errors/volatile/dram_correctable", "processes/process_info/pid", "processes/process_info/used_memory"]
+cell_text = st.one_of(
+    st.integers(min_value=-(1 << 70), max_value=1 << 70).map(str),
+    st.tuples(st.integers(min_value=-(1 << 70), max_value=1 << 70),
+              st.sampled_from([" C", " MHz", " MiB", " GiB", " W", " %", ""])).map(lambda t: f"{t[0]}{t[1]}"),
+    st.sampled_from(["N/A", "", "Unknown", "Requested functionality has been deprecated", "P0", "0x10"]),
+    st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), max_size=20))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cells=st.dictionaries(st.sampled_from(CELLS), cell_text, max_size=6))
+def test_arbitrary_cells_raise_only_replay_error(tmp_path: Path, cells: dict[str, str]) -> None:
+    path = tmp_path / "t4.xml"
+    path.write_bytes(edited(T4, cells))
+    try:
+        nvml = ReplayNVML.from_path(path)
+    except ReplayError:
+        assert "uuid" in cells
+        return
+    answer_everything(nvml)
+
+
+toml_value = st.one_of(st.integers(min_value=-(1 << 70), max_value=1 << 70).map(str),
+                       st.floats().map(repr),  # TOML spells inf, -inf and nan as Python does
+                       st.sampled_from(['"N/A"', '""', '"x"', "true", "[]", "{}"]))
+KEYS = [("[gpu.override]", k) for k in ("temp_gpu_c", "memory_total_bytes", "memory_free_bytes", "minor", "uuid",
+                                        "clock_reasons", "pci_bus_id", "power_usage_mw")] + \
+       [("[[gpu.process]]\npid = 7", k) for k in ("used_memory_bytes", "sm_utilization_percent")] + \
+       [('[[fault]]\ncall = "*"\ngpu = 0\nerror = "UNKNOWN"', k) for k in ("hang_seconds", "after_calls", "times")]
+
+
+def sleep_checked(seconds: float) -> None:
+    """Instead of time.sleep, which raises OverflowError (inf, 1e300) or ValueError (nan, < 0)."""
+    assert math.isfinite(seconds) and 0 <= seconds < 9.2e9, seconds
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(key=st.sampled_from(KEYS), value=toml_value)
+def test_arbitrary_scenario_values_raise_only_replay_error(tmp_path: Path, key: tuple[str, str], value: str) -> None:
+    table, name = key
+    path = scenario(tmp_path, f'[[gpu]]\ncapture = "@H200"\n{table}\n{name} = {value}\n')
+    try:
+        nvml = ReplayNVML.from_path(path, sleep=sleep_checked)
+    except ReplayError:
+        return
+    answer_everything(nvml)
+
+
+def test_scenario_migs_replace_the_captures_invalid_mig_cells(tmp_path: Path) -> None:
+    (tmp_path / "a100.xml").write_bytes(edited(A100, {"mig_devices/mig_device/fb_memory_usage/total": "-1 MiB",
+                                                      "temperature/gpu_temp": "-1 C"}))
+    (tmp_path / "t4.xml").write_bytes(edited(T4, {"processes/process_info/pid": "-1"}))
+    nvml = opened(scenario(tmp_path, '[[gpu]]\ncapture = "a100.xml"\n[[gpu.mig]]\ngpu_instance_id = 1\n'
+                                     'profile = "1g.10gb"\nmemory_total_bytes = 1024\n'
+                                     '[[gpu]]\ncapture = "t4.xml"\n[[gpu.process]]\npid = 9\n'))
+    assert nvml.capture.gpus[0].invalid == frozenset({"temp_gpu_c"})
+    assert nvml.capture.gpus[1].invalid == frozenset({"processes[0].pid"})  # processes are added, not replaced
+    assert type(nvml.capture.gpus[0].deprecated) is frozenset

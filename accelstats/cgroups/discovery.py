@@ -157,7 +157,8 @@ def read_devices_list_text(directory: Path | str) -> str | None:
     chunks: list[bytes] = []
     size = 0
     try:
-        fd = os.open(os.path.join(directory, "devices.list"), os.O_RDONLY | os.O_CLOEXEC)
+        # O_NONBLOCK: a FIFO planted as devices.list in a mounted tree must not hang the scrape.
+        fd = os.open(os.path.join(directory, "devices.list"), os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         try:
             while size < _MAX_DEVICES_LIST_BYTES:
                 chunk = os.read(fd, 16384)  # cgroupfs answers in page-sized reads; no 1 MiB buffer per file
