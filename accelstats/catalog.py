@@ -187,10 +187,11 @@ COLLECTOR_DURATION = Family("accelstats_scrape_collector_duration_seconds", "gau
                             "How long the collector took in this collection.", ("collector",))
 SKIPPED_LINES = Family("accelstats_devices_list_skipped_lines_total", "counter",
                        "Malformed devices.list lines seen and skipped.", ())
-CGROUPS_VANISHED = Family("accelstats_cgroups_vanished_total", "counter",
-                          "Cgroups that disappeared while being walked (skipped).", ())
+ATTRIBUTION_SKIPPED = Family(
+    "accelstats_attribution_skipped_total", "counter",
+    "Items skipped during attribution because they vanished or could not be read, by reason.", ("reason",))
 NVML_ERRORS = Family("accelstats_nvml_errors_total", "counter",
                      "NVML calls that failed, by call and NVML error (NOT_SUPPORTED excluded).", ("call", "error"))
-EXPORTER = (BUILD_INFO, COLLECTOR_SUCCESS, COLLECTOR_DURATION, SKIPPED_LINES, CGROUPS_VANISHED, NVML_ERRORS)
+EXPORTER = (BUILD_INFO, COLLECTOR_SUCCESS, COLLECTOR_DURATION, SKIPPED_LINES, ATTRIBUTION_SKIPPED, NVML_ERRORS)
 
 ALL: tuple[Family, ...] = (*CADVISOR, GPU_INFO, GPU_UP, *GPU_SAMPLED, *CONTAINER, *FILES, *EXPORTER)

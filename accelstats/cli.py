@@ -56,6 +56,8 @@ def source_options(fn: F) -> F:
         click.option("--cgroup-root", type=click.Path(path_type=Path), help="cgroup root [/sys/fs/cgroup]."),
         click.option("--proc-root", type=click.Path(path_type=Path), help="proc root [/proc]."),
         click.option("--sysfs-root", type=click.Path(path_type=Path), hidden=True, help="sysfs root [/sys]."),
+        click.option("--rootfs", type=click.Path(path_type=Path),
+                     help="The host's / (container runtime state files are read under it) [/]."),
         click.option("--log-level", type=click.Choice(LOG_LEVELS, case_sensitive=False),
                      help="Log level [info]."),
     ]
@@ -66,7 +68,7 @@ def source_options(fn: F) -> F:
 
 def build_settings(config_path: Path | None, nvml_replay: Path | None, file_devices: str | None,
                    cgroup_root: Path | None, proc_root: Path | None, sysfs_root: Path | None,
-                   log_level: str | None, **extra: Any) -> Settings:
+                   log_level: str | None, rootfs: Path | None = None, **extra: Any) -> Settings:
     """Defaults, then the config file, then the command line. Exits 2 on a config error."""
     settings = Settings()
     path = config_path or (DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None)
@@ -75,7 +77,7 @@ def build_settings(config_path: Path | None, nvml_replay: Path | None, file_devi
             settings = load_config(path, settings)
         changes: dict[str, Any] = {k: v for k, v in {
             "nvml_replay": nvml_replay, "cgroup_root": cgroup_root, "proc_root": proc_root,
-            "sysfs_root": sysfs_root, "log_level": log_level.lower() if log_level else None}.items()
+            "sysfs_root": sysfs_root, "rootfs": rootfs, "log_level": log_level.lower() if log_level else None}.items()
             if v is not None}
         if extra.get("listen"):
             changes["listen_host"], changes["listen_port"] = parse_listen(extra["listen"])

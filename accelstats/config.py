@@ -8,6 +8,8 @@ settings as the command line::
     cgroup_root = "/sys/fs/cgroup"
     proc_root = "/proc"
     sysfs_root = "/sys"
+    rootfs = "/"                       # the host's / (runtime state files: docker, containerd, CRI-O)
+    open_fd_scan = true                # attribute by /proc/<pid>/fd (open /dev/nvidia<N>)
     log_level = "info"
     nvml_retry_interval = 30.0         # seconds between NVML init attempts while unavailable
     nvml_deadline = 1.5                # seconds a collection waits for NVML before marking a GPU down
@@ -69,6 +71,8 @@ class Settings:
     cgroup_root: Path = Path("/sys/fs/cgroup")
     proc_root: Path = Path("/proc")
     sysfs_root: Path = Path("/sys")
+    rootfs: Path = Path("/")
+    open_fd_scan: bool = True
     log_level: str = "info"
     nvml_retry_interval: float = 30.0
     nvml_deadline: float = 1.5
@@ -122,7 +126,7 @@ def load_config(path: Path, base: Settings | None = None) -> Settings:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
     where = str(path)
     folder = path.parent
-    known = {"listen", "nvml_replay", "cgroup_root", "proc_root", "sysfs_root", "log_level",
+    known = {"listen", "nvml_replay", "cgroup_root", "proc_root", "sysfs_root", "rootfs", "open_fd_scan", "log_level",
              "nvml_retry_interval", "nvml_deadline", "collectors", "file_devices"}
     changes: dict[str, Any] = {}
     for key, value in data.items():
@@ -131,7 +135,9 @@ def load_config(path: Path, base: Settings | None = None) -> Settings:
         if key == "listen":
             changes["listen_host"], changes["listen_port"] = parse_listen(
                 _expect(where, key, value, str), f"{where}: key 'listen'")
-        elif key in ("nvml_replay", "cgroup_root", "proc_root", "sysfs_root"):
+        elif key == "open_fd_scan":
+            changes[key] = _expect(where, key, value, bool)
+        elif key in ("nvml_replay", "cgroup_root", "proc_root", "sysfs_root", "rootfs"):
             p = _path(folder, _expect(where, key, value, str))
             if p is None and key != "nvml_replay":
                 raise ConfigError(f"{where}: key {key!r}: must not be empty")

@@ -1,14 +1,16 @@
 """Per-container accelerator stats: cAdvisor's ``AcceleratorCollector`` and what it fills.
 
-A collector is made for one container's devices cgroup by
-:meth:`accelstats.manager.AcceleratorManager.get_collector` and bound to one collection's device
-snapshot. ``update_stats(stats)`` appends one :class:`AcceleratorStats` per device the container is
+A :class:`ContainerCollector` is made for one container cgroup by
+:meth:`accelstats.manager.AcceleratorManager.get_collector` and bound to one collection's
+:class:`HostView`. ``update_stats(stats)`` appends one :class:`AcceleratorStats` per device the container is
 attributed, saying how (``attribution``):
 
 * ``devices_cgroup`` — cgroup v1: the container's ``devices.list`` grants ``c 195:<minor> r|w``
   (spec/cgroups.md §2, re-read on every collection so ``docker update`` is seen);
-* ``process`` — an unrestricted v1 cgroup (``a *:* rwm``): the devices NVML lists a process of
-  this container on (``/proc/<pid>/cgroup``).
+* ``process`` — cgroup v2, or an unrestricted v1 cgroup (``a *:* rwm``): the devices NVML lists a
+  process of this container on (compute, graphics and MPS processes; ``/proc/<pid>/cgroup``);
+* ``open_fd`` — a process of the container holds ``/dev/nvidia<minor>`` open (``/proc/<pid>/fd``),
+  for devices not attributed otherwise.
 
 Device-wide numbers (memory total/used, duty cycle) stay device-wide, as cAdvisor's were; the
 container's own numbers come from NVML's per-process data summed over the processes whose
@@ -27,7 +29,10 @@ from typing import Protocol
 from accelstats.cgroups import (
     ContainerIdentity,
     GpuGrant,
+    MigCap,
+    MigInstance,
     gpu_grant,
+    mig_instances,
     parse_devices_list,
     parse_proc_cgroup,
     read_devices_list_text,
@@ -105,79 +110,139 @@ class NoopCollector:
         stats.reason = stats.reason or self.reason
 
 
-def cgroup_of_pids(pids: Iterable[int], proc_root: Path, controller: str) -> dict[int, str]:
-    """``{pid: cgroup path}`` from ``<proc_root>/<pid>/cgroup``; vanished or unreadable PIDs are left out."""
+def cgroup_of_pids(pids: Iterable[int], proc_root: Path, controller: str) -> tuple[dict[int, str], int]:
+    """``({pid: cgroup path}, vanished)`` from ``<proc_root>/<pid>/cgroup``: the ``controller`` line
+    (``"devices"`` on v1, falling back to the v2 ``0::`` line; ``""`` for v2). A PID that exited
+    between NVML's answer and this read is normal (spec/cgroups.md §4): left out and counted."""
     found = {}
+    vanished = 0
     for pid in pids:
         try:
             text = (proc_root / str(pid) / "cgroup").read_text()
         except OSError:
+            vanished += 1
             continue
         parsed = parse_proc_cgroup(text)
         path = parsed.get(controller) or parsed.get("")
         if path is not None:
             found[pid] = path
-    return found
+    return found, vanished
 
 
-class DevicesCgroupCollector:
-    """Collector for a cgroup v1 container: attribution by its ``devices.list`` (spec/cgroups.md §2).
+@dataclass(frozen=True)
+class MigMap:
+    """How v1 ``devices.list`` rules name MIG instances: the ``nvidia-caps`` major (``/proc/devices``)
+    and ``/proc/driver/nvidia-caps/mig-minors`` parsed (spec/cgroups.md §2, MIG row)."""
 
-    ``directory``: the container's directory in the devices hierarchy; ``cgroup``: its path as
-    ``/proc/<pid>/cgroup`` names it; ``pid_cgroups``: ``{pid: cgroup path}`` of the snapshot's GPU
-    processes, for the container's own share (a process counts for the container when its cgroup
-    is the container's or below it). ``on_skipped(cgroup, lines)`` is told the malformed lines the
-    file had (counted once each in ``accelstats_devices_list_skipped_lines_total``).
+    caps_major: int
+    caps: Mapping[int, MigCap]
 
-    An unrestricted cgroup (``a *:* rwm``: privileged, or no device rules) grants every device, so
-    the file proves nothing: such a container is attributed the devices its own processes are on,
-    with ``attribution="process"`` (DESIGN.md "Attribution").
+
+@dataclass
+class HostView:
+    """What one collection knows beyond the devices, shared by every container's collector.
+
+    ``pid_cgroups``: cgroup path of each GPU process NVML listed; ``mig``: the MIG capability map
+    (None without MIG); ``open_minors(directory)``: NVIDIA minors held open by the processes of a
+    cgroup directory (None: open-fd evidence off).
     """
 
-    def __init__(self, directory: Path, cgroup: str, snapshot: DeviceSnapshot, pid_cgroups: Mapping[int, str],
+    snapshot: DeviceSnapshot
+    pid_cgroups: Mapping[int, str] = field(default_factory=dict)
+    mig: MigMap | None = None
+    open_minors: Callable[[Path], frozenset[int]] | None = None
+
+
+class ContainerCollector:
+    """The collector of one container cgroup (cAdvisor's ``AcceleratorCollector``).
+
+    ``directory``: the container's cgroup directory (v1: in the devices hierarchy, holding
+    ``devices.list``; v2: in the unified hierarchy); ``cgroup``: its path as ``/proc/<pid>/cgroup``
+    names it; ``devices_list``: whether to attribute by ``devices.list`` (v1) or only by evidence
+    (v2). A process counts for the container when its cgroup is the container's or below it.
+    ``on_skipped(cgroup, lines)`` is told the malformed ``devices.list`` lines.
+
+    Attribution, in order (each device once, first reason wins):
+
+    1. v1, restricted rules: the GPUs ``c 195:<minor> r|w`` grants (``devices_cgroup``); a MIG
+       instance instead of its parent when the rules also grant its capability minors;
+    2. v2, or v1 unrestricted (``a *:* rwm``, which proves nothing): the devices NVML lists one of the
+       container's processes on (``process``);
+    3. both: GPUs whose ``/dev/nvidia<minor>`` a process of the container holds open (``open_fd``).
+    """
+
+    def __init__(self, directory: Path, cgroup: str, view: HostView, *, devices_list: bool,
                  on_skipped: Callable[[str, tuple[str, ...]], None] | None = None) -> None:
         self.directory = directory
         self.cgroup = cgroup
-        self.snapshot = snapshot
-        self.pid_cgroups = pid_cgroups
+        self.view = view
+        self.devices_list = devices_list
         self.on_skipped = on_skipped
 
     def update_stats(self, stats: ContainerStats) -> None:
-        """Append one AcceleratorStats per GPU the ``devices.list`` grants read or write access to."""
-        text = read_devices_list_text(self.directory)
-        if text is None:
-            stats.reason = f"devices.list not readable in {self.directory}"
-            return
-        by_minor = {d.minor: d for d in self.snapshot.devices if d.kind == "gpu" and d.minor is not None}
-        grant, skipped = _grant(text, frozenset(by_minor))
-        if skipped and self.on_skipped is not None:
-            self.on_skipped(self.cgroup, skipped)
-        if grant.unrestricted:
-            used = [d for d in self.snapshot.devices if self._own_processes(d)]
-            for device in used:
-                stats.accelerators.append(self.stats_for(device, "process"))
-            if not used:
-                stats.reason = "unrestricted devices cgroup (a *:* rwm) and none of its processes is on a GPU"
-            return
+        """Append one AcceleratorStats per device attributed (see the class docstring); never raises."""
+        snapshot = self.view.snapshot
+        gpus_by_minor = {d.minor: d for d in snapshot.devices if d.kind == "gpu" and d.minor is not None}
+        chosen: dict[str, tuple[Device, str]] = {}
+        evidence_needed = True
+        if self.devices_list:
+            text = read_devices_list_text(self.directory)
+            if text is None:
+                stats.reason = f"devices.list not readable in {self.directory}"
+                return
+            mig = self.view.mig
+            grant, skipped = _grant(text, frozenset(gpus_by_minor), mig.caps_major if mig else None,
+                                    frozenset(mig.caps) if mig else frozenset())
+            if skipped and self.on_skipped is not None:
+                self.on_skipped(self.cgroup, skipped)
+            if not grant.unrestricted:
+                evidence_needed = False
+                for device in self._granted(grant, gpus_by_minor):
+                    chosen.setdefault(device.uuid, (device, "devices_cgroup"))
+        if evidence_needed:
+            for device in snapshot.devices:
+                if self._own_processes(device):
+                    chosen.setdefault(device.uuid, (device, "process"))
+        if self.view.open_minors is not None:
+            held = {d.uuid for d, _ in chosen.values()} | {d.parent_uuid for d, _ in chosen.values()}
+            for minor in sorted(self.view.open_minors(self.directory)):
+                gpu = gpus_by_minor.get(minor)
+                if gpu is not None and gpu.uuid not in held:
+                    chosen[gpu.uuid] = (gpu, "open_fd")
+        for device, attribution in chosen.values():
+            stats.accelerators.append(self.stats_for(device, attribution))
+        if not chosen and self.devices_list and evidence_needed:
+            stats.reason = "unrestricted devices cgroup (a *:* rwm) and none of its processes is on a GPU"
+
+    def _granted(self, grant: GpuGrant, gpus_by_minor: Mapping[int, Device]) -> list[Device]:
+        """Granted GPUs, each replaced by the MIG instances the grant's capability minors name."""
+        instances = mig_instances(grant, self.view.mig.caps) if self.view.mig is not None else frozenset()
+        out: list[Device] = []
         for minor in sorted(grant.minors):
-            stats.accelerators.append(self.stats_for(by_minor[minor], "devices_cgroup"))
+            parent = gpus_by_minor[minor]
+            mine = [d for d in self.view.snapshot.devices
+                    if d.kind == "mig" and d.parent_uuid == parent.uuid
+                    and MigInstance(minor, d.gpu_instance_id if d.gpu_instance_id is not None else -1,
+                                    d.compute_instance_id if d.compute_instance_id is not None else 0) in instances]
+            out.extend(mine or [parent])
+        return out
 
     def _own_processes(self, device: Device) -> list[ProcessUsage] | None:
         """This container's processes on ``device`` (None when NVML's process list is not readable)."""
-        sample = self.snapshot.samples.get(device.uuid)
+        sample = self.view.snapshot.samples.get(device.uuid)
         if sample is None or sample.processes is None:
             return None
         prefix = self.cgroup.rstrip("/") + "/"
         own = []
         for p in sample.processes:
-            path = self.pid_cgroups.get(p.pid)
+            path = self.view.pid_cgroups.get(p.pid)
             if path is not None and (path == self.cgroup or path.startswith(prefix)):
                 own.append(p)
         return own
 
     def stats_for(self, device: Device, attribution: str) -> AcceleratorStats:
         """The AcceleratorStats of ``device`` for this container, with its own process share."""
-        sample = self.snapshot.samples.get(device.uuid)
+        sample = self.view.snapshot.samples.get(device.uuid)
         mine = self._own_processes(device)
         util = sample.utilization_ratio if sample is not None else None
         return AcceleratorStats(
@@ -193,12 +258,15 @@ class DevicesCgroupCollector:
 
 
 @functools.lru_cache(maxsize=4096)
-def _grant(devices_list_text: str, minors: frozenset[int]) -> tuple[GpuGrant, tuple[str, ...]]:
+def _grant(devices_list_text: str, minors: frozenset[int], caps_major: int | None,
+           caps_minors: frozenset[int]) -> tuple[GpuGrant, tuple[str, ...]]:
     """(grant, skipped lines) of a ``devices.list`` text. Parsing and granting are pure and a
     host's containers share a handful of rule sets, so this is cached by text (strings cache their
     hash; the parsed rules do not)."""
     parsed = parse_devices_list(devices_list_text)
-    return gpu_grant(parsed, minors, nvidia_major=NVIDIA_MAJOR), parsed.skipped_lines
+    grant = gpu_grant(parsed, minors, nvidia_major=NVIDIA_MAJOR, caps_major=caps_major,
+                      known_caps_minors=caps_minors)
+    return grant, parsed.skipped_lines
 
 
 def _sum_memory(procs: list[ProcessUsage] | None) -> int | None:

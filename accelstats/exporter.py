@@ -67,7 +67,8 @@ def render(collection: Collection) -> Iterator[Metric]:
         add(catalog.COLLECTOR_SUCCESS, [r.name], 1.0 if r.success else 0.0)
         add(catalog.COLLECTOR_DURATION, [r.name], r.duration_seconds)
     add(catalog.SKIPPED_LINES, [], collection.devices_list_skipped_lines_total)
-    add(catalog.CGROUPS_VANISHED, [], collection.cgroups_vanished_total)
+    for reason, count in sorted(collection.attribution_skipped.items()):
+        add(catalog.ATTRIBUTION_SKIPPED, [reason], count)
     for (call, error), count in sorted(collection.nvml_errors.items()):
         add(catalog.NVML_ERRORS, [call, error], count)
 

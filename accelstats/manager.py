@@ -22,15 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from accelstats.cgroups import CgroupLayout, CgroupMode, detect_layout, discover_v1_containers
+from accelstats.attribution import Attributor
+from accelstats.cgroups import CgroupLayout, detect_layout
 from accelstats.config import Settings
 from accelstats.containers import (
     AcceleratorCollector,
-    ContainerMetadata,
+    ContainerCollector,
     ContainerStats,
-    DevicesCgroupCollector,
+    HostView,
     NoopCollector,
-    cgroup_of_pids,
 )
 from accelstats.registry import COLLECTORS, Collector, enabled_names
 from collectors.model import CollectorResult, DeviceSnapshot, NoDataError
@@ -43,15 +43,18 @@ log = logging.getLogger(__name__)
 class Collection:
     """One collection: the device snapshot and every container's accelerator stats.
 
-    ``devices_list_skipped_lines_total`` and ``cgroups_vanished_total`` are counters over the
-    manager's lifetime (malformed ``devices.list`` lines skipped; cgroups removed mid-walk).
+    ``devices_list_skipped_lines_total`` (each malformed ``devices.list`` line once) and
+    ``attribution_skipped`` (reason -> count: cgroups or PIDs that vanished mid-read, unreadable fd
+    directories) are counters over the manager's lifetime; ``view`` is what the containers were
+    attributed from.
     """
 
     snapshot: DeviceSnapshot
     containers: list[ContainerStats] = field(default_factory=list)
     cgroup_mode: str = ""
     devices_list_skipped_lines_total: int = 0
-    cgroups_vanished_total: int = 0
+    attribution_skipped: dict[str, int] = field(default_factory=dict)
+    view: HostView | None = None
     nvml_errors: dict[tuple[str, str], int] = field(default_factory=dict)
     started: float = 0.0
 
@@ -71,7 +74,7 @@ class AcceleratorManager:
         self._last: Collection | None = None
         self._skipped_lines = 0
         self._skipped_seen: set[tuple[str, str]] = set()
-        self._vanished = 0
+        self._attributor: Attributor | None = None
         self._errors_logged: set[tuple[str, str]] = set()
 
     # -- seed interface ---------------------------------------------------------------------------
@@ -94,6 +97,8 @@ class AcceleratorManager:
                 check()
             self.collectors.append(collector)
         self.layout = detect_layout(self.settings.cgroup_root, self.settings.proc_root)
+        self._attributor = Attributor(self.layout, self.settings.proc_root, self.settings.rootfs,
+                                      open_fds=self.settings.open_fd_scan)
         log.info("cgroup mode %s (devices %s, unified %s)", self.layout.mode.value, self.layout.devices_root,
                  self.layout.unified_root)
 
@@ -116,26 +121,25 @@ class AcceleratorManager:
     def __exit__(self, *exc: object) -> None:
         self.destroy()
 
-    def get_collector(self, devices_cgroup_path: Path, cgroup: str = "",
-                      snapshot: DeviceSnapshot | None = None,
-                      pid_cgroups: dict[int, str] | None = None) -> AcceleratorCollector:
-        """The collector for one container: ``devices_cgroup_path`` is its directory in the v1 devices
-        hierarchy (holding ``devices.list``); ``cgroup`` its path as the kernel names it (derived from
-        the directory when empty). Uses the latest collection's snapshot unless one is given. A cgroup
-        that cannot be used gives a :class:`NoopCollector` with the reason, never an exception.
+    def get_collector(self, devices_cgroup_path: Path, cgroup: str = "") -> AcceleratorCollector:
+        """The collector for one container, bound to the latest collection: ``devices_cgroup_path``
+        is its cgroup directory (v1: in the devices hierarchy, holding ``devices.list``; v2: in the
+        unified hierarchy), ``cgroup`` its path as the kernel names it (derived from the directory
+        when empty). A cgroup that cannot be used gives a :class:`NoopCollector` with the reason,
+        never an exception.
         """
-        snap = snapshot or (self._last.snapshot if self._last is not None else None)
-        if snap is None:
+        last, attributor = self._last, self._attributor
+        if last is None or last.view is None:
             return NoopCollector("no collection yet")
-        layout = self.layout
-        if layout is None or layout.devices_root is None:
-            return NoopCollector("no cgroup v1 devices hierarchy on this host")
+        if attributor is None or attributor.hierarchy is None:
+            return NoopCollector("no cgroup hierarchy found on this host")
         try:
-            rel = devices_cgroup_path.resolve().relative_to(layout.devices_root.resolve())
+            rel = devices_cgroup_path.resolve().relative_to(attributor.hierarchy.resolve())
         except ValueError:
-            return NoopCollector(f"{devices_cgroup_path} is not under {layout.devices_root}")
+            return NoopCollector(f"{devices_cgroup_path} is not under {attributor.hierarchy}")
         cgroup = cgroup or "/" + rel.as_posix().strip(".")
-        return DevicesCgroupCollector(devices_cgroup_path, cgroup, snap, pid_cgroups or {}, self._count_skipped)
+        return ContainerCollector(devices_cgroup_path, cgroup, last.view, devices_list=attributor.devices_list,
+                                  on_skipped=self._count_skipped)
 
     def _count_skipped(self, cgroup: str, lines: tuple[str, ...]) -> None:
         """Count each malformed (cgroup, line) once, however many collections re-read it."""
@@ -160,10 +164,11 @@ class AcceleratorManager:
             for collector in self.collectors:
                 snapshot.collector_results.append(self._run(collector, snapshot))
             collection = Collection(snapshot=snapshot, started=started)
-            collection.containers = self._containers(snapshot)
+            if self._attributor is not None:
+                collection.containers, collection.view = self._attributor.attribute(snapshot, self._count_skipped)
+                collection.attribution_skipped = dict(self._attributor.skipped)
             collection.cgroup_mode = self.layout.mode.value if self.layout else ""
             collection.devices_list_skipped_lines_total = self._skipped_lines
-            collection.cgroups_vanished_total = self._vanished
             for c in self.collectors:
                 if isinstance(c, NvidiaBackend):
                     collection.nvml_errors = dict(c.call.errors)
@@ -186,23 +191,6 @@ class AcceleratorManager:
                 log.debug("collector %s failed again: %s", collector.name, exc)
             return CollectorResult(collector.name, False, time.perf_counter() - t0, str(exc))
         return CollectorResult(collector.name, True, time.perf_counter() - t0)
-
-    def _containers(self, snapshot: DeviceSnapshot) -> list[ContainerStats]:
-        layout = self.layout
-        if layout is None or layout.mode not in (CgroupMode.V1, CgroupMode.HYBRID) or layout.devices_root is None:
-            return []
-        found = discover_v1_containers(layout.devices_root)
-        self._vanished += found.stats.skipped_vanished
-        pids = {p.pid for s in snapshot.samples.values() for p in s.processes or ()}
-        pid_cgroups = cgroup_of_pids(pids, self.settings.proc_root, "devices")
-        out = []
-        for cg in found.containers:
-            stats = ContainerStats(cgroup=cg.path, identity=cg.identity,
-                                   metadata=ContainerMetadata(name=cg.identity.name if cg.identity else ""))
-            collector = DevicesCgroupCollector(cg.directory, cg.path, snapshot, pid_cgroups, self._count_skipped)
-            collector.update_stats(stats)
-            out.append(stats)
-        return out
 
     @property
     def last(self) -> Collection | None:

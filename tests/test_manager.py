@@ -81,16 +81,18 @@ def test_a_vanished_devices_list_is_a_reason_not_an_exception(tmp_path: Path, fi
 def test_concurrent_scrapes_share_one_collection(tmp_path: Path, fixtures_dir: Path) -> None:
     m = manager(host(tmp_path, fixtures_dir / "h200" / "nvidia-smi-q.xml", {DOCKER_A: "c 195:0 rw\n"}))
     runs = 0
-    real = m._containers
+    attributor = m._attributor
+    assert attributor is not None
+    real = attributor.attribute
 
-    def slow_containers(snapshot):  # type: ignore[no-untyped-def]
+    def slow_attribute(snapshot, on_skipped=None):  # type: ignore[no-untyped-def]
         nonlocal runs
         runs += 1
         gate.wait(5)
-        return real(snapshot)
+        return real(snapshot, on_skipped)
 
     gate = threading.Event()
-    m._containers = slow_containers  # type: ignore[method-assign]
+    attributor.attribute = slow_attribute  # type: ignore[method-assign]
     results = []
     threads = [threading.Thread(target=lambda: results.append(m.collect())) for _ in range(8)]
     for t in threads:

@@ -35,6 +35,8 @@ from accelstats.cgroups.identity import (
     ContainerIdentity,
     cgroup_path_for,
     identify,
+    identify_with_root,
+    is_host_cgroup,
     parse_proc_cgroup,
 )
 from accelstats.cgroups.mode import CgroupLayout, CgroupMode, Mount, detect_layout, parse_mountinfo
@@ -63,6 +65,8 @@ __all__ = [
     "format_rule",
     "gpu_grant",
     "identify",
+    "identify_with_root",
+    "is_host_cgroup",
     "mig_instances",
     "parse_devices_list",
     "parse_mig_minors",

@@ -152,6 +152,14 @@ def identify(cgroup_path: str) -> ContainerIdentity | None:
     row of spec/cgroups.md §3; see the module docstring for how nested cgroups are handled.  Never
     raises.
     """
+    found = identify_with_root(cgroup_path)
+    return None if found is None else found[1]
+
+
+def identify_with_root(cgroup_path: str) -> tuple[str, ContainerIdentity] | None:
+    """Like :func:`identify`, also giving the container's own cgroup path (the path up to the
+    component a rule recognised): ``/docker/<id>/init.scope`` → ``("/docker/<id>", docker <id>)``.
+    Never raises."""
     path = cgroup_path.strip()
     if path.endswith(_DELETED_SUFFIX):
         path = path[: -len(_DELETED_SUFFIX)]
@@ -163,8 +171,25 @@ def identify(cgroup_path: str) -> ContainerIdentity | None:
         for rule in _RULES:
             found = rule(comps[index], ancestors)
             if found is not None:
-                return found
+                return "/" + "/".join(comps[: index + 1]), found
     return None
+
+
+_SESSION_SCOPE = re.compile(r"session-[^/]+\.scope")
+
+
+def is_host_cgroup(cgroup_path: str) -> bool:
+    """True for cgroups of host processes rather than of some container: the root ``/``, systemd
+    services, mounts, ``init.scope``, login sessions (``session-3.scope``), and slices
+    (``/user.slice/user-1000.slice``) — spec/cgroups.md §3, last row. A path for which this is False
+    and :func:`identify` finds nothing is a container no rule recognises (``runtime="unknown"``).
+    Never raises."""
+    comps = [c for c in cgroup_path.strip().split("/") if c]
+    if not comps:
+        return True
+    last = comps[-1]
+    return (last.endswith((".service", ".mount", ".slice", ".socket", ".swap")) or last == "init.scope"
+            or _SESSION_SCOPE.fullmatch(last) is not None or (comps[0] == "user.slice" and len(comps) <= 3))
 
 
 def parse_proc_cgroup(text: str) -> dict[str, str]:

@@ -1,0 +1,149 @@
+"""Which container uses which device: one pass over the host's cgroups per collection.
+
+:class:`Attributor` turns a device snapshot into :class:`~accelstats.containers.ContainerStats`:
+
+1. find the container cgroups (v1: the ``devices`` hierarchy; v2: the unified one);
+2. read ``/proc/<pid>/cgroup`` of every process NVML listed (host PIDs) — process evidence;
+3. on hosts with MIG, read the ``nvidia-caps`` major and ``mig-minors`` (v1 rules name instances);
+4. list each container's PIDs (``cgroup.procs``) and the NVIDIA device nodes they hold open
+   (cached by PID and start time, so a scrape with no new process scans no fd directory);
+5. run each container's :class:`~accelstats.containers.ContainerCollector`;
+6. a GPU process whose cgroup is no container found by the walk still gets a row: its container
+   when a rule recognises the path, else ``runtime="unknown"`` (host processes are left out);
+7. name each container from its runtime's state files when readable (:mod:`accelstats.metadata`).
+
+Everything that vanishes or cannot be read mid-way (a PID that exited, a cgroup removed during the
+walk, an fd directory of another user) is skipped and counted in :attr:`Attributor.skipped`
+(``accelstats_attribution_skipped_total{reason}``), never raised.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+from accelstats.cgroups import (
+    CgroupLayout,
+    ContainerIdentity,
+    discover_v1_containers,
+    discover_v2_containers,
+    identify_with_root,
+    is_host_cgroup,
+    parse_mig_minors,
+)
+from accelstats.containers import (
+    ContainerCollector,
+    ContainerMetadata,
+    ContainerStats,
+    HostView,
+    MigMap,
+    cgroup_of_pids,
+)
+from accelstats.metadata import MetadataReader
+from accelstats.openfds import OpenFdScanner, char_major, pids_in_cgroup
+from collectors.model import DeviceSnapshot
+
+log = logging.getLogger(__name__)
+
+SKIP_REASONS = ("cgroup_vanished", "cgroup_unreadable", "pid_vanished", "fd_unreadable")
+
+
+class Attributor:
+    """Attribution state of one host: the fd-scan cache, the metadata cache, skip counters.
+
+    ``layout``: where the cgroup hierarchies are; ``proc_root``/``rootfs``: the host's ``/proc``
+    and ``/`` as this process sees them; ``open_fds``: scan ``/proc/<pid>/fd`` (off: no ``open_fd``
+    attribution and no per-container PID listing).
+    """
+
+    def __init__(self, layout: CgroupLayout, proc_root: Path, rootfs: Path = Path("/"), *,
+                 open_fds: bool = True) -> None:
+        self.layout = layout
+        self.proc_root = proc_root
+        self.devices_list = layout.devices_root is not None
+        self.hierarchy = layout.devices_root if layout.devices_root is not None else layout.unified_root
+        self.controller = "devices" if self.devices_list else ""
+        self.scanner = OpenFdScanner(proc_root) if open_fds else None
+        self.metadata = MetadataReader(rootfs)
+        self.skipped: Counter[str] = Counter({r: 0 for r in SKIP_REASONS})
+
+    def attribute(self, snapshot: DeviceSnapshot,
+                  on_skipped: Callable[[str, tuple[str, ...]], None] | None = None
+                  ) -> tuple[list[ContainerStats], HostView]:
+        """Every container cgroup with the devices attributed to it, and the view they were built from."""
+        view = HostView(snapshot=snapshot)
+        if self.hierarchy is None:
+            return [], view
+        found = (discover_v1_containers(self.hierarchy) if self.devices_list
+                 else discover_v2_containers(self.hierarchy))
+        self.skipped["cgroup_vanished"] += found.stats.skipped_vanished
+        self.skipped["cgroup_unreadable"] += found.stats.skipped_unreadable
+        gpu_pids = {p.pid for s in snapshot.samples.values() for p in s.processes or ()}
+        view.pid_cgroups, vanished = cgroup_of_pids(gpu_pids, self.proc_root, self.controller)
+        self.skipped["pid_vanished"] += vanished
+        view.mig = self._mig_map(snapshot)
+
+        targets: list[tuple[str, Path, ContainerIdentity | None]] = [
+            (c.path, c.directory, c.identity) for c in found.containers]
+        targets += self._unlisted(view.pid_cgroups.values(), {c.path for c in found.containers})
+        if self.scanner is not None:
+            view.open_minors = self._open_minors([d for _, d, _ in targets])
+
+        out = []
+        for path, directory, identity in targets:
+            stats = ContainerStats(cgroup=path, identity=identity,
+                                   metadata=self.metadata.lookup(identity) if identity is not None
+                                   else ContainerMetadata())
+            ContainerCollector(directory, path, view, devices_list=self.devices_list,
+                               on_skipped=on_skipped).update_stats(stats)
+            out.append(stats)
+        return out, view
+
+    def _unlisted(self, paths: object, known: set[str]) -> list[tuple[str, Path, ContainerIdentity | None]]:
+        """Containers of GPU processes that the walk did not list (not recognised by any rule, or
+        beyond its depth): the recognised container's own cgroup, else the process's cgroup as
+        ``runtime="unknown"``; host processes (services, sessions, ``/``) are not containers."""
+        assert self.hierarchy is not None
+        extra: dict[str, ContainerIdentity] = {}
+        for path in sorted(set(paths)):  # type: ignore[call-overload]
+            if any(path == k or path.startswith(k.rstrip("/") + "/") for k in known):
+                continue
+            rooted = identify_with_root(path)
+            if rooted is not None:
+                extra.setdefault(rooted[0], rooted[1])
+            elif not is_host_cgroup(path):
+                extra.setdefault(path, ContainerIdentity(runtime="unknown", id=path.rstrip("/").rsplit("/", 1)[-1]))
+        return [(p, self.hierarchy / p.lstrip("/"), ident) for p, ident in extra.items()]
+
+    def _mig_map(self, snapshot: DeviceSnapshot) -> MigMap | None:
+        """The nvidia-caps major and mig-minors, when the snapshot has MIG instances and the files
+        are readable (v1 rules name MIG instances by these minors)."""
+        if not self.devices_list or not any(d.kind == "mig" for d in snapshot.devices):
+            return None
+        major = char_major(self.proc_root, "nvidia-caps")
+        try:
+            text = (self.proc_root / "driver" / "nvidia-caps" / "mig-minors").read_text()
+        except OSError:
+            return None
+        if major is None:
+            return None
+        caps, skipped = parse_mig_minors(text)
+        if skipped:
+            log.debug("mig-minors: %d unknown line(s) skipped", len(skipped))
+        return MigMap(caps_major=major, caps=caps)
+
+    def _open_minors(self, directories: list[Path]) -> Callable[[Path], frozenset[int]]:
+        """One fd scan for the PIDs of every container (cached by PID + start time), then a lookup."""
+        assert self.scanner is not None
+        pids_of: dict[Path, list[int]] = {}
+        for directory in directories:
+            pids, vanished = pids_in_cgroup(directory)
+            self.skipped["cgroup_vanished"] += vanished
+            pids_of[directory] = pids
+        before = self.scanner.unreadable
+        held = self.scanner.scan(pid for pids in pids_of.values() for pid in pids)
+        self.skipped["fd_unreadable"] += self.scanner.unreadable - before
+        table = {d: frozenset(m for pid in pids for m in held.get(pid, ()) if m < 254) for d, pids in pids_of.items()}
+        return lambda directory: table.get(directory, frozenset())

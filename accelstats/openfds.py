@@ -1,0 +1,313 @@
+"""Open-device-node evidence: which processes of a container hold NVIDIA device nodes open.
+
+DESIGN.md "Attribution" (row "open device nodes"): for the PIDs of a container's cgroup, the char
+devices of major 195 that a process holds open prove that the container uses those GPUs.  This
+module provides the three pieces, all reading a configurable ``proc_root`` (the exporter often runs
+in a container with the host's ``/proc`` mounted at e.g. ``/host/proc``) and never raising
+:class:`OSError` on the races that are normal on a live host (processes exit, cgroups are removed):
+
+* :func:`pids_in_cgroup`: the PIDs of a cgroup directory and of all its sub-cgroups (v1 or v2).
+* :func:`process_start_time`: ``starttime`` from ``/proc/<pid>/stat``, which tells a reused PID
+  from the process that held it before.
+* :class:`OpenFdScanner`: the minors of major-195 char devices each PID holds open, cached by
+  (pid, start time) so that a scrape in which no process started scans no fd directory.
+* :func:`char_major`, :func:`nvidia_caps_major`, :func:`nvidia_uvm_major`: the dynamic char majors
+  from ``/proc/devices`` (spec/cgroups.md §2: ``nvidia-uvm`` and ``nvidia-caps`` are not fixed).
+
+Device facts (spec/cgroups.md §2): ``/dev/nvidia<N>`` is char ``195:N`` with N the NVML minor
+number; ``195:255`` is ``nvidiactl`` and ``195:254`` ``nvidia-modeset`` (not GPUs: the scanner
+returns every minor of the major and leaves that decision to the caller).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "DEFAULT_NVIDIA_MAJOR",
+    "OpenFdScanner",
+    "char_major",
+    "nvidia_caps_major",
+    "nvidia_uvm_major",
+    "pids_in_cgroup",
+    "process_start_time",
+]
+
+DEFAULT_NVIDIA_MAJOR = 195
+"""Char major of ``/dev/nvidia<N>``, ``/dev/nvidiactl`` and ``/dev/nvidia-modeset`` (spec §2)."""
+
+# proc(5): after the ')' closing field 2 (comm) come field 3 (state) ... field 22 (starttime).
+_FIRST_FIELD_AFTER_COMM = 3
+_STARTTIME_FIELD = 22
+_STARTTIME_INDEX = _STARTTIME_FIELD - _FIRST_FIELD_AFTER_COMM
+
+
+def pids_in_cgroup(directory: Path, *, max_depth: int = 8) -> tuple[list[int], int]:
+    """Return the PIDs of a cgroup and of every cgroup below it, and how many directories failed.
+
+    Reads ``<directory>/cgroup.procs`` and the ``cgroup.procs`` of each sub-directory, walking
+    with :func:`os.scandir` without following symlinks, down to ``max_depth`` levels below
+    ``directory`` (``0``: the directory alone; deeper directories are not visited and not counted).
+    ``cgroup.procs`` holds one thread-group ID (a "PID" as ``ps`` shows it) per line in both cgroup
+    v1 and v2 (kernel ``Documentation/admin-guide/cgroup-v2.rst``, ``cgroup-v1/cgroups.rst``); in
+    the PID namespace of the reader, so a monitor in a container needs the host's PID namespace.
+
+    Returns ``(pids, failed)``: ``pids`` sorted ascending without duplicates (v1 does not promise
+    either, and a process moving during the walk can be listed twice); ``failed`` the number of
+    directories (``directory`` itself included) whose ``cgroup.procs`` or listing could not be read
+    because they vanished mid-walk (a container stopped: normal) or were unreadable
+    (``PermissionError``, ``EOPNOTSUPP`` on a v2 threaded cgroup, ...).  Each directory counts at
+    most once.  Lines of ``cgroup.procs`` that are not decimal integers are ignored.
+
+    Never raises :class:`OSError`; raises :class:`ValueError` when ``max_depth`` is negative.
+    """
+    if max_depth < 0:
+        raise ValueError(f"max_depth must be >= 0, got {max_depth}")
+    pids: set[int] = set()
+    failed = 0
+    stack: list[tuple[str, int]] = [(os.fspath(directory), 0)]
+    while stack:
+        path, depth = stack.pop()
+        ok = _read_cgroup_procs(os.path.join(path, "cgroup.procs"), pids)
+        if depth < max_depth:
+            try:
+                with os.scandir(path) as it:
+                    for entry in it:
+                        try:
+                            is_dir = entry.is_dir(follow_symlinks=False)
+                        except OSError:
+                            is_dir = False
+                        if is_dir:
+                            stack.append((entry.path, depth + 1))
+            except OSError:
+                ok = False
+        if not ok:
+            failed += 1
+    return sorted(pids), failed
+
+
+def _read_cgroup_procs(path: str, into: set[int]) -> bool:
+    """Add the integers of one ``cgroup.procs`` file to ``into``; False when it could not be read."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return False
+    for line in data.split():
+        if line.isdigit():
+            into.add(int(line))
+    return True
+
+
+def process_start_time(proc_root: Path, pid: int) -> int | None:
+    """Return the start time of process ``pid``: field 22 (``starttime``) of ``<proc_root>/<pid>/stat``.
+
+    The unit is clock ticks since boot (``sysconf(_SC_CLK_TCK)``, usually 100 Hz; proc(5)).  The
+    value only serves to tell processes apart: a PID reused by a new process has a different start
+    time.  Field 2 (``comm``) is in parentheses and may itself contain spaces and ``)``, so the line
+    is split after its **last** ``)``; the fields after it are 3 (``state``) onwards.
+
+    Returns ``None`` when the process is gone (``ENOENT``/``ESRCH``), on any other
+    :class:`OSError`, and when the file is not a ``stat`` line with at least 22 fields.  Never
+    raises :class:`OSError`.
+    """
+    try:
+        with open(os.path.join(os.fspath(proc_root), str(pid), "stat"), "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    close = data.rfind(b")")
+    if close < 0:
+        return None
+    fields = data[close + 1 :].split()
+    if len(fields) <= _STARTTIME_INDEX:
+        return None
+    value = fields[_STARTTIME_INDEX]
+    if not value.isdigit():
+        return None
+    return int(value)
+
+
+@dataclass(frozen=True)
+class _CacheEntry:
+    start_time: int
+    minors: frozenset[int]
+    scanned_at: float
+
+
+class OpenFdScanner:
+    """Find the minors of char devices of one major that processes hold open, with a cache.
+
+    ``proc_root`` is the procfs to read (``/proc``, or the host's mounted elsewhere);
+    ``nvidia_major`` the char major to look for (195 for ``/dev/nvidia*``; pass the value of
+    :func:`nvidia_caps_major` or :func:`nvidia_uvm_major` to scan for those nodes instead); ``ttl``
+    the age in seconds (of ``clock``) after which a cached result is rescanned even though the
+    process is the same (it may have opened or closed nodes since); ``clock`` a monotonic clock in
+    seconds (injectable for tests).  Raises :class:`ValueError` when ``ttl`` is negative or NaN.
+
+    Sources: ``<proc_root>/<pid>/stat`` field 22 for the cache key (:func:`process_start_time`);
+    ``<proc_root>/<pid>/fd/`` (proc(5)), whose entries are magic links that :func:`os.stat` follows
+    to the open file's inode: an entry counts when the inode is a char device (``S_ISCHR``) whose
+    ``st_rdev`` has major ``nvidia_major``; its minor is ``os.minor(st_rdev)``.  Listing another
+    user's fd directory needs ptrace read access (root, or ``CAP_SYS_PTRACE``).
+
+    Counters (cumulative ``int`` attributes, for the exporter's self-metrics):
+
+    * ``scans``: fd directories actually opened and listed.
+    * ``cache_hits``: PIDs answered from the cache without listing their fd directory.
+    * ``vanished``: PIDs gone between the cgroup listing and the read (no ``stat``, no ``fd``
+      directory, or a different start time after the scan): normal, not an error.
+    * ``unreadable``: PIDs whose fd directory exists but could not be listed (``PermissionError``,
+      ``NotADirectoryError``, other :class:`OSError`): skipped.
+
+    Concurrency: :meth:`scan` holds an internal lock, so concurrent calls are safe but run one at a
+    time.  The cache keeps only the PIDs of the latest scan, so the scanner is meant for one
+    collection loop that passes all PIDs of interest in one call; two loops sharing a scanner with
+    different PID sets would evict each other's entries (correct, but uncached).
+    """
+
+    def __init__(
+        self,
+        proc_root: Path = Path("/proc"),
+        *,
+        nvidia_major: int = DEFAULT_NVIDIA_MAJOR,
+        ttl: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not ttl >= 0:  # also rejects NaN
+            raise ValueError(f"ttl must be >= 0 seconds, got {ttl}")
+        self.proc_root = proc_root
+        self.nvidia_major = nvidia_major
+        self.ttl = ttl
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._cache: dict[int, _CacheEntry] = {}
+        self.scans = 0
+        self.cache_hits = 0
+        self.vanished = 0
+        self.unreadable = 0
+
+    @property
+    def cache_size(self) -> int:
+        """Number of PIDs currently cached (at most the number of PIDs of the latest scan)."""
+        return len(self._cache)
+
+    def scan(self, pids: Iterable[int]) -> dict[int, frozenset[int]]:
+        """Return, for each live PID of ``pids``, the minors of ``nvidia_major`` nodes it holds open.
+
+        The result maps PID to a frozenset of minors (all minors of the major, 254/255 included;
+        empty when the process holds none).  PIDs that vanished or whose fd directory could not be
+        read are absent from the result (and counted in ``vanished``/``unreadable``).  Duplicate
+        PIDs are scanned once.
+
+        A PID is answered from the cache when its start time is the cached one and the cached
+        result is younger than ``ttl``; otherwise its fd directory is listed.  Cache entries of
+        PIDs not in ``pids`` are dropped, so memory is bounded by the latest call.  Individual fd
+        entries that disappear or cannot be stat'ed during the listing (closed meanwhile, dangling)
+        are skipped.  Never raises :class:`OSError`.
+        """
+        with self._lock:
+            now = self._clock()
+            old_cache = self._cache
+            new_cache: dict[int, _CacheEntry] = {}
+            result: dict[int, frozenset[int]] = {}
+            for pid in dict.fromkeys(pids):
+                start = process_start_time(self.proc_root, pid)
+                if start is None:
+                    self.vanished += 1
+                    continue
+                entry = old_cache.get(pid)
+                if entry is not None and entry.start_time == start and now - entry.scanned_at < self.ttl:
+                    self.cache_hits += 1
+                    new_cache[pid] = entry
+                    result[pid] = entry.minors
+                    continue
+                minors = self._scan_fds(pid)
+                if minors is None:
+                    continue
+                # The PID may have been reused while its fd directory was listed: only a start
+                # time unchanged across the listing proves the minors belong to one process.
+                if process_start_time(self.proc_root, pid) != start:
+                    self.vanished += 1
+                    continue
+                new_cache[pid] = _CacheEntry(start, minors, now)
+                result[pid] = minors
+            self._cache = new_cache
+            return result
+
+    def _scan_fds(self, pid: int) -> frozenset[int] | None:
+        """List ``<proc_root>/<pid>/fd``; None (counted) when it vanished or is unreadable."""
+        fd_dir = os.path.join(os.fspath(self.proc_root), str(pid), "fd")
+        minors: set[int] = set()
+        try:
+            with os.scandir(fd_dir) as it:
+                self.scans += 1
+                for entry in it:
+                    try:
+                        st = os.stat(entry.path)
+                    except OSError:
+                        continue
+                    if stat.S_ISCHR(st.st_mode) and os.major(st.st_rdev) == self.nvidia_major:
+                        minors.add(os.minor(st.st_rdev))
+        except (FileNotFoundError, ProcessLookupError):
+            self.vanished += 1
+            return None
+        except OSError:
+            self.unreadable += 1
+            return None
+        return frozenset(minors)
+
+
+def char_major(proc_root: Path, name: str) -> int | None:
+    """Return the char major registered under ``name`` in ``<proc_root>/devices``, or None.
+
+    ``/proc/devices`` (proc(5), ``fs/proc/devices.c``) lists ``Character devices:`` then, after a
+    blank line, ``Block devices:``; each entry is ``<major> <name>`` with the major right-aligned
+    to three columns (``195 nvidia``, ``241 nvidia-caps``, ``508 nvidia-uvm``).  Only the
+    character section is searched; the name must match exactly; the first match wins.
+
+    Returns None when the file is unreadable (any :class:`OSError`), has no character section, or
+    has no such name.  Never raises :class:`OSError`.
+    """
+    try:
+        with open(os.path.join(os.fspath(proc_root), "devices"), "rb") as f:
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    in_char = False
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.endswith(":") and not line[:1].isdigit():
+            in_char = line == "Character devices:"
+            continue
+        if not in_char:
+            continue
+        parts = line.split(None, 1)
+        if len(parts) == 2 and parts[0].isdigit() and parts[1].strip() == name:
+            return int(parts[0])
+    return None
+
+
+def nvidia_caps_major(proc_root: Path) -> int | None:
+    """Return the dynamic char major of ``/dev/nvidia-caps/nvidia-cap<M>`` (MIG capabilities).
+
+    Source: the ``nvidia-caps`` entry of ``<proc_root>/devices`` (spec/cgroups.md §2); None when
+    the driver is not loaded or the file is unreadable.  Never raises :class:`OSError`.
+    """
+    return char_major(proc_root, "nvidia-caps")
+
+
+def nvidia_uvm_major(proc_root: Path) -> int | None:
+    """Return the dynamic char major of ``/dev/nvidia-uvm`` and ``/dev/nvidia-uvm-tools``.
+
+    Source: the ``nvidia-uvm`` entry of ``<proc_root>/devices`` (spec/cgroups.md §2: 238 on the H200
+    host of this project, 508 or 511 elsewhere); None when the module is not loaded or the file is
+    unreadable.  Never raises :class:`OSError`.
+    """
+    return char_major(proc_root, "nvidia-uvm")
