@@ -19,6 +19,7 @@ import logging
 import os
 import platform
 import secrets
+import stat
 import statistics
 import sys
 import tempfile
@@ -55,9 +56,66 @@ def build_host(root: Path, capture: Path, gpus: int, containers: int) -> Setting
         d.mkdir(parents=True)
         rules = ["b *:* m", "c *:* m", *RUNC_DEFAULTS, f"c 195:{n % gpus} rw"]
         (d / "devices.list").write_text("\n".join(rules) + "\n")
+        (d / "cgroup.procs").write_text("")
     (root / "proc").mkdir()
     return Settings(nvml_replay=scenario, cgroup_root=root / "cgroup", proc_root=root / "proc",
                     collectors=("nvidia",))
+
+
+def build_v2_host(root: Path, capture: Path, gpus: int = 8, containers: int = 100, gpu_processes: int = 200,
+                  other_processes: int = 10_000) -> Settings:
+    """A cgroup v2 host: ``containers`` docker containers (systemd driver) sharing ``gpu_processes``
+    GPU processes, each holding its GPU's node open (a 195:<minor> node made with mknod in ``root``;
+    a regular file when not root), and ``other_processes`` host processes that attribution must not
+    touch. Every container process has ``/proc/<pid>/{cgroup,stat,fd/}`` in a fake proc root."""
+    cg, proc, nodes = root / "cgroup", root / "proc", root / "dev"
+    for d in (cg, proc, nodes):
+        d.mkdir()
+    (cg / "cgroup.controllers").write_text("cpu io memory pids\n")
+    for minor in range(gpus):
+        node = nodes / f"nvidia{minor}"
+        try:
+            os.mknod(node, stat.S_IFCHR | 0o600, os.makedev(195, minor))
+        except PermissionError:
+            node.write_text("")
+    ids = [secrets.token_hex(32) for _ in range(containers)]
+    members: dict[str, list[int]] = {cid: [] for cid in ids}
+    lines = []
+    pid = 100_000
+    procs_of_gpu: dict[int, list[tuple[int, str]]] = {g: [] for g in range(gpus)}
+    for n in range(gpu_processes):
+        pid += 1
+        cid, gpu = ids[n % containers], n % gpus
+        members[cid].append(pid)
+        procs_of_gpu[gpu].append((pid, cid))
+    for i in range(gpus):
+        lines += ["[[gpu]]", f'capture = "{capture}"', f"index = {i}", f"minor = {i}",
+                  f'uuid = "GPU-{i:08x}-0000-4000-8000-{secrets.token_hex(6)}"']
+        for p, _ in procs_of_gpu[i]:
+            lines += ["[[gpu.process]]", f"pid = {p}", f"used_memory_bytes = {(p % 7 + 1) << 30}",
+                      f"sm_utilization_percent = {p % 90}"]
+        lines.append("")
+    (root / "scenario.toml").write_text("\n".join(lines))
+    for cid, pids in members.items():
+        d = cg / "system.slice" / f"docker-{cid}.scope"
+        d.mkdir(parents=True)
+        (d / "cgroup.procs").write_text("".join(f"{p}\n" for p in pids))
+    gpu_of = {p: g for g, entries in procs_of_gpu.items() for p, _ in entries}
+    for cid, pids in members.items():
+        for p in pids:
+            _fake_process(proc, p, f"/system.slice/docker-{cid}.scope", [nodes / f"nvidia{gpu_of[p]}"])
+    for n in range(other_processes):
+        _fake_process(proc, 200_000 + n, "/system.slice/other.service", [])
+    return Settings(nvml_replay=root / "scenario.toml", cgroup_root=cg, proc_root=proc, collectors=("nvidia",))
+
+
+def _fake_process(proc: Path, pid: int, cgroup: str, open_nodes: list[Path]) -> None:
+    d = proc / str(pid)
+    (d / "fd").mkdir(parents=True)
+    (d / "cgroup").write_text(f"0::{cgroup}\n")
+    (d / "stat").write_text(f"{pid} (python3) S 1 " + " ".join(["0"] * 17) + f" {pid * 10} 0 0\n")
+    for fd, node in enumerate(open_nodes, start=3):
+        (d / "fd" / str(fd)).symlink_to(node)
 
 
 def time_scrapes(settings: Settings, scrapes: int) -> dict[str, float]:
@@ -76,10 +134,16 @@ def time_scrapes(settings: Settings, scrapes: int) -> dict[str, float]:
     fixed = CollectorRegistry(auto_describe=False)
     fixed.register(_Fixed(families))
     encode = _times(scrapes, lambda: generate_latest(fixed))
+    attributor = manager._attributor
+    scanner = attributor.scanner if attributor is not None else None
+    fd_scans_before = scanner.scans if scanner is not None else 0
+    manager.collect()
+    fd_scans_last = (scanner.scans - fd_scans_before) if scanner is not None else 0
     manager.destroy()
     return {"p50": _pct(full, 50), "p99": _pct(full, 99), "collect": _pct(collect, 50),
             "render": _pct(render_ms, 50), "encode": _pct(encode, 50), "bytes": size,
-            "samples": sum(len(f.samples) for f in families)}
+            "samples": sum(len(f.samples) for f in families), "fd_scans_last": fd_scans_last,
+            "containers_with_gpu": sum(1 for c in collection.containers if c.accelerators)}
 
 
 class _Fixed:
@@ -138,6 +202,15 @@ def main() -> None:
             print(f"{gpus:>4} {containers:>10} {r['p50']:>8.2f} {r['p99']:>8.2f} | {r['collect']:>8.2f} "
                   f"{r['render']:>7.2f} {r['encode']:>7.2f} | {r['samples']:>7.0f} {r['bytes']:>9.0f}")
             sys.stdout.flush()
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = build_v2_host(Path(tmp), capture)
+        r = time_scrapes(settings, args.scrapes)
+    print("\ncgroup v2: 8 GPUs, 200 GPU processes in 100 containers (each holding its GPU's node open), "
+          "10 000 other processes")
+    print(f"{'p50 ms':>8} {'p99 ms':>8} | {'collect':>8} {'render':>7} {'encode':>7} | {'samples':>7} "
+          f"{'containers':>10} {'fd scans in a steady scrape':>28}")
+    print(f"{r['p50']:>8.2f} {r['p99']:>8.2f} | {r['collect']:>8.2f} {r['render']:>7.2f} {r['encode']:>7.2f} | "
+          f"{r['samples']:>7.0f} {r['containers_with_gpu']:>10.0f} {r['fd_scans_last']:>28.0f}")
 
 
 if __name__ == "__main__":
