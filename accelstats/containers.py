@@ -203,6 +203,10 @@ class ContainerCollector:
             for device in snapshot.devices:
                 if self._own_processes(device):
                     chosen.setdefault(device.uuid, (device, "process"))
+            # NVML lists a MIG instance's processes on the parent GPU too: the instance is the answer.
+            for parent in {d.parent_uuid for d, _ in chosen.values() if d.kind == "mig"}:
+                if parent in chosen and chosen[parent][1] == "process":
+                    del chosen[parent]
         if self.view.open_minors is not None:
             held = {d.uuid for d, _ in chosen.values()} | {d.parent_uuid for d, _ in chosen.values()}
             for minor in sorted(self.view.open_minors(self.directory)):

@@ -1,0 +1,230 @@
+"""Attribution on fixture trees: cgroup v2 process evidence, open device nodes, unknown runtimes,
+MIG on v1 and v2, runtime metadata, and what is skipped and counted (spec/cgroups.md §2-§4)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from accelstats.config import Settings
+from accelstats.containers import ContainerStats
+from accelstats.manager import AcceleratorManager, Collection
+from collectors.nvml_replay import ReplayNVML
+
+GIB = 1 << 30
+C1, C2, C3 = "1" * 64, "2" * 64, "3" * 64
+DOCKER = "/system.slice/docker-{}.scope"
+GPU0 = "GPU-00000000-0000-4000-8000-000000000000"
+GPU1 = "GPU-00000000-0000-4000-8000-000000000001"
+
+
+@dataclass
+class Host:
+    """A fake host: cgroup tree (v1 devices or v2 unified), proc root, rootfs, replay scenario."""
+
+    root: Path
+    capture: Path
+    v2: bool = True
+    gpus: list[str] = field(default_factory=lambda: [GPU0, GPU1])
+    processes: dict[int, list[str]] = field(default_factory=dict)  # gpu index -> scenario lines
+
+    def __post_init__(self) -> None:
+        self.cgroup = self.root / "cgroup"
+        self.proc = self.root / "proc"
+        self.rootfs = self.root / "rootfs"
+        for d in (self.cgroup, self.proc, self.rootfs):
+            d.mkdir()
+        if self.v2:
+            (self.cgroup / "cgroup.controllers").write_text("cpu memory pids\n")
+        else:
+            (self.cgroup / "devices").mkdir()
+            (self.cgroup / "devices" / "devices.list").write_text("a *:* rwm\n")
+
+    def container(self, path: str, pids: list[int] = (), devices_list: str = "") -> Path:  # type: ignore[assignment]
+        base = self.cgroup if self.v2 else self.cgroup / "devices"
+        d = base / path.lstrip("/")
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "cgroup.procs").write_text("".join(f"{p}\n" for p in pids))
+        if not self.v2:
+            (d / "devices.list").write_text(devices_list)
+        return d
+
+    def process(self, pid: int, cgroup: str, *, gpu: int | None = None, used: int = GIB, sm: int | None = None,
+                fds: list[Path] = ()) -> None:  # type: ignore[assignment]
+        d = self.proc / str(pid)
+        (d / "fd").mkdir(parents=True)
+        line = f"0::{cgroup}\n" if self.v2 else f"5:devices:{cgroup}\n0::/\n"
+        (d / "cgroup").write_text(line)
+        (d / "stat").write_text(f"{pid} (python3) S 1 " + " ".join(["0"] * 17) + f" {pid * 7} 0 0\n")
+        for n, node in enumerate(fds, start=3):
+            (d / "fd" / str(n)).symlink_to(node)
+        if gpu is not None:
+            self.nvml_process(gpu, pid, used, sm)
+
+    def nvml_process(self, gpu: int, pid: int, used: int = GIB, sm: int | None = None) -> None:
+        lines = ["[[gpu.process]]", f"pid = {pid}", f"used_memory_bytes = {used}"]
+        if sm is not None:
+            lines.append(f"sm_utilization_percent = {sm}")
+        self.processes.setdefault(gpu, []).extend(lines)
+
+    def collect(self, extra_gpu_toml: str = "") -> Collection:
+        text = ""
+        for i, uuid in enumerate(self.gpus):
+            text += f'[[gpu]]\ncapture = "{self.capture}"\nminor = {i}\nuuid = "{uuid}"\n'
+            text += "\n".join(self.processes.get(i, [])) + "\n"
+        text += extra_gpu_toml
+        scenario = self.root / "scenario.toml"
+        scenario.write_text(text)
+        settings = Settings(nvml_replay=scenario, cgroup_root=self.cgroup, proc_root=self.proc, rootfs=self.rootfs)
+        with AcceleratorManager(settings, ReplayNVML.from_path(scenario)) as m:
+            return m.collect()
+
+
+def rows(collection: Collection) -> dict[str, ContainerStats]:
+    return {c.cgroup: c for c in collection.containers}
+
+
+def table(stats: ContainerStats) -> list[tuple[str, str, int | None, int | None]]:
+    """(uuid, attribution, container memory, container processes) per device, as the spec's table reads."""
+    return [(a.id, a.attribution, a.container_memory_used_bytes, a.container_processes) for a in stats.accelerators]
+
+
+@pytest.fixture
+def h200(fixtures_dir: Path) -> Path:
+    return fixtures_dir / "h200" / "nvidia-smi-q.xml"
+
+
+def test_v2_process_evidence_two_containers_sharing_a_gpu(tmp_path: Path, h200: Path) -> None:
+    host = Host(tmp_path, h200)
+    host.container(DOCKER.format(C1), [101])
+    host.container(DOCKER.format(C1) + "/worker", [103])  # a sub-cgroup belongs to its container
+    host.container(DOCKER.format(C2), [102])
+    host.process(101, DOCKER.format(C1), gpu=0, used=1 * GIB, sm=35)
+    host.process(103, DOCKER.format(C1) + "/worker", gpu=1, used=3 * GIB)
+    host.process(102, DOCKER.format(C2), gpu=0, used=2 * GIB, sm=10)
+    host.process(104, "/system.slice/sshd.service", gpu=1)  # a host process: nobody's container
+    host.nvml_process(1, 105)  # exited before /proc was read: skipped and counted
+    c = host.collect()
+    r = rows(c)
+    assert table(r[DOCKER.format(C1)]) == [(GPU0, "process", 1 * GIB, 1), (GPU1, "process", 3 * GIB, 1)]
+    assert table(r[DOCKER.format(C2)]) == [(GPU0, "process", 2 * GIB, 1)]
+    sm = {(a.id, s.cgroup): a.container_sm_utilization_ratio for s in c.containers for a in s.accelerators}
+    assert sm[(GPU0, DOCKER.format(C1))] == pytest.approx(0.35)
+    assert sm[(GPU0, DOCKER.format(C2))] == pytest.approx(0.10)
+    assert "/system.slice/sshd.service" not in r
+    assert c.attribution_skipped["pid_vanished"] == 1
+
+
+def test_v2_unrecognised_cgroup_holding_a_gpu_is_listed_as_unknown(tmp_path: Path, h200: Path) -> None:
+    host = Host(tmp_path, h200)
+    host.container("/mystery/box1", [201])
+    host.process(201, "/mystery/box1", gpu=1, used=GIB)
+    r = rows(host.collect())
+    box = r["/mystery/box1"]
+    assert box.identity is not None and (box.identity.runtime, box.identity.id) == ("unknown", "box1")
+    assert table(box) == [(GPU1, "process", GIB, 1)]
+
+
+@pytest.mark.root  # mknod of a 195:N node in tmp_path needs CAP_MKNOD
+def test_open_device_node_attributes_by_open_fd_and_is_scanned_once(tmp_path: Path, h200: Path) -> None:
+    node = tmp_path / "nvidia1"
+    os.mknod(node, stat.S_IFCHR | 0o600, os.makedev(195, 1))
+    ctl = tmp_path / "nvidiactl"
+    os.mknod(ctl, stat.S_IFCHR | 0o600, os.makedev(195, 255))
+    host = Host(tmp_path, h200)
+    host.container(DOCKER.format(C3), [301])
+    host.process(301, DOCKER.format(C3), fds=[node, ctl])  # no NVML process: only the open node says so
+    settings = Settings(cgroup_root=host.cgroup, proc_root=host.proc, rootfs=host.rootfs,
+                        nvml_replay=tmp_path / "scenario.toml")
+    host.collect()  # writes the scenario
+    with AcceleratorManager(settings, ReplayNVML.from_path(tmp_path / "scenario.toml")) as m:
+        first = m.collect()
+        attributor = m._attributor
+        assert attributor is not None and attributor.scanner is not None
+        scans = attributor.scanner.scans
+        m.collect()
+        assert attributor.scanner.scans == scans  # no process started: the fd scan is a cache hit
+    assert table(rows(first)[DOCKER.format(C3)]) == [(GPU1, "open_fd", 0, 0)]  # 255 (nvidiactl) is no GPU
+
+
+def test_v1_unrestricted_uses_process_evidence_and_restricted_uses_devices_list(tmp_path: Path, h200: Path) -> None:
+    host = Host(tmp_path, h200, v2=False)
+    host.container(f"/docker/{C1}", [401], devices_list="a *:* rwm\n")
+    host.container(f"/docker/{C2}", [402], devices_list="c 195:0 rw\nc 195:255 rw\n")
+    host.process(401, f"/docker/{C1}", gpu=1, used=GIB)
+    host.process(402, f"/docker/{C2}", gpu=0, used=2 * GIB)
+    r = rows(host.collect())
+    assert table(r[f"/docker/{C1}"]) == [(GPU1, "process", GIB, 1)]
+    assert table(r[f"/docker/{C2}"]) == [(GPU0, "devices_cgroup", 2 * GIB, 1)]
+
+
+def test_v1_mig_capability_minors_name_the_instance(tmp_path: Path, fixtures_dir: Path) -> None:
+    """spec §2 MIG row: /dev/nvidia1 plus the gi and ci access capabilities -> that MIG instance."""
+    a100 = fixtures_dir / "public" / "a100-sxm4-v12.xml"  # GPU minor 1; instances gi 3..6, ci 0
+    host = Host(tmp_path, a100, v2=False, gpus=[])
+    (host.proc / "devices").write_text("Character devices:\n195 nvidia\n241 nvidia-caps\n\nBlock devices:\n")
+    caps = host.proc / "driver" / "nvidia-caps"
+    caps.mkdir(parents=True)
+    (caps / "mig-minors").write_text(
+        "config 1\nmonitor 2\ngpu1/gi3/access 30\ngpu1/gi3/ci0/access 31\ngpu1/gi4/access 40\n"
+        "gpu1/gi4/ci0/access 41\nsomething odd\n")
+    host.container(f"/docker/{C1}", [], devices_list="c 195:1 rw\nc 241:40 r\nc 241:41 r\n")
+    host.container(f"/docker/{C2}", [], devices_list="c 195:1 rw\n")
+    c = host.collect(f'[[gpu]]\ncapture = "{a100}"\n')
+    devices = {d.uuid: d for d in c.snapshot.devices}
+    (inst,) = rows(c)[f"/docker/{C1}"].accelerators
+    assert (devices[inst.id].kind, devices[inst.id].gpu_instance_id, inst.attribution) == ("mig", 4, "devices_cgroup")
+    (whole,) = rows(c)[f"/docker/{C2}"].accelerators
+    assert devices[whole.id].kind == "gpu"  # no capability granted: the GPU node alone
+
+
+def test_v2_mig_processes_map_to_their_instance(tmp_path: Path, fixtures_dir: Path) -> None:
+    a100 = fixtures_dir / "public" / "a100-sxm4-v12.xml"
+    host = Host(tmp_path, a100, gpus=[])
+    host.container(DOCKER.format(C1), [501])
+    host.process(501, DOCKER.format(C1))
+    c = host.collect(f'[[gpu]]\ncapture = "{a100}"\n[[gpu.mig]]\ngpu_instance_id = 7\nprofile = "1g.10gb"\n'
+                     f'memory_total_bytes = 10737418240\n[[gpu.mig.process]]\npid = 501\nused_memory_bytes = {GIB}\n')
+    (acc,) = rows(c)[DOCKER.format(C1)].accelerators
+    mig = next(d for d in c.snapshot.devices if d.uuid == acc.id)
+    assert (mig.kind, mig.gpu_instance_id, acc.attribution, acc.container_memory_used_bytes) == ("mig", 7, "process", GIB)
+    assert acc.container_sm_utilization_ratio is None  # NOT_SUPPORTED under MIG: absent
+
+
+def test_docker_metadata_names_the_container(tmp_path: Path, h200: Path) -> None:
+    host = Host(tmp_path, h200)
+    host.container(DOCKER.format(C1), [601])
+    host.process(601, DOCKER.format(C1), gpu=0)
+    cfg = host.rootfs / "var" / "lib" / "docker" / "containers" / C1
+    cfg.mkdir(parents=True)
+    (cfg / "config.v2.json").write_text(json.dumps({"ID": C1, "Name": "/trainer-1",
+                                                    "Config": {"Image": "pytorch/pytorch:2.5", "Labels": {}}}))
+    m = rows(host.collect())[DOCKER.format(C1)].metadata
+    assert (m.name, m.image) == ("trainer-1", "pytorch/pytorch:2.5")
+
+
+def test_cgroup_removed_mid_walk_and_unreadable_fd_dirs_are_counted_not_fatal(
+        tmp_path: Path, h200: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    host = Host(tmp_path, h200)
+    host.container(DOCKER.format(C1), [701])
+    host.process(701, DOCKER.format(C1), gpu=0)
+    (host.proc / "701" / "fd").rmdir()
+    (host.proc / "701" / "fd").write_text("")  # fd is not a directory: unreadable, skipped
+    gone = host.container(DOCKER.format(C2), [702])
+    real_scandir = os.scandir
+
+    def vanishing_scandir(path: object) -> object:
+        if str(path) == str(gone):
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        return real_scandir(path)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "scandir", vanishing_scandir)
+    c = host.collect()
+    assert table(rows(c)[DOCKER.format(C1)]) == [(GPU0, "process", GIB, 1)]
+    assert c.attribution_skipped["fd_unreadable"] == 1
+    assert c.attribution_skipped["cgroup_vanished"] >= 1
