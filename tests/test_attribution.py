@@ -192,7 +192,8 @@ def test_v2_mig_processes_map_to_their_instance(tmp_path: Path, fixtures_dir: Pa
                      f'memory_total_bytes = 10737418240\n[[gpu.mig.process]]\npid = 501\nused_memory_bytes = {GIB}\n')
     (acc,) = rows(c)[DOCKER.format(C1)].accelerators
     mig = next(d for d in c.snapshot.devices if d.uuid == acc.id)
-    assert (mig.kind, mig.gpu_instance_id, acc.attribution, acc.container_memory_used_bytes) == ("mig", 7, "process", GIB)
+    got = (mig.kind, mig.gpu_instance_id, acc.attribution, acc.container_memory_used_bytes)
+    assert got == ("mig", 7, "process", GIB)
     assert acc.container_sm_utilization_ratio is None  # NOT_SUPPORTED under MIG: absent
 
 
