@@ -41,6 +41,29 @@ step "compare"
 $py "$OLDPWD/scripts/gpu_compare.py" "$OUT" > "$OUT/gpu-check.md" || fail=1
 cat "$OUT/gpu-check.md"
 
+step "issue 3: a real CUDA process in a docker-named cgroup (v2 host) is attributed by process"
+cid=$($py -c 'import secrets; print(secrets.token_hex(32))')
+cg=/sys/fs/cgroup/system.slice/docker-$cid.scope
+if [ -f /sys/fs/cgroup/cgroup.controllers ] && mkdir "$cg" 2>> "$OUT/steps.log"; then
+  # Move the CUDA process itself (spec/cgroups.md §4): sh writes its own PID, then execs python.
+  sh -c "echo \$\$ > $cg/cgroup.procs; exec $py -c 'import torch, time, pathlib; x = torch.empty(1 << 30, dtype=torch.uint8, device=\"cuda\"); x.fill_(1); torch.cuda.synchronize(); pathlib.Path(\"$OUT/cuda.ready\").write_text(\"ready\"); time.sleep(120)'" \
+    > "$OUT/cuda.log" 2>&1 &
+  cuda_pid=$!
+  for _ in $(seq 90); do [ -f "$OUT/cuda.ready" ] && break; sleep 1; done
+  if [ -f "$OUT/cuda.ready" ]; then
+    $py -m accelstats containers --json > "$OUT/containers.json" 2> "$OUT/containers.err" || fail=1
+    $py "$OLDPWD/scripts/gpu_container_check.py" "$OUT/containers.json" "$cg" "$cuda_pid" >> "$OUT/gpu-check.md" || fail=1
+  else
+    echo "CUDA process did not become ready (see cuda.log)" | tee -a "$OUT/gpu-check.md"; fail=1
+  fi
+  kill "$cuda_pid" 2>/dev/null; wait "$cuda_pid" 2>/dev/null
+  for _ in $(seq 20); do rmdir "$cg" 2>/dev/null && break; sleep 0.5; done
+  [ -d "$cg" ] && { echo "could not remove $cg" | tee -a "$OUT/gpu-check.md"; fail=1; }
+else
+  echo "not a cgroup v2 host or cannot create $cg: container check skipped" | tee -a "$OUT/gpu-check.md"; fail=1
+fi
+tail -n 20 "$OUT/gpu-check.md"
+
 if command -v promtool >/dev/null; then
   step "promtool check metrics"; promtool check metrics < "$OUT/dump.prom" || fail=1
 fi
