@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from accelstats.cgroups import (
@@ -40,6 +40,7 @@ from accelstats.containers import (
     HostView,
     MigMap,
     cgroup_of_pids,
+    container_of,
 )
 from accelstats.metadata import MetadataReader
 from accelstats.openfds import OpenFdScanner, char_major, pids_in_cgroup
@@ -88,6 +89,7 @@ class Attributor:
         targets: list[tuple[str, Path, ContainerIdentity | None]] = [
             (c.path, c.directory, c.identity) for c in found.containers]
         targets += self._unlisted(view.pid_cgroups.values(), {c.path for c in found.containers})
+        view.index_processes(path for path, _, _ in targets)
         if self.scanner is not None:
             view.open_minors = self._open_minors([d for _, d, _ in targets])
 
@@ -101,14 +103,14 @@ class Attributor:
             out.append(stats)
         return out, view
 
-    def _unlisted(self, paths: object, known: set[str]) -> list[tuple[str, Path, ContainerIdentity | None]]:
+    def _unlisted(self, paths: Iterable[str], known: set[str]) -> list[tuple[str, Path, ContainerIdentity | None]]:
         """Containers of GPU processes that the walk did not list (not recognised by any rule, or
         beyond its depth): the recognised container's own cgroup, else the process's cgroup as
         ``runtime="unknown"``; host processes (services, sessions, ``/``) are not containers."""
         assert self.hierarchy is not None
         extra: dict[str, ContainerIdentity] = {}
-        for path in sorted(set(paths)):  # type: ignore[call-overload]
-            if any(path == k or path.startswith(k.rstrip("/") + "/") for k in known):
+        for path in sorted(set(paths)):
+            if container_of(path, known) is not None:
                 continue
             rooted = identify_with_root(path)
             if rooted is not None:

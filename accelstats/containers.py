@@ -151,6 +151,31 @@ class HostView:
     pid_cgroups: Mapping[int, str] = field(default_factory=dict)
     mig: MigMap | None = None
     open_minors: Callable[[Path], frozenset[int]] | None = None
+    by_container: dict[str, dict[str, list[ProcessUsage]]] | None = None
+
+    def index_processes(self, containers: Iterable[str]) -> None:
+        """Group every NVML process by (container cgroup, device UUID) once, so each container's
+        collector looks its processes up instead of scanning every device's list: a process belongs
+        to the container whose cgroup is the longest prefix of its own (sub-cgroups included)."""
+        known = set(containers)
+        index: dict[str, dict[str, list[ProcessUsage]]] = {}
+        for uuid, sample in self.snapshot.samples.items():
+            for p in sample.processes or ():
+                owner = container_of(self.pid_cgroups.get(p.pid), known)
+                if owner is not None:
+                    index.setdefault(owner, {}).setdefault(uuid, []).append(p)
+        self.by_container = index
+
+
+def container_of(path: str | None, containers: set[str]) -> str | None:
+    """The member of ``containers`` that is ``path`` or its nearest ancestor cgroup, or None."""
+    while path:
+        if path in containers:
+            return path
+        if path == "/":
+            return None
+        path = path.rsplit("/", 1)[0] or "/"
+    return None
 
 
 class ContainerCollector:
@@ -236,6 +261,8 @@ class ContainerCollector:
         sample = self.view.snapshot.samples.get(device.uuid)
         if sample is None or sample.processes is None:
             return None
+        if self.view.by_container is not None:
+            return self.view.by_container.get(self.cgroup, {}).get(device.uuid, [])
         prefix = self.cgroup.rstrip("/") + "/"
         own = []
         for p in sample.processes:
