@@ -48,7 +48,8 @@ from collectors.model import DeviceSnapshot
 
 log = logging.getLogger(__name__)
 
-SKIP_REASONS = ("cgroup_vanished", "cgroup_unreadable", "pid_vanished", "fd_unreadable")
+SKIP_REASONS = ("cgroup_vanished", "cgroup_unreadable", "cgroup_too_deep", "pid_vanished", "pid_unreadable",
+                "foreign_cgroupns", "fd_unreadable", "mig_minors_line")
 
 
 class Attributor:
@@ -69,6 +70,8 @@ class Attributor:
         self.scanner = OpenFdScanner(proc_root) if open_fds else None
         self.metadata = MetadataReader(rootfs)
         self.skipped: Counter[str] = Counter({r: 0 for r in SKIP_REASONS})
+        self._cgroupns_logged = False
+        self._mig_lines_seen: set[str] = set()
 
     def attribute(self, snapshot: DeviceSnapshot,
                   on_skipped: Callable[[str, tuple[str, ...]], None] | None = None
@@ -81,13 +84,22 @@ class Attributor:
                  else discover_v2_containers(self.hierarchy))
         self.skipped["cgroup_vanished"] += found.stats.skipped_vanished
         self.skipped["cgroup_unreadable"] += found.stats.skipped_unreadable
+        self.skipped["cgroup_too_deep"] += found.stats.skipped_too_deep
         gpu_pids = {p.pid for s in snapshot.samples.values() for p in s.processes or ()}
-        view.pid_cgroups, vanished = cgroup_of_pids(gpu_pids, self.proc_root, self.controller)
-        self.skipped["pid_vanished"] += vanished
+        view.pid_cgroups, skipped = cgroup_of_pids(gpu_pids, self.proc_root, self.controller)
+        self.skipped.update(skipped)
+        if skipped["foreign_cgroupns"] and not self._cgroupns_logged:
+            self._cgroupns_logged = True
+            log.warning("process cgroup paths start with /..: accelstats runs in a cgroup namespace of its own "
+                        "and cannot attribute host processes; run it in the host's (docker --cgroupns=host)")
         view.mig = self._mig_map(snapshot)
 
         targets: list[tuple[str, Path, ContainerIdentity | None]] = [
             (c.path, c.directory, c.identity) for c in found.containers]
+        # podman/crun keep the payload in a "container" child: the walk reports the child; a process
+        # whose cgroup is the parent belongs to it too.
+        aliases = {c.path.rsplit("/", 1)[0]: c.path for c in found.containers if c.path.endswith("/container")}
+        view.pid_cgroups = {pid: aliases.get(path, path) for pid, path in view.pid_cgroups.items()}
         targets += self._unlisted(view.pid_cgroups.values(), {c.path for c in found.containers})
         view.index_processes(path for path, _, _ in targets)
         if self.scanner is not None:
@@ -96,10 +108,11 @@ class Attributor:
         out = []
         for path, directory, identity in targets:
             stats = ContainerStats(cgroup=path, identity=identity,
-                                   metadata=self.metadata.lookup(identity) if identity is not None
-                                   else ContainerMetadata())
+                                   metadata=ContainerMetadata(name=identity.name if identity else ""))
             ContainerCollector(directory, path, view, devices_list=self.devices_list,
                                on_skipped=on_skipped).update_stats(stats)
+            if stats.accelerators and identity is not None:  # state files only for containers that matter
+                stats.metadata = self.metadata.lookup(identity)
             out.append(stats)
         return out, view
 
@@ -132,8 +145,11 @@ class Attributor:
         if major is None:
             return None
         caps, skipped = parse_mig_minors(text)
-        if skipped:
-            log.debug("mig-minors: %d unknown line(s) skipped", len(skipped))
+        for line in skipped:
+            if line not in self._mig_lines_seen and len(self._mig_lines_seen) < 1000:
+                self._mig_lines_seen.add(line)
+                self.skipped["mig_minors_line"] += 1
+                log.warning("mig-minors: skipped unknown line %r", line[:200])
         return MigMap(caps_major=major, caps=caps)
 
     def _open_minors(self, directories: list[Path]) -> Callable[[Path], frozenset[int]]:

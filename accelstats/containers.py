@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,23 +111,36 @@ class NoopCollector:
         stats.reason = stats.reason or self.reason
 
 
-def cgroup_of_pids(pids: Iterable[int], proc_root: Path, controller: str) -> tuple[dict[int, str], int]:
-    """``({pid: cgroup path}, vanished)`` from ``<proc_root>/<pid>/cgroup``: the ``controller`` line
-    (``"devices"`` on v1, falling back to the v2 ``0::`` line; ``""`` for v2). A PID that exited
-    between NVML's answer and this read is normal (spec/cgroups.md §4): left out and counted."""
+def cgroup_of_pids(pids: Iterable[int], proc_root: Path, controller: str) -> tuple[dict[int, str], Counter[str]]:
+    """``({pid: cgroup path}, skipped)`` from ``<proc_root>/<pid>/cgroup``: the ``controller`` line
+    (``"devices"`` on v1, falling back to the v2 ``0::`` line; ``""`` for v2).
+
+    ``skipped`` counts PIDs left out, by reason: ``pid_vanished`` (exited between NVML's answer and
+    this read: normal, spec/cgroups.md §4), ``pid_unreadable`` (no permission: the exporter lacks
+    the host PID namespace or privileges), ``foreign_cgroupns`` (the path starts with ``/..``: this
+    process runs in a cgroup namespace of its own, so host paths cannot be resolved — run it with
+    the host's cgroup namespace, e.g. ``--cgroupns=host``).
+    """
     found = {}
-    vanished = 0
+    skipped: Counter[str] = Counter()
     for pid in pids:
         try:
-            text = (proc_root / str(pid) / "cgroup").read_text()
+            text = (proc_root / str(pid) / "cgroup").read_text(errors="replace")
+        except (FileNotFoundError, ProcessLookupError):
+            skipped["pid_vanished"] += 1
+            continue
         except OSError:
-            vanished += 1
+            skipped["pid_unreadable"] += 1
             continue
         parsed = parse_proc_cgroup(text)
         path = parsed.get(controller) or parsed.get("")
-        if path is not None:
-            found[pid] = path
-    return found, vanished
+        if path is None:
+            continue
+        if path.startswith("/.."):
+            skipped["foreign_cgroupns"] += 1
+            continue
+        found[pid] = path
+    return found, skipped
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -74,6 +75,7 @@ class AcceleratorManager:
         self._last: Collection | None = None
         self._skipped_lines = 0
         self._skipped_seen: set[tuple[str, str]] = set()
+        self._skipped_lock = threading.Lock()
         self._attributor: Attributor | None = None
         self._errors_logged: set[tuple[str, str]] = set()
 
@@ -138,17 +140,24 @@ class AcceleratorManager:
         except ValueError:
             return NoopCollector(f"{devices_cgroup_path} is not under {attributor.hierarchy}")
         cgroup = cgroup or "/" + rel.as_posix().strip(".")
-        return ContainerCollector(devices_cgroup_path, cgroup, last.view, devices_list=attributor.devices_list,
+        # Without the per-container process index: this cgroup may be a sub- or parent cgroup of one
+        # the collection indexed, so its processes are found by prefix instead.
+        view = dataclasses.replace(last.view, by_container=None)
+        return ContainerCollector(devices_cgroup_path, cgroup, view, devices_list=attributor.devices_list,
                                   on_skipped=self._count_skipped)
 
     def _count_skipped(self, cgroup: str, lines: tuple[str, ...]) -> None:
-        """Count each malformed (cgroup, line) once, however many collections re-read it."""
-        for line in lines:
-            if (cgroup, line) not in self._skipped_seen:
-                self._skipped_seen.add((cgroup, line))
-                self._skipped_lines += 1
-                if len(self._skipped_seen) <= 20:
-                    log.warning("devices.list of %s: skipped malformed line %r", cgroup, line[:200])
+        """Count each malformed (cgroup, line) once, however many collections re-read it. The set
+        remembering them is bounded (100 000 pairs; beyond that a line may be counted again)."""
+        with self._skipped_lock:
+            if len(self._skipped_seen) > 100_000:
+                self._skipped_seen.clear()
+            for line in lines:
+                if (cgroup, line) not in self._skipped_seen:
+                    self._skipped_seen.add((cgroup, line))
+                    self._skipped_lines += 1
+                    if self._skipped_lines <= 20:
+                        log.warning("devices.list of %s: skipped malformed line %r", cgroup, line[:200])
 
     # -- the collection path ----------------------------------------------------------------------
     def collect(self) -> Collection:

@@ -188,6 +188,7 @@ class OpenFdScanner:
         self._clock = clock
         self._lock = threading.Lock()
         self._cache: dict[int, _CacheEntry] = {}
+        self._unreadable_now: set[int] = set()
         self.scans = 0
         self.cache_hits = 0
         self.vanished = 0
@@ -206,8 +207,10 @@ class OpenFdScanner:
         read are absent from the result (and counted in ``vanished``/``unreadable``).  Duplicate
         PIDs are scanned once.
 
-        A PID is answered from the cache when its start time is the cached one and the cached
-        result is younger than ``ttl``; otherwise its fd directory is listed.  Cache entries of
+        A PID that was in the previous call and whose entry is younger than its lifetime (``ttl``
+        spread over [ttl/2, ttl) by PID) is answered from the cache without reading anything;
+        otherwise its start time is read and its fd directory listed. An fd directory that cannot
+        be read is cached as "holds nothing", so it is counted once per lifetime, not every scrape.  Cache entries of
         PIDs not in ``pids`` are dropped, so memory is bounded by the latest call.  Individual fd
         entries that disappear or cannot be stat'ed during the listing (closed meanwhile, dangling)
         are skipped.  Never raises :class:`OSError`.
@@ -218,18 +221,23 @@ class OpenFdScanner:
             new_cache: dict[int, _CacheEntry] = {}
             result: dict[int, frozenset[int]] = {}
             for pid in dict.fromkeys(pids):
-                start = process_start_time(self.proc_root, pid)
-                if start is None:
-                    self.vanished += 1
-                    continue
                 entry = old_cache.get(pid)
-                if entry is not None and entry.start_time == start and now - entry.scanned_at < self.ttl:
+                if entry is not None and now - entry.scanned_at < self._lifetime(pid):
+                    # Listed in the previous scan and still listed now: the same process (a PID
+                    # reused between two scrapes *and* placed in a container's cgroup again is
+                    # caught when the entry expires). No /proc read at all on a hit.
                     self.cache_hits += 1
                     new_cache[pid] = entry
                     result[pid] = entry.minors
                     continue
+                start = process_start_time(self.proc_root, pid)
+                if start is None:
+                    self.vanished += 1
+                    continue
                 minors = self._scan_fds(pid)
                 if minors is None:
+                    if pid in self._unreadable_now:  # cached as empty: counted once per lifetime
+                        new_cache[pid] = _CacheEntry(start, frozenset(), now)
                     continue
                 # The PID may have been reused while its fd directory was listed: only a start
                 # time unchanged across the listing proves the minors belong to one process.
@@ -240,6 +248,11 @@ class OpenFdScanner:
                 result[pid] = minors
             self._cache = new_cache
             return result
+
+    def _lifetime(self, pid: int) -> float:
+        """``ttl`` spread over [ttl/2, ttl) by PID, so entries made in one scrape do not all expire
+        (and get rescanned) in the same later one."""
+        return self.ttl * (0.5 + (pid * 2654435761 % 1000) / 2000)  # Knuth's multiplicative hash
 
     def _scan_fds(self, pid: int) -> frozenset[int] | None:
         """List ``<proc_root>/<pid>/fd``; None (counted) when it vanished or is unreadable."""
@@ -260,7 +273,9 @@ class OpenFdScanner:
             return None
         except OSError:
             self.unreadable += 1
+            self._unreadable_now.add(pid)
             return None
+        self._unreadable_now.discard(pid)
         return frozenset(minors)
 
 

@@ -9,6 +9,7 @@
 set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
+OUT=$(realpath "$OUT")
 export PYTHONUNBUFFERED=1
 py=python3
 fail=0
@@ -32,9 +33,9 @@ cat "$OUT/host.txt"
 
 step "accelstats devices --json (live NVML) and nvidia-smi --query-gpu, back to back"
 query=uuid,memory.total,power.draw,temperature.gpu,utilization.gpu,pci.bus_id,name,driver_version
-$py -m accelstats devices --json > "$OUT/devices.json" 2> "$OUT/devices.err" || fail=1
+timeout 60 $py -m accelstats devices --json > "$OUT/devices.json" 2> "$OUT/devices.err" || fail=1
 nvidia-smi --query-gpu=$query --format=csv,noheader,nounits > "$OUT/nvidia-smi.csv" || fail=1
-$py -m accelstats dump > "$OUT/dump.prom" 2> "$OUT/dump.err" || fail=1
+timeout 60 $py -m accelstats dump > "$OUT/dump.prom" 2> "$OUT/dump.err" || fail=1
 nvidia-smi --query-gpu=$query --format=csv,noheader,nounits > "$OUT/nvidia-smi-after.csv" || fail=1
 
 step "compare"
@@ -44,20 +45,28 @@ cat "$OUT/gpu-check.md"
 step "issue 3: a real CUDA process in a docker-named cgroup (v2 host) is attributed by process"
 cid=$($py -c 'import secrets; print(secrets.token_hex(32))')
 cg=/sys/fs/cgroup/system.slice/docker-$cid.scope
+cuda_pid=""
+cleanup() {  # also on a timeout or abort: never leave the process or the cgroup behind
+  [ -n "$cuda_pid" ] && kill "$cuda_pid" 2>/dev/null && wait "$cuda_pid" 2>/dev/null
+  for _ in $(seq 20); do [ -d "$cg" ] || break; rmdir "$cg" 2>/dev/null && break; sleep 0.5; done
+}
+trap cleanup EXIT INT TERM
+export ACCELSTATS_READY="$OUT/cuda.ready"
 if [ -f /sys/fs/cgroup/cgroup.controllers ] && mkdir "$cg" 2>> "$OUT/steps.log"; then
-  # Move the CUDA process itself (spec/cgroups.md §4): sh writes its own PID, then execs python.
-  sh -c "echo \$\$ > $cg/cgroup.procs; exec $py -c 'import torch, time, pathlib; x = torch.empty(1 << 30, dtype=torch.uint8, device=\"cuda\"); x.fill_(1); torch.cuda.synchronize(); pathlib.Path(\"$OUT/cuda.ready\").write_text(\"ready\"); time.sleep(120)'" \
+  # Move the CUDA process itself (spec/cgroups.md §4): sh writes its own PID, then execs python;
+  # if the move fails, nothing runs. One visible GPU, so CUDA opens only that GPU's node.
+  CUDA_VISIBLE_DEVICES=0 sh -c "echo \$\$ > $cg/cgroup.procs && exec $py -c 'import os, torch, time, pathlib; x = torch.empty(1 << 30, dtype=torch.uint8, device=\"cuda\"); x.fill_(1); torch.cuda.synchronize(); pathlib.Path(os.environ[\"ACCELSTATS_READY\"]).write_text(\"ready\"); time.sleep(120)'" \
     > "$OUT/cuda.log" 2>&1 &
   cuda_pid=$!
   for _ in $(seq 90); do [ -f "$OUT/cuda.ready" ] && break; sleep 1; done
   if [ -f "$OUT/cuda.ready" ]; then
-    $py -m accelstats containers --json > "$OUT/containers.json" 2> "$OUT/containers.err" || fail=1
-    $py "$OLDPWD/scripts/gpu_container_check.py" "$OUT/containers.json" "$cg" "$cuda_pid" >> "$OUT/gpu-check.md" || fail=1
+    timeout 60 $py -m accelstats containers --json > "$OUT/containers.json" 2> "$OUT/containers.err" || fail=1
+    timeout 60 $py "$OLDPWD/scripts/gpu_container_check.py" "$OUT/containers.json" "$cg" "$cuda_pid" "$cid" \
+      >> "$OUT/gpu-check.md" || fail=1
   else
     echo "CUDA process did not become ready (see cuda.log)" | tee -a "$OUT/gpu-check.md"; fail=1
   fi
-  kill "$cuda_pid" 2>/dev/null; wait "$cuda_pid" 2>/dev/null
-  for _ in $(seq 20); do rmdir "$cg" 2>/dev/null && break; sleep 0.5; done
+  cleanup; cuda_pid=""
   [ -d "$cg" ] && { echo "could not remove $cg" | tee -a "$OUT/gpu-check.md"; fail=1; }
 else
   echo "not a cgroup v2 host or cannot create $cg: container check skipped" | tee -a "$OUT/gpu-check.md"; fail=1

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from accelstats.config import Settings
-from accelstats.containers import ContainerStats
+from accelstats.containers import ContainerStats, container_of
 from accelstats.manager import AcceleratorManager, Collection
 from collectors.nvml_replay import ReplayNVML
 
@@ -116,6 +116,8 @@ def test_v2_process_evidence_two_containers_sharing_a_gpu(tmp_path: Path, h200: 
     sm = {(a.id, s.cgroup): a.container_sm_utilization_ratio for s in c.containers for a in s.accelerators}
     assert sm[(GPU0, DOCKER.format(C1))] == pytest.approx(0.35)
     assert sm[(GPU0, DOCKER.format(C2))] == pytest.approx(0.10)
+    # GPU 1: no process has a utilisation sample, NVML answers NOT_FOUND: "0 for this period"
+    assert sm[(GPU1, DOCKER.format(C1))] == 0.0
     assert "/system.slice/sshd.service" not in r
     assert c.attribution_skipped["pid_vanished"] == 1
 
@@ -216,16 +218,93 @@ def test_cgroup_removed_mid_walk_and_unreadable_fd_dirs_are_counted_not_fatal(
     host.process(701, DOCKER.format(C1), gpu=0)
     (host.proc / "701" / "fd").rmdir()
     (host.proc / "701" / "fd").write_text("")  # fd is not a directory: unreadable, skipped
-    gone = host.container(DOCKER.format(C2), [702])
+    pod = "/kubepods.slice/kubepods-pod0a1b2c3d_0000_4000_8000_000000000000.slice"
+    host.container(pod + "/cri-containerd-" + C2 + ".scope", [702])
+    gone = host.cgroup / pod.lstrip("/")
     real_scandir = os.scandir
 
     def vanishing_scandir(path: object) -> object:
-        if str(path) == str(gone):
+        if str(path) == str(gone):  # the pod's cgroup is removed while the walk lists it
             raise FileNotFoundError(2, "No such file or directory", str(path))
         return real_scandir(path)  # type: ignore[arg-type]
 
     monkeypatch.setattr(os, "scandir", vanishing_scandir)
     c = host.collect()
     assert table(rows(c)[DOCKER.format(C1)]) == [(GPU0, "process", GIB, 1)]
+    assert not any(path.startswith(pod) for path in rows(c))
     assert c.attribution_skipped["fd_unreadable"] == 1
-    assert c.attribution_skipped["cgroup_vanished"] >= 1
+    assert c.attribution_skipped["cgroup_vanished"] == 1
+
+
+def test_processes_in_several_lists_count_once_per_container(tmp_path: Path, h200: Path) -> None:
+    """A compute+MPS (or C+G) PID is one process: its memory is counted once."""
+    host = Host(tmp_path, h200)
+    host.container(DOCKER.format(C1), [801, 802])
+    host.process(801, DOCKER.format(C1), gpu=0, used=GIB)
+    host.processes[0] += ["[[gpu.process]]", "pid = 801", f"used_memory_bytes = {GIB}", 'type = "mps"']
+    host.process(802, DOCKER.format(C1))
+    host.processes[0] += ["[[gpu.process]]", "pid = 802", f"used_memory_bytes = {2 * GIB}", 'type = "mps"']
+    assert table(rows(host.collect())[DOCKER.format(C1)]) == [(GPU0, "process", 3 * GIB, 2)]
+
+
+def test_nomad_v1_process_is_found_through_its_devices_controller_line(tmp_path: Path, h200: Path) -> None:
+    """Nomad <= 1.6 on v1: cpuset says /nomad/..., the devices controller says /docker/<id>."""
+    host = Host(tmp_path, h200, v2=False)
+    host.container(f"/docker/{C1}", [901], devices_list="a *:* rwm\n")
+    host.process(901, f"/docker/{C1}", gpu=1, used=GIB)
+    (host.proc / "901" / "cgroup").write_text(
+        f"7:cpuset:/nomad/reserved/0b9f4a1e-1c7b-4a53-a7a4-3d1f4cfc3b61.web\n5:devices:/docker/{C1}\n"
+        f"4:memory:/docker/{C1}\n0::/\n")
+    assert table(rows(host.collect())[f"/docker/{C1}"]) == [(GPU1, "process", GIB, 1)]
+
+
+@pytest.mark.parametrize("path", ["/system.slice/gpu-probe.scope", "/system.slice/run-r3f1.scope",
+                                  "/user.slice/user-1000.slice/user@1000.service/app.slice/app-x.scope",
+                                  "/user.slice/user-1000.slice/session-3.scope", "/system.slice/sshd.service", "/"])
+def test_host_processes_are_not_containers(tmp_path: Path, h200: Path, path: str) -> None:
+    host = Host(tmp_path, h200)
+    host.process(1001, path, gpu=0)
+    assert rows(host.collect()) == {}
+
+
+def test_podman_process_in_the_parent_of_the_container_child_is_one_container(tmp_path: Path, h200: Path) -> None:
+    scope = f"/machine.slice/libpod-{C1}.scope"
+    host = Host(tmp_path, h200)
+    host.container(scope, [])
+    host.container(scope + "/container", [1101])
+    host.process(1101, scope + "/container", gpu=0, used=GIB)
+    host.process(1102, scope, gpu=0, used=2 * GIB)  # conmon-side helper in the parent
+    r = rows(host.collect())
+    assert list(r) == [scope + "/container"]
+    assert table(r[scope + "/container"]) == [(GPU0, "process", 3 * GIB, 2)]
+
+
+def test_paths_from_another_cgroup_namespace_are_skipped_and_counted(tmp_path: Path, h200: Path) -> None:
+    host = Host(tmp_path, h200)
+    host.container(DOCKER.format(C1), [1201])
+    host.process(1201, "/../../system.slice/docker-" + C1 + ".scope", gpu=0)
+    c = host.collect()
+    assert table(rows(c)[DOCKER.format(C1)]) == []
+    assert c.attribution_skipped["foreign_cgroupns"] == 1
+
+
+def test_unknown_mig_minors_lines_are_counted_once(tmp_path: Path, fixtures_dir: Path) -> None:
+    a100 = fixtures_dir / "public" / "a100-sxm4-v12.xml"
+    host = Host(tmp_path, a100, v2=False, gpus=[])
+    (host.proc / "devices").write_text("Character devices:\n195 nvidia\n241 nvidia-caps\n")
+    (host.proc / "driver" / "nvidia-caps").mkdir(parents=True)
+    (host.proc / "driver" / "nvidia-caps" / "mig-minors").write_text("gpu1/gi3/access 30\nsomething odd\nx y z\n")
+    scenario_tail = f'[[gpu]]\ncapture = "{a100}"\n'
+    assert host.collect(scenario_tail).attribution_skipped["mig_minors_line"] == 2
+
+
+@pytest.mark.parametrize(("path", "containers", "owner"), [
+    ("/docker/a", {"/docker/a"}, "/docker/a"),
+    ("/docker/a/init.scope", {"/docker/a"}, "/docker/a"),
+    ("/docker/ab", {"/docker/a"}, None),  # a prefix of the name is not an ancestor
+    ("/k/pod/c1/sub", {"/k/pod", "/k/pod/c1"}, "/k/pod/c1"),  # the nearest ancestor
+    ("/", {"/docker/a"}, None),
+    ("", {"/docker/a"}, None),
+])
+def test_container_of_is_the_nearest_ancestor(path: str, containers: set[str], owner: str | None) -> None:
+    assert container_of(path, containers) == owner

@@ -203,14 +203,24 @@ def test_second_scan_with_same_start_times_scans_no_fd_directory(fake: FakeProc)
 
 
 def test_reused_pid_is_rescanned(fake: FakeProc) -> None:
+    """A PID that left the listing (its process exited) and comes back is a new process: rescanned."""
     fake.add(100, 5000, [fake.gpu(1)])
     scanner = OpenFdScanner(fake.root, clock=Clock())
     assert scanner.scan([100]) == {100: frozenset({1})}
+    assert scanner.scan([]) == {}  # gone from every container's cgroup.procs
     fake.add(100, 5001, [fake.gpu(4)])  # pid 100 now belongs to a new process
     assert scanner.scan([100]) == {100: frozenset({4})}
     assert (scanner.scans, scanner.cache_hits) == (2, 0)
     assert scanner.scan([100]) == {100: frozenset({4})}
     assert (scanner.scans, scanner.cache_hits) == (2, 1)
+
+
+def test_a_cache_hit_reads_nothing_from_proc(fake: FakeProc, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake.add(100, 5000, [fake.gpu(1)])
+    scanner = OpenFdScanner(fake.root, clock=Clock())
+    scanner.scan([100])
+    monkeypatch.setattr(openfds, "process_start_time", lambda *a: pytest.fail("read /proc on a hit"))
+    assert scanner.scan([100]) == {100: frozenset({1})}
 
 
 def test_ttl_expiry_with_injected_clock(fake: FakeProc) -> None:
@@ -219,15 +229,28 @@ def test_ttl_expiry_with_injected_clock(fake: FakeProc) -> None:
     scanner = OpenFdScanner(fake.root, ttl=300.0, clock=clock)
     scanner.scan([100])
     fake.add(100, 5000, [fake.gpu(1), fake.gpu(2)])
-    clock.now += 299.9
+    lifetime = scanner._lifetime(100)  # ttl spread by PID over [ttl/2, ttl)
+    assert 150.0 <= lifetime < 300.0
+    clock.now += lifetime - 0.1
     assert scanner.scan([100]) == {100: frozenset({1})}
     assert scanner.scans == 1
-    clock.now += 0.1  # the entry is exactly ttl old: rescan
+    clock.now += 0.2  # the entry is past its lifetime: rescan
     assert scanner.scan([100]) == {100: frozenset({1, 2})}
     assert scanner.scans == 2
     clock.now += 100  # the rescan restarted the entry's age
     scanner.scan([100])
     assert scanner.scans == 2
+
+
+def test_lifetimes_are_spread_so_rescans_do_not_come_all_at_once(fake: FakeProc) -> None:
+    clock = Clock()
+    for pid in range(100, 200):
+        fake.add(pid, pid * 10, [])
+    scanner = OpenFdScanner(fake.root, ttl=300.0, clock=clock)
+    scanner.scan(range(100, 200))
+    clock.now += 225  # three quarters of ttl: some entries expired, not all
+    scanner.scan(range(100, 200))
+    assert 100 < scanner.scans < 200
 
 
 def test_ttl_zero_always_rescans(fake: FakeProc) -> None:
@@ -275,10 +298,9 @@ def test_vanished_pids_are_counted_not_raised(fake: FakeProc) -> None:
     assert scanner.scan([100, 200, 300]) == {100: frozenset({1})}
     assert (scanner.scans, scanner.vanished, scanner.unreadable) == (1, 2, 0)
     assert scanner.cache_size == 1
-    # a cached pid that exits is dropped and counted
-    (fake.root / "100" / "stat").unlink()
-    assert scanner.scan([100]) == {}
-    assert (scanner.vanished, scanner.cache_size) == (3, 0)
+    # a cached pid that exits leaves cgroup.procs: not asked for, dropped
+    assert scanner.scan([]) == {}
+    assert scanner.cache_size == 0
 
 
 def test_pid_reused_during_fd_listing_is_not_attributed(fake: FakeProc, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -322,9 +344,9 @@ def test_unreadable_fd_directory_is_counted_and_skipped(fake: FakeProc, monkeypa
     scanner = OpenFdScanner(fake.root, clock=Clock())
     assert scanner.scan([100, 200, 300]) == {100: frozenset({1})}
     assert (scanner.scans, scanner.unreadable, scanner.vanished) == (1, 2, 0)
-    # failures are not cached: retried (and counted) on the next scan
-    assert scanner.scan([100, 200, 300]) == {100: frozenset({1})}
-    assert (scanner.scans, scanner.cache_hits, scanner.unreadable) == (1, 1, 4)
+    # failures are cached as "holds nothing": counted once per lifetime, not every scrape
+    assert scanner.scan([100, 200, 300]) == {100: frozenset({1}), 200: frozenset(), 300: frozenset()}
+    assert (scanner.scans, scanner.cache_hits, scanner.unreadable) == (1, 3, 2)
 
 
 def test_fd_entry_stat_errors_skip_only_that_fd(fake: FakeProc, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -413,6 +435,8 @@ def test_pids_in_cgroup_real_own_cgroup() -> None:
     """This test process is in its own cgroup's ``cgroup.procs`` (v1 or v2, whichever is mounted)."""
     candidates = list(_own_cgroup_dirs())
     if not candidates:
+        if _in_ci():
+            pytest.fail("no cgroup hierarchy of this process is mounted under CI=true", pytrace=False)
         pytest.skip("no cgroup hierarchy of this process is mounted here")
     for directory in candidates:
         pids, failed = pids_in_cgroup(directory, max_depth=0)
@@ -535,7 +559,8 @@ def test_real_proc_child_holding_a_195_node(fake: FakeProc) -> None:
         child.stdin.close()
         assert child.wait(timeout=30) == 0
         assert process_start_time(proc, child.pid) is None  # reaped: gone
-        assert scanner.scan([child.pid]) == {}
+        scanner.scan([])  # it left the listing
+        assert scanner.scan([child.pid]) == {}  # asked again: not cached any more, found gone
         assert scanner.vanished == 1
     finally:
         if child.poll() is None:

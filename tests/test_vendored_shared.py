@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
+from conftest import in_ci
 from paths import BESIDE, VENDORED
 
 COPIES = sorted(p.relative_to(VENDORED) for p in VENDORED.rglob("*") if p.is_file() and p.name != "README.md")
@@ -13,7 +13,7 @@ COPIES = sorted(p.relative_to(VENDORED) for p in VENDORED.rglob("*") if p.is_fil
 
 def test_every_fixture_is_vendored() -> None:
     if not BESIDE.is_dir():
-        if os.environ.get("CI") == "true":
+        if in_ci():
             pytest.fail(f"{BESIDE} missing under CI=true")
         pytest.skip("no ../shared beside this clone: nothing to compare with")
     originals = sorted(p.relative_to(BESIDE) for p in (BESIDE / "fixtures").rglob("*") if p.is_file())
@@ -24,7 +24,7 @@ def test_every_fixture_is_vendored() -> None:
 def test_copy_is_identical(relative: Path) -> None:
     original = BESIDE / relative
     if not BESIDE.is_dir():
-        if os.environ.get("CI") == "true":
+        if in_ci():
             pytest.fail(f"{BESIDE} missing under CI=true")
         pytest.skip("no ../shared beside this clone: nothing to compare with")
     assert (VENDORED / relative).read_bytes() == original.read_bytes()

@@ -175,21 +175,22 @@ def identify_with_root(cgroup_path: str) -> tuple[str, ContainerIdentity] | None
     return None
 
 
-_SESSION_SCOPE = re.compile(r"session-[^/]+\.scope")
-
-
 def is_host_cgroup(cgroup_path: str) -> bool:
     """True for cgroups of host processes rather than of some container: the root ``/``, systemd
-    services, mounts, ``init.scope``, login sessions (``session-3.scope``), and slices
-    (``/user.slice/user-1000.slice``) — spec/cgroups.md §3, last row. A path for which this is False
+    services, mounts, sockets, slices, ``init.scope``, and transient scopes in ``system.slice`` /
+    ``user.slice`` (login sessions, ``systemd-run --scope``) — spec/cgroups.md §3, last row. A path for which this is False
     and :func:`identify` finds nothing is a container no rule recognises (``runtime="unknown"``).
     Never raises."""
     comps = [c for c in cgroup_path.strip().split("/") if c]
     if not comps:
         return True
     last = comps[-1]
-    return (last.endswith((".service", ".mount", ".slice", ".socket", ".swap")) or last == "init.scope"
-            or _SESSION_SCOPE.fullmatch(last) is not None or (comps[0] == "user.slice" and len(comps) <= 3))
+    if last.endswith((".service", ".mount", ".slice", ".socket", ".swap")) or last == "init.scope":
+        return True
+    # Transient scopes systemd makes for host programs (systemd-run --scope, login sessions, desktop
+    # apps: run-r….scope, session-3.scope, app-….scope) live in system.slice and user.slice; a
+    # container runtime's scope there is recognised by identify() before this is asked.
+    return last.endswith(".scope") and comps[0] in ("system.slice", "user.slice")
 
 
 def parse_proc_cgroup(text: str) -> dict[str, str]:
