@@ -42,14 +42,16 @@ from accelstats.containers import (
     cgroup_of_pids,
     container_of,
 )
+from accelstats.fsread import read_small
 from accelstats.metadata import MetadataReader
 from accelstats.openfds import OpenFdScanner, char_major, pids_in_cgroup
 from collectors.model import DeviceSnapshot
 
 log = logging.getLogger(__name__)
 
-SKIP_REASONS = ("cgroup_vanished", "cgroup_unreadable", "cgroup_too_deep", "pid_vanished", "pid_unreadable",
-                "foreign_cgroupns", "fd_unreadable", "mig_minors_line")
+SKIP_REASONS = ("cgroup_vanished", "cgroup_unreadable", "cgroup_too_deep", "devices_list_unreadable",
+                "pid_vanished", "pid_unreadable", "bad_cgroup_path", "foreign_cgroupns", "fd_unreadable",
+                "mig_minors_line")
 
 
 class Attributor:
@@ -109,12 +111,15 @@ class Attributor:
         for path, directory, identity in targets:
             stats = ContainerStats(cgroup=path, identity=identity,
                                    metadata=ContainerMetadata(name=identity.name if identity else ""))
-            ContainerCollector(directory, path, view, devices_list=self.devices_list,
-                               on_skipped=on_skipped).update_stats(stats)
+            ContainerCollector(directory, path, view, devices_list=self.devices_list, on_skipped=on_skipped,
+                               on_unreadable=self._devices_list_unreadable).update_stats(stats)
             if stats.accelerators and identity is not None:  # state files only for containers that matter
                 stats.metadata = self.metadata.lookup(identity)
             out.append(stats)
         return out, view
+
+    def _devices_list_unreadable(self) -> None:
+        self.skipped["devices_list_unreadable"] += 1
 
     def _unlisted(self, paths: Iterable[str], known: set[str]) -> list[tuple[str, Path, ContainerIdentity | None]]:
         """Containers of GPU processes that the walk did not list (not recognised by any rule, or
@@ -138,12 +143,10 @@ class Attributor:
         if not self.devices_list or not any(d.kind == "mig" for d in snapshot.devices):
             return None
         major = char_major(self.proc_root, "nvidia-caps")
-        try:
-            text = (self.proc_root / "driver" / "nvidia-caps" / "mig-minors").read_text()
-        except OSError:
+        data = read_small(self.proc_root / "driver" / "nvidia-caps" / "mig-minors")
+        if data is None or major is None:
             return None
-        if major is None:
-            return None
+        text = data.decode("utf-8", errors="replace")
         caps, skipped = parse_mig_minors(text)
         for line in skipped:
             if line not in self._mig_lines_seen and len(self._mig_lines_seen) < 1000:

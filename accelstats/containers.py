@@ -38,6 +38,7 @@ from accelstats.cgroups import (
     parse_proc_cgroup,
     read_devices_list_text,
 )
+from accelstats.fsread import read_small_why
 from collectors.model import Device, DeviceSnapshot, ProcessUsage
 
 log = logging.getLogger(__name__)
@@ -117,27 +118,29 @@ def cgroup_of_pids(pids: Iterable[int], proc_root: Path, controller: str) -> tup
 
     ``skipped`` counts PIDs left out, by reason: ``pid_vanished`` (exited between NVML's answer and
     this read: normal, spec/cgroups.md §4), ``pid_unreadable`` (no permission: the exporter lacks
-    the host PID namespace or privileges), ``foreign_cgroupns`` (the path starts with ``/..``: this
-    process runs in a cgroup namespace of its own, so host paths cannot be resolved — run it with
-    the host's cgroup namespace, e.g. ``--cgroupns=host``).
+    the host PID namespace or privileges; also a file without a usable line), ``bad_cgroup_path``
+    (``..``, NUL, absurd depth: see :func:`usable_cgroup_path`), ``foreign_cgroupns`` (the path
+    starts with ``/..``: this process runs in a cgroup namespace of its own, so host paths cannot be
+    resolved — run it with the host's cgroup namespace, e.g. ``--cgroupns=host``).
     """
     found = {}
     skipped: Counter[str] = Counter()
     for pid in pids:
-        try:
-            text = (proc_root / str(pid) / "cgroup").read_text(errors="replace")
-        except (FileNotFoundError, ProcessLookupError):
-            skipped["pid_vanished"] += 1
+        data, why = read_small_why(proc_root / str(pid) / "cgroup")
+        if data is None:
+            skipped["pid_vanished" if why == "vanished" else "pid_unreadable"] += 1
             continue
-        except OSError:
-            skipped["pid_unreadable"] += 1
-            continue
-        parsed = parse_proc_cgroup(text)
+        # surrogateescape, as os.scandir names the walked directories: the same bytes, the same str
+        parsed = parse_proc_cgroup(data.decode("utf-8", errors="surrogateescape"))
         path = parsed.get(controller) or parsed.get("")
         if path is None:
+            skipped["pid_unreadable"] += 1
             continue
         if path.startswith("/.."):
             skipped["foreign_cgroupns"] += 1
+            continue
+        if not usable_cgroup_path(path):
+            skipped["bad_cgroup_path"] += 1
             continue
         found[pid] = path
     return found, skipped
@@ -181,6 +184,18 @@ class HostView:
         self.by_container = index
 
 
+MAX_CGROUP_DEPTH = 64
+
+
+def usable_cgroup_path(path: str) -> bool:
+    """A cgroup path attribution may follow: absolute, at most 64 components deep, no ``.``/``..``
+    components or NUL (it must never lead outside the cgroup root). Real paths are far shallower."""
+    if not path.startswith("/") or "\0" in path:
+        return False
+    comps = path.split("/")
+    return len(comps) <= MAX_CGROUP_DEPTH + 1 and ".." not in comps and "." not in comps
+
+
 def container_of(path: str | None, containers: set[str]) -> str | None:
     """The member of ``containers`` that is ``path`` or its nearest ancestor cgroup, or None."""
     while path:
@@ -211,8 +226,10 @@ class ContainerCollector:
     """
 
     def __init__(self, directory: Path, cgroup: str, view: HostView, *, devices_list: bool,
-                 on_skipped: Callable[[str, tuple[str, ...]], None] | None = None) -> None:
+                 on_skipped: Callable[[str, tuple[str, ...]], None] | None = None,
+                 on_unreadable: Callable[[], None] | None = None) -> None:
         self.directory = directory
+        self.on_unreadable = on_unreadable
         self.cgroup = cgroup
         self.view = view
         self.devices_list = devices_list
@@ -228,6 +245,8 @@ class ContainerCollector:
             text = read_devices_list_text(self.directory)
             if text is None:
                 stats.reason = f"devices.list not readable in {self.directory}"
+                if self.on_unreadable is not None:
+                    self.on_unreadable()
                 return
             mig = self.view.mig
             grant, skipped = _grant(text, frozenset(gpus_by_minor), mig.caps_major if mig else None,

@@ -50,7 +50,7 @@ def _utf8(value: str) -> str:
     (``os.fsdecode`` surrogates), which would make the whole exposition fail; they become U+FFFD."""
     if value.isascii():
         return value
-    return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    return value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
 
 
 def render(collection: Collection) -> Iterator[Metric]:
@@ -94,8 +94,8 @@ def render(collection: Collection) -> Iterator[Metric]:
             continue
         ident = _identity_labels(c)
         i = c.identity
-        add(catalog.CONTAINER_INFO, ident + ([i.runtime, i.id, i.pod_uid, i.alloc_id, i.task] if i is not None
-                                             else ["unknown", "", "", "", ""]), 1)
+        info = [i.runtime, i.id, i.pod_uid, i.alloc_id, i.task] if i is not None else ["unknown", "", "", "", ""]
+        add(catalog.CONTAINER_INFO, ident + [_utf8(v) for v in info], 1)
         for a in c.accelerators:
             cad = ident + [a.make, a.model, a.id]
             if a.memory_total_bytes is not None:

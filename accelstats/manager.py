@@ -174,8 +174,7 @@ class AcceleratorManager:
                 snapshot.collector_results.append(self._run(collector, snapshot))
             collection = Collection(snapshot=snapshot, started=started)
             if self._attributor is not None:
-                collection.containers, collection.view = self._attributor.attribute(snapshot, self._count_skipped)
-                collection.attribution_skipped = dict(self._attributor.skipped)
+                snapshot.collector_results.append(self._attribute(collection))
             collection.cgroup_mode = self.layout.mode.value if self.layout else ""
             collection.devices_list_skipped_lines_total = self._skipped_lines
             for c in self.collectors:
@@ -183,6 +182,24 @@ class AcceleratorManager:
                     collection.nvml_errors = dict(c.call.errors)
             self._last = collection
             return collection
+
+    def _attribute(self, collection: Collection) -> CollectorResult:
+        """Attribute devices to containers, timed and isolated like a collector (``attribution`` in
+        ``accelstats_scrape_collector_success``): a failure leaves the containers empty, never the
+        device families."""
+        assert self._attributor is not None
+        t0 = time.perf_counter()
+        try:
+            collection.containers, collection.view = self._attributor.attribute(collection.snapshot,
+                                                                                self._count_skipped)
+        except Exception as exc:
+            if ("attribution", type(exc).__name__) not in self._errors_logged:
+                self._errors_logged.add(("attribution", type(exc).__name__))
+                log.exception("attribution failed")
+            return CollectorResult("attribution", False, time.perf_counter() - t0, str(exc))
+        finally:
+            collection.attribution_skipped = dict(self._attributor.skipped)
+        return CollectorResult("attribution", True, time.perf_counter() - t0)
 
     def _run(self, collector: Collector, snapshot: DeviceSnapshot) -> CollectorResult:
         t0 = time.perf_counter()

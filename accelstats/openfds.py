@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from accelstats.fsread import ascii_int, read_small
+
 __all__ = [
     "DEFAULT_NVIDIA_MAJOR",
     "OpenFdScanner",
@@ -94,14 +96,13 @@ def pids_in_cgroup(directory: Path, *, max_depth: int = 8) -> tuple[list[int], i
 
 def _read_cgroup_procs(path: str, into: set[int]) -> bool:
     """Add the integers of one ``cgroup.procs`` file to ``into``; False when it could not be read."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError:
+    data = read_small(path, 4 << 20)
+    if data is None:
         return False
     for line in data.split():
-        if line.isdigit():
-            into.add(int(line))
+        pid = ascii_int(line, 10)
+        if pid is not None:
+            into.add(pid)
     return True
 
 
@@ -117,10 +118,8 @@ def process_start_time(proc_root: Path, pid: int) -> int | None:
     :class:`OSError`, and when the file is not a ``stat`` line with at least 22 fields.  Never
     raises :class:`OSError`.
     """
-    try:
-        with open(os.path.join(os.fspath(proc_root), str(pid), "stat"), "rb") as f:
-            data = f.read()
-    except OSError:
+    data = read_small(os.path.join(os.fspath(proc_root), str(pid), "stat"), 4096)
+    if data is None:
         return None
     close = data.rfind(b")")
     if close < 0:
@@ -128,10 +127,7 @@ def process_start_time(proc_root: Path, pid: int) -> int | None:
     fields = data[close + 1 :].split()
     if len(fields) <= _STARTTIME_INDEX:
         return None
-    value = fields[_STARTTIME_INDEX]
-    if not value.isdigit():
-        return None
-    return int(value)
+    return ascii_int(fields[_STARTTIME_INDEX], 20)
 
 
 @dataclass(frozen=True)
@@ -290,11 +286,10 @@ def char_major(proc_root: Path, name: str) -> int | None:
     Returns None when the file is unreadable (any :class:`OSError`), has no character section, or
     has no such name.  Never raises :class:`OSError`.
     """
-    try:
-        with open(os.path.join(os.fspath(proc_root), "devices"), "rb") as f:
-            text = f.read().decode("utf-8", errors="replace")
-    except OSError:
+    data = read_small(os.path.join(os.fspath(proc_root), "devices"))
+    if data is None:
         return None
+    text = data.decode("utf-8", errors="replace")
     in_char = False
     for raw in text.splitlines():
         line = raw.strip()
@@ -304,8 +299,8 @@ def char_major(proc_root: Path, name: str) -> int | None:
         if not in_char:
             continue
         parts = line.split(None, 1)
-        if len(parts) == 2 and parts[0].isdigit() and parts[1].strip() == name:
-            return int(parts[0])
+        if len(parts) == 2 and parts[1].strip() == name and ascii_int(parts[0], 7) is not None:
+            return ascii_int(parts[0], 7)
     return None
 
 

@@ -10,9 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from accelstats.config import Settings
-from accelstats.containers import ContainerStats, container_of
+from accelstats.containers import ContainerMetadata, ContainerStats, container_of
+from accelstats.exporter import render
 from accelstats.manager import AcceleratorManager, Collection
 from collectors.nvml_replay import ReplayNVML
 
@@ -59,7 +62,7 @@ class Host:
         d = self.proc / str(pid)
         (d / "fd").mkdir(parents=True)
         line = f"0::{cgroup}\n" if self.v2 else f"5:devices:{cgroup}\n0::/\n"
-        (d / "cgroup").write_text(line)
+        (d / "cgroup").write_text(line, errors="surrogateescape")
         (d / "stat").write_text(f"{pid} (python3) S 1 " + " ".join(["0"] * 17) + f" {pid * 7} 0 0\n")
         for n, node in enumerate(fds, start=3):
             (d / "fd" / str(n)).symlink_to(node)
@@ -308,3 +311,87 @@ def test_unknown_mig_minors_lines_are_counted_once(tmp_path: Path, fixtures_dir:
 ])
 def test_container_of_is_the_nearest_ancestor(path: str, containers: set[str], owner: str | None) -> None:
     assert container_of(path, containers) == owner
+
+
+@pytest.mark.parametrize(("content", "reason"), [
+    (b"0::/x\xff\n", "pid_unreadable"),  # not UTF-8: kept as the walk would name it
+    (b"0::/foo\x00bar\n", "bad_cgroup_path"),
+    (b"0::/../outside/x\n", "foreign_cgroupns"),
+    (b"0::/a/../../outside\n", "bad_cgroup_path"),
+    (b"0::" + b"/a" * 200_000 + b"\n", "bad_cgroup_path"),  # absurd depth, and more than 64 KiB read
+    (b"", "pid_unreadable"),
+    (b"\x00\x01binary\n", "pid_unreadable"),
+])
+def test_hostile_proc_cgroup_files_are_skipped_and_counted(
+        tmp_path: Path, h200: Path, content: bytes, reason: str) -> None:
+    host = Host(tmp_path, h200)
+    host.container(DOCKER.format(C1), [1301])
+    host.process(1301, DOCKER.format(C1), gpu=0)
+    host.process(1302, "/placeholder", gpu=1)
+    (host.proc / "1302" / "cgroup").write_bytes(content)
+    c = host.collect()
+    assert table(rows(c)[DOCKER.format(C1)]) == [(GPU0, "process", GIB, 1)]
+    if reason == "pid_unreadable" and content.startswith(b"0::/x"):
+        assert "/x\udcff" in rows(c)  # the byte kept as os.fsdecode would: an unknown container, no crash
+        return
+    assert c.attribution_skipped[reason] >= 1
+    assert all(not path.startswith("/..") and "\x00" not in path for path in rows(c))
+
+
+@pytest.mark.parametrize("victim", ["cgroup.procs", "proc-cgroup", "stat"])
+def test_fifos_never_hang_attribution(tmp_path: Path, h200: Path, victim: str) -> None:
+    host = Host(tmp_path, h200)
+    d = host.container(DOCKER.format(C1), [1401])
+    host.process(1401, DOCKER.format(C1), gpu=0)
+    target = {"cgroup.procs": d / "cgroup.procs", "proc-cgroup": host.proc / "1401" / "cgroup",
+              "stat": host.proc / "1401" / "stat"}[victim]
+    target.unlink()
+    os.mkfifo(target)
+    c = host.collect()  # returns: a FIFO is not read
+    assert c.snapshot.devices
+
+
+def test_huge_numbers_and_odd_digits_are_not_pids_or_majors(tmp_path: Path, fixtures_dir: Path) -> None:
+    a100 = fixtures_dir / "public" / "a100-sxm4-v12.xml"
+    host = Host(tmp_path, a100, v2=False, gpus=[])
+    (host.proc / "devices").write_text("Character devices:\n" + "9" * 5000 + " nvidia-caps\n²³ nvidia-caps\n")
+    (host.proc / "driver" / "nvidia-caps").mkdir(parents=True)
+    (host.proc / "driver" / "nvidia-caps" / "mig-minors").write_text("gpu1/gi3/access 30\n")
+    d = host.container(f"/docker/{C1}", [], devices_list="c 195:1 rw\n")
+    (d / "cgroup.procs").write_text("9" * 5000 + "\n²³\n-5\n")
+    c = host.collect(f'[[gpu]]\ncapture = "{a100}"\n')
+    assert [a.attribution for a in rows(c)[f"/docker/{C1}"].accelerators] == ["devices_cgroup"]
+    assert all(r.success for r in c.snapshot.collector_results)
+
+
+def test_an_attribution_bug_fails_only_the_attribution(tmp_path: Path, h200: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    host = Host(tmp_path, h200)
+    host.container(DOCKER.format(C1), [1501])
+    host.process(1501, DOCKER.format(C1), gpu=0)
+    monkeypatch.setattr("accelstats.attribution.cgroup_of_pids", lambda *a: 1 / 0)
+    c = host.collect()
+    results = {r.name: r.success for r in c.snapshot.collector_results}
+    assert results == {"nvidia": True, "attribution": False}
+    assert c.containers == [] and len(c.snapshot.devices) == 2
+
+
+def test_undecodable_names_never_break_the_exposition(tmp_path: Path, h200: Path) -> None:
+    host = Host(tmp_path, h200)
+    host.container("/lxc.payload.box\udcff", [1601])
+    host.process(1601, "/lxc.payload.box\udcff", gpu=0)
+    c = host.collect()
+    assert [s.cgroup for s in c.containers] == ["/lxc.payload.box\udcff"]  # walk and /proc agree
+    c.containers[0].metadata = ContainerMetadata(name="/\ud800bad", image="img\udcfe")
+    text = generate_latest(_Fixed(list(render(c)))).decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    (info,) = families["accelstats_container_info"].samples
+    assert "\ufffd" in info.labels["name"] and "\ufffd" in info.labels["container_id"]
+
+
+class _Fixed:
+    def __init__(self, families: list[object]) -> None:
+        self.families = families
+
+    def collect(self) -> list[object]:
+        return self.families

@@ -156,6 +156,9 @@ def identify(cgroup_path: str) -> ContainerIdentity | None:
     return None if found is None else found[1]
 
 
+_MAX_DEPTH = 64  # real container cgroups are < 10 deep; bounding it keeps the rule loop linear
+
+
 def identify_with_root(cgroup_path: str) -> tuple[str, ContainerIdentity] | None:
     """Like :func:`identify`, also giving the container's own cgroup path (the path up to the
     component a rule recognised): ``/docker/<id>/init.scope`` → ``("/docker/<id>", docker <id>)``.
@@ -164,7 +167,7 @@ def identify_with_root(cgroup_path: str) -> tuple[str, ContainerIdentity] | None
     if path.endswith(_DELETED_SUFFIX):
         path = path[: -len(_DELETED_SUFFIX)]
     comps = [c for c in path.split("/") if c]
-    if not comps or comps[-1].endswith(".mount"):
+    if not comps or comps[-1].endswith(".mount") or len(comps) > _MAX_DEPTH:
         return None
     for index in range(len(comps) - 1, -1, -1):
         ancestors = comps[:index]
@@ -178,9 +181,9 @@ def identify_with_root(cgroup_path: str) -> tuple[str, ContainerIdentity] | None
 def is_host_cgroup(cgroup_path: str) -> bool:
     """True for cgroups of host processes rather than of some container: the root ``/``, systemd
     services, mounts, sockets, slices, ``init.scope``, and transient scopes in ``system.slice`` /
-    ``user.slice`` (login sessions, ``systemd-run --scope``) — spec/cgroups.md §3, last row. A path for which this is False
-    and :func:`identify` finds nothing is a container no rule recognises (``runtime="unknown"``).
-    Never raises."""
+    ``user.slice`` (login sessions, ``systemd-run --scope``) — spec/cgroups.md §3, last row. A path
+    for which this is False and :func:`identify` finds nothing is a container no rule recognises
+    (``runtime="unknown"``). Never raises."""
     comps = [c for c in cgroup_path.strip().split("/") if c]
     if not comps:
         return True
