@@ -77,7 +77,7 @@ def pids_in_cgroup(directory: Path, *, max_depth: int = 8) -> tuple[list[int], i
     while stack:
         path, depth = stack.pop()
         ok = _read_cgroup_procs(os.path.join(path, "cgroup.procs"), pids)
-        if depth < max_depth:
+        if depth < max_depth and not _is_leaf(path):
             try:
                 with os.scandir(path) as it:
                     for entry in it:
@@ -92,6 +92,16 @@ def pids_in_cgroup(directory: Path, *, max_depth: int = 8) -> tuple[list[int], i
         if not ok:
             failed += 1
     return sorted(pids), failed
+
+
+def _is_leaf(path: str) -> bool:
+    """True when the directory has no subdirectories, known from its link count alone: cgroupfs and
+    kernfs (like most filesystems) count each subdirectory's ``..`` link, so 2 means none. Any
+    other count (more, or 1 where a filesystem does not count) falls back to listing it."""
+    try:
+        return os.stat(path).st_nlink == 2
+    except OSError:
+        return False
 
 
 def _read_cgroup_procs(path: str, into: set[int]) -> bool:

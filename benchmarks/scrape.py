@@ -63,7 +63,7 @@ def build_host(root: Path, capture: Path, gpus: int, containers: int) -> Setting
 
 
 def build_v2_host(root: Path, capture: Path, gpus: int = 8, containers: int = 100, gpu_processes: int = 200,
-                  other_processes: int = 10_000) -> Settings:
+                  other_processes: int = 10_000, others_in_containers: bool = False) -> Settings:
     """A cgroup v2 host: ``containers`` docker containers (systemd driver) sharing ``gpu_processes``
     GPU processes, each holding its GPU's node open (a 195:<minor> node made with mknod in ``root``;
     a regular file when not root), and ``other_processes`` host processes that attribution must not
@@ -105,7 +105,16 @@ def build_v2_host(root: Path, capture: Path, gpus: int = 8, containers: int = 10
         for p in pids:
             _fake_process(proc, p, f"/system.slice/docker-{cid}.scope", [nodes / f"nvidia{gpu_of[p]}"])
     for n in range(other_processes):
-        _fake_process(proc, 200_000 + n, "/system.slice/other.service", [])
+        pid = 200_000 + n
+        if others_in_containers:  # a busy container host: the other processes live in the containers
+            cid = ids[n % containers]
+            members[cid].append(pid)
+            _fake_process(proc, pid, f"/system.slice/docker-{cid}.scope", [])
+        else:
+            _fake_process(proc, pid, "/system.slice/other.service", [])
+    if others_in_containers:
+        for cid, pids in members.items():
+            (cg / "system.slice" / f"docker-{cid}.scope" / "cgroup.procs").write_text("".join(f"{p}\n" for p in pids))
     return Settings(nvml_replay=root / "scenario.toml", cgroup_root=cg, proc_root=proc, collectors=("nvidia",))
 
 
@@ -202,15 +211,18 @@ def main() -> None:
             print(f"{gpus:>4} {containers:>10} {r['p50']:>8.2f} {r['p99']:>8.2f} | {r['collect']:>8.2f} "
                   f"{r['render']:>7.2f} {r['encode']:>7.2f} | {r['samples']:>7.0f} {r['bytes']:>9.0f}")
             sys.stdout.flush()
-    with tempfile.TemporaryDirectory() as tmp:
-        settings = build_v2_host(Path(tmp), capture)
-        r = time_scrapes(settings, args.scrapes)
     print("\ncgroup v2: 8 GPUs, 200 GPU processes in 100 containers (each holding its GPU's node open), "
           "10 000 other processes")
-    print(f"{'p50 ms':>8} {'p99 ms':>8} | {'collect':>8} {'render':>7} {'encode':>7} | {'samples':>7} "
-          f"{'containers':>10} {'fd scans in a steady scrape':>28}")
-    print(f"{r['p50']:>8.2f} {r['p99']:>8.2f} | {r['collect']:>8.2f} {r['render']:>7.2f} {r['encode']:>7.2f} | "
-          f"{r['samples']:>7.0f} {r['containers_with_gpu']:>10.0f} {r['fd_scans_last']:>28.0f}")
+    print(f"{'others in':>16} {'p50 ms':>8} {'p99 ms':>8} | {'collect':>8} {'render':>7} {'encode':>7} | "
+          f"{'samples':>7} {'containers':>10} {'fd scans in a steady scrape':>28}")
+    for inside in (False, True):
+        with tempfile.TemporaryDirectory() as tmp:
+            settings = build_v2_host(Path(tmp), capture, others_in_containers=inside)
+            r = time_scrapes(settings, args.scrapes)
+        where = "the containers" if inside else "host services"
+        print(f"{where:>16} {r['p50']:>8.2f} {r['p99']:>8.2f} | {r['collect']:>8.2f} {r['render']:>7.2f} "
+              f"{r['encode']:>7.2f} | {r['samples']:>7.0f} {r['containers_with_gpu']:>10.0f} "
+              f"{r['fd_scans_last']:>28.0f}")
 
 
 if __name__ == "__main__":
