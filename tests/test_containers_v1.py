@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from runc_harness import ContainerSpec, RuncContainer, RuncFactory, docker_cgroupfs_path, docker_systemd_path
+from scenarios_util import two_gpu_scenario
 
 pytestmark = pytest.mark.root
 
@@ -24,16 +25,7 @@ GIB = 1 << 30
 
 
 def scenario(tmp_path: Path, fixtures_dir: Path, processes: dict[str, list[tuple[int, int]]]) -> Path:
-    """Two H200s from the real capture, minors 0 and 1, with the given (pid, bytes) processes."""
-    capture = fixtures_dir / "h200" / "nvidia-smi-q.xml"
-    text = ""
-    for i, uuid in enumerate((GPU0, GPU1)):
-        text += f'[[gpu]]\ncapture = "{capture}"\nindex = {i}\nminor = {i}\nuuid = "{uuid}"\n'
-        for pid, used in processes.get(uuid, []):
-            text += f"[[gpu.process]]\npid = {pid}\nused_memory_bytes = {used}\n"
-    path = tmp_path / "scenario.toml"
-    path.write_text(text)
-    return path
+    return two_gpu_scenario(tmp_path, fixtures_dir, (GPU0, GPU1), processes)
 
 
 def accelstats(*args: str) -> str:
