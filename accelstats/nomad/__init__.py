@@ -1,0 +1,1 @@
+"""Nomad external device plugin for accelstats (go-plugin gRPC server)."""

@@ -1,0 +1,194 @@
+"""The Nomad device plugin's configuration: its hclspec schema and the SetConfig decoder.
+
+Nomad asks the plugin for its schema (ConfigSchema), evaluates the agent's
+``plugin "nomad-device-accelstats" { config { … } }`` block against it, fills every default, and
+sends the result msgpack-encoded by go-cty (spec/nomad-plugin.md §2): a map with sorted keys, every
+attribute present, numbers possibly as decimal strings, an absent block as nil. :func:`decode`
+turns that into a :class:`PluginConfig` or raises :class:`ConfigError` naming the field and the
+reason (the servicer answers INVALID_ARGUMENT with it).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from accelstats.config import ConfigError, check_perm, parse_listen
+
+# Go's time.ParseDuration units, in seconds.
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"([0-9]*(?:\.[0-9]*)?)(ns|us|µs|μs|ms|s|m|h)")
+
+
+def parse_duration(text: str, where: str) -> float:
+    """Seconds of a Go duration string (``300ms``, ``1.5s``, ``1m30s``, ``2h``; ``0`` alone too),
+    as ``time.ParseDuration`` reads it. Raises ConfigError naming ``where`` otherwise; negative
+    durations are refused (no period here can be negative)."""
+    s = text.strip()
+    if s in ("0", "+0"):
+        return 0.0
+    if s.startswith("-"):
+        raise ConfigError(f"{where}: a period cannot be negative, got {text!r}")
+    s = s.removeprefix("+")
+    pos, total = 0, 0.0
+    while pos < len(s):
+        m = _DURATION.match(s, pos)
+        if m is None or m.group(1) in ("", "."):
+            raise ConfigError(f"{where}: {text!r} is not a Go duration (like 300ms, 1.5s, 1m30s, 2h)")
+        total += float(m.group(1)) * _UNITS[m.group(2)]
+        pos = m.end()
+    if not s or not math.isfinite(total):
+        raise ConfigError(f"{where}: {text!r} is not a Go duration (like 300ms, 1.5s, 1m30s, 2h)")
+    return total
+
+
+@dataclass(frozen=True)
+class FileDevicesConfig:
+    """The ``file_devices`` block (Nomad's example plugin's settings); ``dir`` None = none."""
+
+    dir: Path | None = None
+    list_period: float = 5.0
+    unhealthy_perm: str = "-rwxrwxrwx"
+    vendor: str = "nomad"
+    type: str = "file"
+    name: str = "mock"
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    """Decoded plugin settings (defaults as in :data:`SCHEMA`). Periods in seconds."""
+
+    enabled: bool = True
+    ignored_gpu_ids: tuple[str, ...] = ()
+    fingerprint_period: float = 60.0
+    file_devices: FileDevicesConfig = field(default_factory=FileDevicesConfig)
+    metrics_listen: str = ""
+    nvml_replay: Path | None = None
+    cgroup_root: Path = Path("/sys/fs/cgroup")
+    proc_root: Path = Path("/proc")
+
+
+# name -> (hcl type, default as an HCL expression) — the schema Nomad shows and fills in.
+ATTRIBUTES: dict[str, tuple[str, str]] = {
+    "enabled": ("bool", "true"),
+    "ignored_gpu_ids": ("list(string)", "[]"),
+    "fingerprint_period": ("string", '"1m"'),
+    "metrics_listen": ("string", '""'),
+    "nvml_replay": ("string", '""'),
+    "cgroup_root": ("string", '"/sys/fs/cgroup"'),
+    "proc_root": ("string", '"/proc"'),
+}
+FILE_DEVICE_ATTRIBUTES: dict[str, tuple[str, str]] = {
+    "dir": ("string", '""'),
+    "list_period": ("string", '"5s"'),
+    "unhealthy_perm": ("string", '"-rwxrwxrwx"'),
+    "vendor": ("string", '"nomad"'),
+    "type": ("string", '"file"'),
+    "name": ("string", '"mock"'),
+}
+
+
+def schema(hclspec: Any) -> Any:
+    """The ConfigSchema answer: an hclspec ``Spec`` (``hclspec`` is the generated ``hclspec_pb2``)
+    of an Object whose attributes each carry their default, plus the ``file_devices`` block."""
+
+    def attrs(table: dict[str, tuple[str, str]]) -> dict[str, Any]:
+        return {name: hclspec.Spec(default=hclspec.Default(
+            primary=hclspec.Spec(Attr=hclspec.Attr(name=name, type=typ, required=False)),
+            default=hclspec.Spec(literal=hclspec.Literal(value=literal))))
+            for name, (typ, literal) in table.items()}
+
+    top = attrs(ATTRIBUTES)
+    top["file_devices"] = hclspec.Spec(block_value=hclspec.Block(
+        name="file_devices", required=False,
+        nested=hclspec.Spec(object=hclspec.Object(attributes=attrs(FILE_DEVICE_ATTRIBUTES)))))
+    return hclspec.Spec(object=hclspec.Object(attributes=top))
+
+
+def decode(data: bytes) -> PluginConfig:
+    """Decode SetConfig's ``msgpack_config`` (see module docstring). Raises ConfigError naming the field."""
+    if not data:
+        return PluginConfig()
+    try:
+        raw = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise ConfigError(f"config: not msgpack: {exc}") from exc
+    if raw is None:
+        return PluginConfig()
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config: expected a map, got {type(raw).__name__}")
+    unknown = sorted(set(raw) - set(ATTRIBUTES) - {"file_devices"})
+    if unknown:
+        known = ", ".join(sorted([*ATTRIBUTES, "file_devices"]))
+        raise ConfigError(f"config: unknown key {unknown[0]!r} (known: {known})")
+    out: dict[str, Any] = {}
+    if raw.get("enabled") is not None:
+        out["enabled"] = _bool(raw["enabled"], "enabled")
+    if raw.get("ignored_gpu_ids") is not None:
+        ids = raw["ignored_gpu_ids"]
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            raise ConfigError("config: ignored_gpu_ids: expected a list of GPU or MIG UUIDs (strings)")
+        out["ignored_gpu_ids"] = tuple(ids)
+    if raw.get("fingerprint_period") is not None:
+        period = parse_duration(_str(raw["fingerprint_period"], "fingerprint_period"), "config: fingerprint_period")
+        if period <= 0:
+            raise ConfigError("config: fingerprint_period: must be > 0")
+        out["fingerprint_period"] = period
+    if raw.get("metrics_listen"):
+        listen = _str(raw["metrics_listen"], "metrics_listen")
+        parse_listen(listen, "config: metrics_listen")
+        out["metrics_listen"] = listen
+    for key in ("nvml_replay", "cgroup_root", "proc_root"):
+        if raw.get(key):
+            out[key] = Path(_str(raw[key], key))
+    if raw.get("file_devices") is not None:
+        out["file_devices"] = _file_devices(raw["file_devices"])
+    return PluginConfig(**out)
+
+
+def _file_devices(block: Any) -> FileDevicesConfig:
+    if not isinstance(block, dict):
+        raise ConfigError("config: file_devices: expected a block")
+    unknown = sorted(set(block) - set(FILE_DEVICE_ATTRIBUTES))
+    if unknown:
+        raise ConfigError(f"config: file_devices.{unknown[0]}: unknown key")
+    out: dict[str, Any] = {}
+    for key in ("vendor", "type", "name"):
+        if block.get(key) is not None:
+            value = _str(block[key], f"file_devices.{key}")
+            if not value:
+                raise ConfigError(f"config: file_devices.{key}: must not be empty (Nomad rejects empty names)")
+            out[key] = value
+    if block.get("dir"):
+        out["dir"] = Path(_str(block["dir"], "file_devices.dir")).absolute()
+    if block.get("list_period") is not None:
+        period = parse_duration(_str(block["list_period"], "file_devices.list_period"),
+                                "config: file_devices.list_period")
+        if period <= 0:
+            raise ConfigError("config: file_devices.list_period: must be > 0")
+        out["list_period"] = period
+    if block.get("unhealthy_perm") is not None:
+        out["unhealthy_perm"] = check_perm(_str(block["unhealthy_perm"], "file_devices.unhealthy_perm"),
+                                           "config: file_devices.unhealthy_perm")
+    return FileDevicesConfig(**out)
+
+
+def _str(value: Any, key: str) -> str:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)  # go-cty may send a number where HCL had one; a string attr accepts it
+    if not isinstance(value, str):
+        raise ConfigError(f"config: {key}: expected a string, got {type(value).__name__}")
+    return value
+
+
+def _bool(value: Any, key: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value in ("true", "false"):
+        return value == "true"
+    raise ConfigError(f"config: {key}: expected true or false, got {value!r}")

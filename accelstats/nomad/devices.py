@@ -1,0 +1,276 @@
+"""From one collection to Nomad's messages: Fingerprint groups, Stats groups, Reserve answers.
+
+Groups (spec/nomad-plugin.md §4, spec/metrics.md §5):
+
+* NVIDIA GPUs: ``nvidia/gpu/<NVML name>``, one group per model, like HashiCorp's NVIDIA plugin, so
+  existing job specs keep working; a GPU with MIG enabled is left out and its instances form
+  ``nvidia/gpu/<name> MIG <profile>`` groups;
+* file devices: ``<vendor>/<type>/<name>`` from the ``file_devices`` block, like Nomad's example plugin.
+
+Device IDs are the GPU or MIG UUID and the file name: stable across restarts. A device NVML lost is
+``healthy=false`` with a description a person can act on; it stays in the fingerprint.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from accelstats.manager import Collection
+from accelstats.nomad.config import PluginConfig
+from collectors.model import Device, DeviceSample, FileDevice
+
+MIB = 1 << 20
+# PCIe payload bandwidth per lane in MB/s by generation (after encoding overhead).
+PCIE_LANE_MBPS = {1: 250, 2: 500, 3: 985, 4: 1969, 5: 3938, 6: 7877}
+FILE_MOUNT_DIR = "/tmp/task-mounts"  # where the example plugin mounts a file device in the task
+
+
+@dataclass(frozen=True)
+class Reservable:
+    """What Reserve needs of one device of the latest fingerprint."""
+
+    kind: str  # "gpu", "mig" or "file"
+    device: Device | None = None
+    file: FileDevice | None = None
+    parent_minor: int | None = None
+
+
+@dataclass
+class Snapshot:
+    """One fingerprint: the groups as sent, and every device ID it offers (for Reserve)."""
+
+    groups: list[Any] = field(default_factory=list)
+    devices: dict[str, Reservable] = field(default_factory=dict)
+
+
+def _attr(structs: Any, value: object, unit: str = "") -> Any:
+    if isinstance(value, bool):
+        return structs.Attribute(bool_val=value)
+    if isinstance(value, int):
+        return structs.Attribute(int_val=value, unit=unit)
+    if isinstance(value, float):
+        return structs.Attribute(float_val=value, unit=unit)
+    return structs.Attribute(string_val=str(value))
+
+
+def gpu_attributes(structs: Any, device: Device, sample: DeviceSample | None, driver: str) -> dict[str, Any]:
+    """Fingerprint attributes of spec/metrics.md §5 (units from Nomad's unit list only)."""
+    out: dict[str, Any] = {}
+    s = sample if sample is not None and sample.up else None
+    if s is not None and s.memory_total_bytes is not None:
+        out["memory"] = _attr(structs, s.memory_total_bytes // MIB, "MiB")
+    if s is not None and s.power_limit_watts is not None:
+        out["power"] = _attr(structs, round(s.power_limit_watts), "W")
+    if s is not None and s.bar1_total_bytes is not None:
+        out["bar1"] = _attr(structs, s.bar1_total_bytes // MIB, "MiB")
+    if driver:
+        out["driver_version"] = _attr(structs, driver)
+    max_clocks = dict(device.max_clocks_hz)
+    if "sm" in max_clocks:
+        out["cores_clock"] = _attr(structs, int(max_clocks["sm"] // 1_000_000), "MHz")
+    if "memory" in max_clocks:
+        out["memory_clock"] = _attr(structs, int(max_clocks["memory"] // 1_000_000), "MHz")
+    if s is not None and s.pcie_link_generation in PCIE_LANE_MBPS and s.pcie_link_width:
+        out["pci_bandwidth"] = _attr(structs, PCIE_LANE_MBPS[s.pcie_link_generation] * s.pcie_link_width, "MB/s")
+    if device.persistence_mode:
+        out["persistence_mode"] = _attr(structs, device.persistence_mode)
+    if device.compute_capability:
+        out["compute_capability"] = _attr(structs, device.compute_capability)
+    if device.architecture:
+        out["architecture"] = _attr(structs, device.architecture)
+    if device.kind == "mig":
+        out["mig_profile"] = _attr(structs, device.mig_profile)
+    return out
+
+
+def health(sample: DeviceSample | None) -> tuple[bool, str]:
+    """(healthy, description): a device that did not answer NVML is unhealthy, with what to do."""
+    if sample is None:
+        return False, "not read yet"
+    if sample.up:
+        return True, ""
+    return False, (f"NVML cannot read this GPU ({sample.error}); check `nvidia-smi` and the kernel log "
+                   "(dmesg: Xid); it may need a GPU reset or a reboot")
+
+
+def fingerprint(device_pb2: Any, structs: Any, collection: Collection, config: PluginConfig) -> Snapshot:
+    """The full device set of one collection as Fingerprint groups (sorted, so equal sets compare equal)."""
+    snap = Snapshot()
+    s = collection.snapshot
+    ignored = set(config.ignored_gpu_ids)
+    mig_parents = {d.parent_uuid for d in s.devices if d.kind == "mig"}
+    by_uuid = {d.uuid: d for d in s.devices}
+    groups: dict[tuple[str, str, str], tuple[list[Any], dict[str, Any]]] = {}
+    if config.enabled:
+        for d in s.devices:
+            if d.uuid in ignored or d.uuid in mig_parents or (d.kind == "mig" and d.parent_uuid in ignored):
+                continue
+            sample = s.samples.get(d.uuid)
+            healthy, why = health(sample)
+            name = d.name if d.kind == "gpu" or " MIG " in d.name else f"{d.name} MIG {d.mig_profile}"
+            key = ("nvidia", "gpu", name)
+            devices, attrs = groups.setdefault(key, ([], {}))
+            devices.append(device_pb2.DetectedDevice(
+                ID=d.uuid, healthy=healthy, health_description=why,
+                hw_locality=device_pb2.DeviceLocality(pci_bus_id=d.pci_bus_id.strip("\0").strip())))
+            if not attrs:
+                attrs.update(gpu_attributes(structs, d, sample, s.driver_version))
+            parent = by_uuid.get(d.parent_uuid)
+            snap.devices[d.uuid] = Reservable(d.kind, device=d,
+                                              parent_minor=parent.minor if parent is not None else d.minor)
+    fd = config.file_devices
+    for f in s.file_devices:
+        devices, _ = groups.setdefault((fd.vendor, fd.type, fd.name), ([], {}))
+        devices.append(device_pb2.DetectedDevice(ID=f.id, healthy=f.healthy, health_description=f.health_description))
+        snap.devices[f.id] = Reservable("file", file=f)
+    for (vendor, dtype, name), (devices, attrs) in sorted(groups.items()):
+        snap.groups.append(device_pb2.DeviceGroup(
+            vendor=vendor, device_type=dtype, device_name=name,
+            devices=sorted(devices, key=lambda x: x.ID), attributes=attrs))
+    return snap
+
+
+def _stat(structs: Any, desc: str, unit: str, numerator: float | int | None = None,
+          denominator: float | int | None = None) -> Any:
+    """A StatValue; ``None`` numerator gives ``string_val "N/A"`` with the same unit and desc."""
+    w = structs
+    if numerator is None:
+        from google.protobuf import wrappers_pb2
+
+        return w.StatValue(string_val=wrappers_pb2.StringValue(value="N/A"), unit=unit, desc=desc)
+    from google.protobuf import wrappers_pb2
+
+    if isinstance(numerator, int) and (denominator is None or isinstance(denominator, int)):
+        value = w.StatValue(int_numerator_val=wrappers_pb2.Int64Value(value=numerator), unit=unit, desc=desc)
+        if denominator is not None:
+            value.int_denominator_val.value = denominator
+        return value
+    value = w.StatValue(float_numerator_val=wrappers_pb2.DoubleValue(value=float(numerator)), unit=unit, desc=desc)
+    if denominator is not None:
+        value.float_denominator_val.value = float(denominator)
+    return value
+
+
+def _pct(ratio: float | None) -> int | None:
+    return None if ratio is None else round(ratio * 100)
+
+
+def gpu_stats(structs: Any, sample: DeviceSample | None) -> tuple[Any, Any]:
+    """(summary, stats) for one GPU or MIG instance, as HashiCorp's NVIDIA plugin names them, with
+    power in watts (HashiCorp's sends milliwatts labelled W)."""
+    s = sample if sample is not None and sample.up else DeviceSample(uuid="", up=False)
+    def mib(b: int | None) -> int | None:
+        return None if b is None else b // MIB
+
+    used, total = mib(s.memory_used_bytes), mib(s.memory_total_bytes)
+    summary = _stat(structs, "UsedMemory / TotalMemory", "MiB", used, total if used is not None else None)
+    ecc = [n for t, scope, n in s.ecc_errors if scope == "volatile"]
+    temps = dict(s.temperatures_celsius)
+    attrs = {
+        "GPU utilization": _stat(structs, "GPU utilization", "%", _pct(s.utilization_ratio)),
+        "Memory utilization": _stat(structs, "Memory utilization", "%", _pct(s.memory_utilization_ratio)),
+        "Encoder utilization": _stat(structs, "Encoder utilization", "%", _pct(s.encoder_utilization_ratio)),
+        "Decoder utilization": _stat(structs, "Decoder utilization", "%", _pct(s.decoder_utilization_ratio)),
+        "Temperature": _stat(structs, "Temperature", "C", int(temps["gpu"]) if "gpu" in temps else None),
+        "Memory state": _stat(structs, "UsedMemory / TotalMemory", "MiB", used, total if used is not None else None),
+        "BAR1 buffer state": _stat(structs, "UsedBAR1 / TotalBAR1", "MiB", mib(s.bar1_used_bytes),
+                                   mib(s.bar1_total_bytes) if s.bar1_used_bytes is not None else None),
+        "ECC L1 errors": _stat(structs, "ECC L1 errors", "#", None),
+        "ECC L2 errors": _stat(structs, "ECC L2 errors", "#", None),
+        "ECC memory errors": _stat(structs, "ECC memory errors (volatile)", "#", sum(ecc) if ecc else None),
+        "Power usage": _stat(structs, "Power usage / Power limit", "W",
+                             None if s.power_watts is None else round(s.power_watts, 1),
+                             None if s.power_watts is None or s.power_limit_watts is None
+                             else round(s.power_limit_watts, 1)),
+    }
+    return summary, structs.StatObject(attributes=attrs)
+
+
+def file_stats(structs: Any, f: FileDevice) -> tuple[Any, Any]:
+    """(summary, stats) of a file device, as Nomad's example plugin reports them."""
+    import time as _time
+
+    mtime = _time.strftime("%Y-%m-%dT%H:%M:%S%z", _time.localtime(f.modified_timestamp_seconds))
+    summary = _stat(structs, "Filesize in bytes", "bytes", f.size_bytes)
+    attrs = {"size": _stat(structs, "Filesize in bytes", "bytes", f.size_bytes),
+             "modify_time": structs.StatValue(string_val=_wrap(mtime), desc="Modification time"),
+             "mode": structs.StatValue(string_val=_wrap(f.permissions), desc="File mode")}
+    return summary, structs.StatObject(attributes=attrs)
+
+
+def _wrap(text: str) -> Any:
+    from google.protobuf import wrappers_pb2
+
+    return wrappers_pb2.StringValue(value=text)
+
+
+def stats(device_pb2: Any, structs: Any, collection: Collection, snap: Snapshot, timestamp: Any) -> Any:
+    """StatsResponse for the devices of fingerprint ``snap`` from ``collection``; every DeviceStats
+    carries ``timestamp`` (Nomad drops a device's stats without one)."""
+    s = collection.snapshot
+    files = {f.id: f for f in s.file_devices}
+    groups = []
+    for g in snap.groups:
+        instances = {}
+        for d in g.devices:
+            r = snap.devices.get(d.ID)
+            if r is None:
+                continue
+            if r.kind == "file":
+                f = files.get(d.ID)
+                if f is None:
+                    continue
+                summary, obj = file_stats(structs, f)
+            else:
+                summary, obj = gpu_stats(structs, s.samples.get(d.ID))
+            instances[d.ID] = device_pb2.DeviceStats(summary=summary, stats=obj, timestamp=timestamp)
+        groups.append(device_pb2.DeviceGroupStats(vendor=g.vendor, type=g.device_type, name=g.device_name,
+                                                  instance_stats=instances))
+    return device_pb2.StatsResponse(groups=groups)
+
+
+class ReserveError(ValueError):
+    """A Reserve request that cannot be served (empty, unknown ID): INVALID_ARGUMENT with this text."""
+
+
+def reserve(device_pb2: Any, snap: Snapshot, ids: list[str], mig_caps: dict[tuple[int, int, int], list[int]],
+            dev_root: str = "/dev") -> Any:
+    """ContainerReservation for ``ids`` of the latest fingerprint ``snap`` (never touches the
+    filesystem with an ID: IDs are looked up, not joined into paths).
+
+    GPUs and MIG instances: env ``NVIDIA_VISIBLE_DEVICES`` (UUIDs in request order) and device specs
+    for ``/dev/nvidia<minor>``, ``nvidiactl``, ``nvidia-uvm``, ``nvidia-uvm-tools`` and a MIG
+    instance's ``nvidia-caps`` nodes (``mig_caps[(parent minor, gi, ci)]`` = cap minors), so ``exec``
+    and ``docker`` without the NVIDIA runtime work too. File devices: a mount at
+    ``/tmp/task-mounts/<id>``, as the example plugin does. Raises ReserveError.
+    """
+    if not ids:
+        raise ReserveError("no device IDs to reserve")
+    chosen = []
+    for i in ids:
+        r = snap.devices.get(i)
+        if r is None:
+            raise ReserveError(f'unknown device "{i}"')
+        chosen.append((i, r))
+    res = device_pb2.ContainerReservation()
+    gpus = [(i, r) for i, r in chosen if r.kind in ("gpu", "mig")]
+    if gpus:
+        res.envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(i for i, _ in gpus)
+        nodes: list[str] = []
+        for _, r in gpus:
+            if r.parent_minor is not None:
+                nodes.append(f"{dev_root}/nvidia{r.parent_minor}")
+            d = r.device
+            if d is not None and d.kind == "mig" and r.parent_minor is not None:
+                key = (r.parent_minor, d.gpu_instance_id or 0, d.compute_instance_id or 0)
+                nodes += [f"{dev_root}/nvidia-caps/nvidia-cap{m}" for m in mig_caps.get(key, [])]
+        nodes += [f"{dev_root}/nvidiactl", f"{dev_root}/nvidia-uvm", f"{dev_root}/nvidia-uvm-tools"]
+        for node in dict.fromkeys(nodes):
+            res.devices.append(device_pb2.DeviceSpec(task_path=node, host_path=node, permissions="rw"))
+    for i, r in chosen:
+        if r.kind == "file" and r.file is not None:
+            res.mounts.append(device_pb2.Mount(task_path=os.path.join(FILE_MOUNT_DIR, i),
+                                               host_path=r.file.path, read_only=False))
+    return res

@@ -1,0 +1,1 @@
+"""Protobuf/gRPC code for Nomad's device-plugin protocol; regenerate with scripts/gen-protos.sh."""
