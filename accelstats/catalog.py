@@ -52,7 +52,7 @@ def _scalar(attr: str, scale: float = 1.0) -> Reader:
 def _pairs(attr: str, scale: float = 1.0) -> Reader:
     def read(sample: DeviceSample) -> Iterable[Reading]:
         for key, value in getattr(sample, attr):
-            yield (key,), float(value) * scale
+            yield (str(key),), float(value) * scale
     return read
 
 
@@ -143,6 +143,8 @@ GPU_SAMPLED: tuple[Family, ...] = (
     _gpu("accelstats_gpu_pcie_link_width", "Current PCIe link width (lanes).", _scalar("pcie_link_width")),
     _gpu("accelstats_gpu_pcie_replays_total", "PCIe replay counter.", _scalar("pcie_replays"),
          type_="counter"),
+    _gpu("accelstats_gpu_xid_errors_total", "Critical XID errors NVML reported (event set), by XID.",
+         _pairs("xid_errors"), ("xid",), "counter"),
     _gpu("accelstats_gpu_fan_speed_ratio", "Fan speed as a fraction of its maximum (0-1).",
          _scalar("fan_speed_ratio")),
     _gpu("accelstats_gpu_processes", "Processes on the device by type (compute, graphics, mps).",

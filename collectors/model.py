@@ -94,6 +94,8 @@ class DeviceSample:
     pcie_link_width: int | None = None
     pcie_replays: int | None = None
     fan_speed_ratio: float | None = None
+    xid_errors: tuple[tuple[int, int], ...] = ()  # (xid, count) since start: NVML critical-XID events
+    xid_critical: int | None = None  # the last XID that makes the GPU unfit for work (collectors/xid.py)
     processes: tuple[ProcessUsage, ...] | None = None  # None: no process list readable
     process_types: tuple[ProcessType, ...] = ()  # the types whose NVML process list answered
 

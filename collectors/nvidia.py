@@ -27,6 +27,7 @@ from typing import Any
 from collectors.deadline import DeadlineWorker
 from collectors.model import Device, DeviceSample, DeviceSnapshot, NoDataError, ProcessType, ProcessUsage
 from collectors.nvml_call import DeviceLostError, NvmlCaller, NvmlUnavailableError, error_name
+from collectors.xid import XidWatcher
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +139,7 @@ class NvidiaBackend:
         self._last_attempt = -1e18
         self._status_logged = ""
         self._lock = threading.Lock()
+        self.xid_watcher: XidWatcher | None = None
         self.deadline = deadline
         self._worker = DeadlineWorker("accelstats-nvml")
         self._pass: _Pass | None = None
@@ -174,6 +176,9 @@ class NvidiaBackend:
         self._status_logged = ""
         log.info("NVML ready (%s): %d device(s), driver %s", self.source, len(self._devices),
                  self.driver_version)
+        self.xid_watcher = XidWatcher(self.nvml, {s.device.uuid: s.handle for s in self._devices
+                                                  if s.device.kind == "gpu"})
+        self.xid_watcher.start()
         return True
 
     def _fail(self, reason: str) -> bool:
@@ -192,6 +197,9 @@ class NvidiaBackend:
         if self._worker.busy and threading.current_thread().name != self._worker.name:
             log.warning("NVML left initialised: a call has not returned")
             return
+        if self.xid_watcher is not None:
+            self.xid_watcher.stop()
+            self.xid_watcher = None
         self._devices = []
         if self._initialised:
             self._initialised = False
@@ -443,6 +451,8 @@ class NvidiaBackend:
             pcie_replays=slow.get("pcie_replays"),
             fan_speed_ratio=fan / 100.0 if fan is not None else None,
             processes=processes, process_types=process_types,
+            xid_errors=self.xid_watcher.counts(dev.uuid) if self.xid_watcher is not None else (),
+            xid_critical=self.xid_watcher.critical(dev.uuid) if self.xid_watcher is not None else None,
         )
 
     def _slow(self, h: Any) -> dict[str, Any]:

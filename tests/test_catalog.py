@@ -12,7 +12,6 @@ from accelstats import catalog
 # Families the spec names that this release does not publish yet, each with the reason.
 NOT_YET = {
     "accelstats_gpu_pcie_throughput_bytes_per_second": "needs the background sampler (call blocks ~21 ms)",
-    "accelstats_gpu_xid_errors_total": "needs the NVML event-set thread",
     "accelstats_mps_daemon_up": "MPS manager not built yet",
     "accelstats_mps_active_thread_ratio": "MPS manager not built yet",
     "accelstats_mps_pinned_memory_limit_bytes": "MPS manager not built yet",

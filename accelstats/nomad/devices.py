@@ -89,6 +89,9 @@ def health(sample: DeviceSample | None) -> tuple[bool, str]:
     """(healthy, description): a device that did not answer NVML is unhealthy, with what to do."""
     if sample is None:
         return False, "not read yet"
+    if sample.up and sample.xid_critical is not None:
+        return False, (f"the GPU reported critical XID {sample.xid_critical} (NVML event; see dmesg); drain its "
+                       "jobs, then reset the GPU (nvidia-smi -r) or reboot; healthy again after the plugin restarts")
     if sample.up:
         return True, ""
     return False, (f"NVML cannot read this GPU ({sample.error}); check `nvidia-smi` and the kernel log "

@@ -104,7 +104,7 @@ class DevicePluginState:
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
         if self.manager is not None:
-            self.manager.destroy(timeout=1.0)
+            self.manager.destroy(timeout=0.5)
 
 
 def _manager(settings: Settings) -> AcceleratorManager:

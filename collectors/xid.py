@@ -1,0 +1,128 @@
+"""NVML critical-XID events, counted per GPU by a background thread (never on the scrape path).
+
+An XID is the driver's error report for a GPU (``dmesg``: ``NVRM: Xid (PCI:…): 79, …``). NVML
+delivers the critical ones as ``nvmlEventTypeXidCriticalError`` events through an event set
+(``nvmlEventSetCreate``, ``nvmlDeviceRegisterEvents``, ``nvmlEventSetWait_v2``). :class:`XidWatcher`
+waits on such a set in its own daemon thread and keeps, per GPU UUID, a count per XID (exported as
+``accelstats_gpu_xid_errors_total{xid}``) and the last XID that makes the GPU unfit for new work.
+
+XIDs that an application causes by itself (13 graphics engine exception, 31 MMU fault, 43 GPU stopped
+processing, 45 preemptive cleanup, 68 video processor exception, 109 context switch timeout) are
+counted but do not make the GPU unhealthy — the same rule NVIDIA's Kubernetes device plugin applies.
+Every other critical XID (48 double-bit ECC, 63/64 row remapping, 74 NVLink, 79 fallen off the bus,
+92 high single-bit ECC rate, 94/95 contained/uncontained ECC, 119/120 GSP errors, …) does, until the
+exporter or plugin restarts (the driver needs a reset or reload to recover from those).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from typing import Any
+
+from collectors.nvml_call import error_name
+
+log = logging.getLogger(__name__)
+
+APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+WAIT_MS = 1000
+
+
+class XidWatcher:
+    """Counts critical XIDs per GPU UUID from NVML events (see module docstring).
+
+    ``nvml``: pynvml or the replay; ``handles``: ``{uuid: handle}`` of the GPUs to watch. Start with
+    :meth:`start`, stop with :meth:`stop` (the thread ends within about a second). GPUs whose driver
+    does not support the event type are skipped (logged once). Thread-safe readers:
+    :meth:`counts` and :meth:`critical`.
+    """
+
+    def __init__(self, nvml: Any, handles: dict[str, Any]) -> None:
+        self.nvml = nvml
+        self.handles = handles
+        self._counts: dict[str, Counter[int]] = {}
+        self._critical: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.watching: list[str] = []
+
+    def start(self) -> None:
+        """Register every GPU for critical-XID events and start waiting in a daemon thread.
+        Does nothing when no GPU supports the event (a message is logged)."""
+        nv = self.nvml
+        kind = getattr(nv, "nvmlEventTypeXidCriticalError", 8)
+        try:
+            self._set = nv.nvmlEventSetCreate()
+        except nv.NVMLError as exc:
+            log.warning("XID events not available: nvmlEventSetCreate: %s", error_name(nv, exc))
+            return
+        for uuid, handle in self.handles.items():
+            try:
+                if not nv.nvmlDeviceGetSupportedEventTypes(handle) & kind:
+                    continue
+                nv.nvmlDeviceRegisterEvents(handle, kind, self._set)
+                self.watching.append(uuid)
+            except nv.NVMLError as exc:
+                log.info("XID events not watched on %s: %s", uuid, error_name(nv, exc))
+        if not self.watching:
+            self._free()
+            return
+        self._thread = threading.Thread(target=self._run, name="accelstats-xid", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        nv = self.nvml
+        by_handle = {id(h): u for u, h in self.handles.items()}
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                event = nv.nvmlEventSetWait_v2(self._set, WAIT_MS)
+            except nv.NVMLError as exc:
+                name = error_name(nv, exc)
+                if name == "TIMEOUT":
+                    failures = 0
+                    continue
+                failures += 1
+                log.log(logging.WARNING if failures == 1 else logging.DEBUG, "nvmlEventSetWait: %s", name)
+                self._stop.wait(min(30.0, failures))
+                continue
+            uuid = by_handle.get(id(event.device)) or self._uuid_of(event.device)
+            xid = int(event.eventData)
+            with self._lock:
+                self._counts.setdefault(uuid, Counter())[xid] += 1
+                if xid not in APPLICATION_XIDS:
+                    self._critical[uuid] = xid
+            log.warning("GPU %s reported XID %d%s", uuid, xid,
+                        "" if xid in APPLICATION_XIDS else ": marked unhealthy until restart")
+        self._free()
+
+    def _uuid_of(self, handle: Any) -> str:
+        try:
+            value = self.nvml.nvmlDeviceGetUUID(handle)
+        except self.nvml.NVMLError:
+            return "unknown"
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    def _free(self) -> None:
+        try:
+            self.nvml.nvmlEventSetFree(self._set)
+        except self.nvml.NVMLError as exc:
+            log.debug("nvmlEventSetFree: %s", error_name(self.nvml, exc))
+
+    def counts(self, uuid: str) -> tuple[tuple[int, int], ...]:
+        """``((xid, count), …)`` seen on ``uuid`` since start, sorted by XID."""
+        with self._lock:
+            return tuple(sorted(self._counts.get(uuid, Counter()).items()))
+
+    def critical(self, uuid: str) -> int | None:
+        """The last XID that made ``uuid`` unhealthy, or None."""
+        with self._lock:
+            return self._critical.get(uuid)
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """End the thread (it notices within one wait, about a second)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)

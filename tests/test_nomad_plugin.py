@@ -1,0 +1,282 @@
+"""The installed ``nomad-device-accelstats`` driven as a Nomad client drives it (spec/nomad-plugin.md).
+
+Every test launches the console script as a subprocess over a real unix-socket gRPC connection
+(``accelstats.nomad.launcher``): handshake, the three processes A/B/C of an agent start, config
+encoded as go-cty encodes it, and Nomad's validation of every message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from accelstats.nomad.ctymsgpack import encode_for_spec
+from accelstats.nomad.launcher import PluginProcess, StreamTimeoutError, run_lifecycle
+from accelstats.nomad.validate import validate_fingerprint, validate_reserve, validate_stats
+
+H200 = "GPU-5f1c2a9e-0b7d-4c3e-9a61-2d8e4f7b9c10"
+LOST = "GPU-5f1c2a9e-0b7d-4c3e-9a61-2d8e4f7b9c11"
+
+
+def binary() -> str:
+    """The console script pip installed next to this interpreter (or on PATH)."""
+    beside = Path(sys.executable).parent / "nomad-device-accelstats"
+    found = str(beside) if beside.exists() else shutil.which("nomad-device-accelstats")
+    assert found, "nomad-device-accelstats is not installed (pip install .)"
+    return found
+
+
+@pytest.fixture
+def scenario(tmp_path: Path, fixtures_dir: Path) -> Path:
+    """An H200, a second H200 that is lost after 10 calls, and the A100 with 4 MIG instances."""
+    h200 = fixtures_dir / "h200" / "nvidia-smi-q.xml"
+    a100 = fixtures_dir / "public" / "a100-sxm4-v12.xml"
+    path = tmp_path / "fleet.toml"
+    path.write_text(f"""
+[[gpu]]
+capture = "{h200}"
+minor = 0
+[[gpu]]
+capture = "{h200}"
+minor = 1
+uuid = "{LOST}"
+pci_bus_id = "00000000:00:07.0"
+[[gpu]]
+capture = "{a100}"
+minor = 2
+[[fault]]
+gpu = 1
+call = "nvmlDeviceGetMemoryInfo"
+error = "GPU_IS_LOST"
+after_calls = 1
+""")
+    return path
+
+
+@pytest.fixture
+def devdir(tmp_path: Path) -> Path:
+    d = tmp_path / "devices"
+    d.mkdir()
+    return d
+
+
+def config(scenario: Path | None = None, devdir: Path | None = None, **extra: Any) -> dict[str, Any]:
+    cfg: dict[str, Any] = {"fingerprint_period": "1m", **extra}
+    if scenario is not None:
+        cfg["nvml_replay"] = str(scenario)
+    if devdir is not None:
+        cfg["file_devices"] = {"dir": str(devdir), "list_period": "200ms"}
+    return cfg
+
+
+def test_agent_start_a_b_c_with_gpus_mig_and_files(scenario: Path, devdir: Path) -> None:
+    (devdir / "dev0").write_text("hello")
+    report = run_lifecycle(binary(), config(scenario, devdir), stats_messages=2, reserve_ids="fingerprinted",
+                           socket_dir=True)
+    assert report.ok, report.problems
+    for name in "ABC":
+        p = report.process(name)
+        assert p.shutdown["exited_by_itself"] and p.exec_to_handshake_s < 10
+        assert p.health == "SERVING" and p.stdout_after_handshake == []
+    c = report.process("C")
+    fingerprint = [m["message"] for m in c.messages if m["call"].startswith("Fingerprint")][-1]
+    groups = {(g["vendor"], g["device_type"], g["device_name"]): g for g in fingerprint["device_group"]}
+    assert set(groups) == {("nvidia", "gpu", "NVIDIA H200"), ("nomad", "file", "mock"),
+                           ("nvidia", "gpu", "NVIDIA A100-SXM4-80GB MIG 1g.20gb")}  # the MIG parent is not offered
+    assert len(groups[("nvidia", "gpu", "NVIDIA A100-SXM4-80GB MIG 1g.20gb")]["devices"]) == 4
+    h200 = groups[("nvidia", "gpu", "NVIDIA H200")]
+    assert h200["attributes"]["memory"]["unit"] == "MiB" and int(h200["attributes"]["memory"]["int_val"]) == 143771
+    assert {d["ID"] for d in h200["devices"]} == {H200, LOST}
+
+
+def test_lost_gpu_is_unhealthy_and_the_stream_goes_on(scenario: Path) -> None:
+    with PluginProcess(binary()) as plugin:
+        spec = plugin.config_schema().spec
+        plugin.set_config(encode_for_spec(spec, config(scenario)))
+        stream = plugin.fingerprint()
+        deadline = time.monotonic() + 20
+        lost = None
+        while time.monotonic() < deadline:
+            message = stream.read(timeout=15)  # health is re-checked every 5 s
+            assert validate_fingerprint(message) == []
+            devices = {d.ID: d for g in message.device_group for d in g.devices}
+            if not devices[LOST].healthy:
+                lost = devices[LOST]
+                break
+        assert lost is not None, "the lost GPU never turned unhealthy"
+        assert "GPU_IS_LOST" in lost.health_description and "reset" in lost.health_description
+        assert devices[H200].healthy
+        stats = plugin.stats(1.0).read(timeout=10)
+        assert validate_stats(stats) == []
+        h200 = next(g for g in stats.groups if g.name == "NVIDIA H200")
+        lost_stats = h200.instance_stats[LOST].stats.attributes["GPU utilization"]
+        assert lost_stats.string_val.value == "N/A" and lost_stats.unit == "%"  # reported per device, not fatal
+        power = h200.instance_stats[H200].stats.attributes["Power usage"]
+        assert power.unit == "W" and 100 < power.float_numerator_val.value < 200  # watts, not milliwatts
+        assert stream.open
+
+
+@pytest.mark.parametrize(("cfg", "field"), [
+    ({"fingerprint_period": "5x"}, "fingerprint_period"),
+    ({"fingerprint_period": "-1s"}, "fingerprint_period"),
+    ({"file_devices": {"dir": "/tmp", "list_period": "soon"}}, "file_devices.list_period"),
+    ({"file_devices": {"dir": "/tmp", "unhealthy_perm": "777"}}, "file_devices.unhealthy_perm"),
+    ({"metrics_listen": "nowhere"}, "metrics_listen"),
+])
+def test_bad_config_is_invalid_argument_naming_the_field(cfg: dict[str, Any], field: str) -> None:
+    with PluginProcess(binary()) as plugin:
+        spec = plugin.config_schema().spec
+        with pytest.raises(Exception) as err:
+            plugin.set_config(encode_for_spec(spec, cfg))
+        assert err.value.code().name == "INVALID_ARGUMENT"  # type: ignore[attr-defined]
+        assert field in err.value.details()  # type: ignore[attr-defined]
+
+
+def test_unknown_config_key_is_invalid_argument() -> None:
+    import msgpack
+
+    with PluginProcess(binary()) as plugin:
+        with pytest.raises(Exception) as err:
+            plugin.set_config(msgpack.packb({"enabled": True, "fingerprint_periode": "1m"}))
+        assert err.value.code().name == "INVALID_ARGUMENT"  # type: ignore[attr-defined]
+        assert "fingerprint_periode" in err.value.details()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("ids", "message"), [
+    ([], "no device IDs"),
+    (["nope"], 'unknown device "nope"'),
+    (["../../etc/passwd"], 'unknown device "../../etc/passwd"'),
+])
+def test_bad_reserve_is_invalid_argument(devdir: Path, ids: list[str], message: str) -> None:
+    (devdir / "dev0").write_text("")
+    with PluginProcess(binary()) as plugin:
+        plugin.set_config(encode_for_spec(plugin.config_schema().spec, config(devdir=devdir)))
+        plugin.fingerprint().read(timeout=10)
+        with pytest.raises(Exception) as err:
+            plugin.reserve(ids, timeout=10)
+        assert err.value.code().name == "INVALID_ARGUMENT"  # type: ignore[attr-defined]
+        assert message in err.value.details()  # type: ignore[attr-defined]
+
+
+def test_reserve_gpus_gives_env_and_device_nodes_for_any_driver(scenario: Path, devdir: Path) -> None:
+    (devdir / "dev0").write_text("")
+    with PluginProcess(binary()) as plugin:
+        plugin.set_config(encode_for_spec(plugin.config_schema().spec, config(scenario, devdir)))
+        plugin.fingerprint().read(timeout=10)
+        mig = next(g for g in plugin.fingerprint().read(timeout=10).device_group if "MIG" in g.device_name)
+        mig_ids = [d.ID for d in mig.devices][:2]
+        res = plugin.reserve([H200, *mig_ids], timeout=10)
+        assert validate_reserve(res) == []
+        c = res.container_res
+        assert c.envs["NVIDIA_VISIBLE_DEVICES"] == ",".join([H200, *mig_ids])  # request order
+        nodes = [d.host_path for d in c.devices]
+        assert nodes == ["/dev/nvidia0", "/dev/nvidia2", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+        assert all(d.task_path == d.host_path and d.permissions == "rw" for d in c.devices)
+        files = plugin.reserve(["dev0"], timeout=10).container_res
+        assert [(m.task_path, m.host_path, m.read_only) for m in files.mounts] == [
+            ("/tmp/task-mounts/dev0", str(devdir / "dev0"), False)]
+
+
+def test_file_device_changes_reach_fingerprint_within_list_period(devdir: Path) -> None:
+    with PluginProcess(binary()) as plugin:
+        plugin.set_config(encode_for_spec(plugin.config_schema().spec, config(devdir=devdir)))
+        stream = plugin.fingerprint()
+
+        def next_files(expect: object) -> list[tuple[str, bool]]:
+            deadline = time.monotonic() + 5
+            while True:
+                message = stream.read(timeout=max(0.1, deadline - time.monotonic()))
+                assert validate_fingerprint(message) == []
+                got = [(d.ID, d.healthy) for g in message.device_group for d in g.devices]
+                if got == expect or time.monotonic() > deadline:
+                    return got
+
+        assert next_files([]) == []  # an empty directory still yields a first message
+        (devdir / "a").write_text("x")
+        assert next_files([("a", True)]) == [("a", True)]
+        os.chmod(devdir / "a", 0o777)
+        assert next_files([("a", False)]) == [("a", False)]
+        (devdir / "a").unlink()
+        assert next_files([]) == []  # removing the last file sends the empty list
+        with pytest.raises(StreamTimeoutError):
+            stream.read(timeout=0.8)  # nothing changed: nothing sent
+
+
+def test_metrics_listen_serves_the_same_snapshot(scenario: Path, unused_port: int) -> None:
+    with PluginProcess(binary()) as plugin:
+        plugin.set_config(encode_for_spec(plugin.config_schema().spec,
+                                          config(scenario, metrics_listen=f"127.0.0.1:{unused_port}")))
+        plugin.fingerprint().read(timeout=10)
+        with urllib.request.urlopen(f"http://127.0.0.1:{unused_port}/metrics", timeout=10) as r:
+            body = r.read().decode()
+        assert f'accelstats_gpu_up{{gpu="0",model="NVIDIA H200",uuid="{H200}"}} 1.0' in body
+        assert 'source="replay"' in body
+
+
+@pytest.fixture
+def unused_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_without_the_cookie_it_explains_and_exits_1() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "NOMAD_PLUGIN_MAGIC_COOKIE"}
+    proc = subprocess.run([binary()], env=env, capture_output=True, text=True, timeout=30, check=False)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert "plugin for HashiCorp Nomad" in proc.stderr
+
+
+def test_sigint_is_ignored_and_sigterm_stops_cleanly() -> None:
+    plugin = PluginProcess(binary()).start()
+    try:
+        assert plugin.proc is not None
+        plugin.proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        assert plugin.proc.poll() is None and plugin.health() == "SERVING"
+        t0 = time.monotonic()
+        plugin.proc.send_signal(signal.SIGTERM)
+        assert plugin.proc.wait(timeout=5) == 0
+        assert time.monotonic() - t0 < 2.0
+        assert plugin.hclog_problems() == []
+    finally:
+        plugin.close()
+
+
+def test_launcher_command_line(devdir: Path, tmp_path: Path) -> None:
+    (devdir / "d").write_text("")
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(config(devdir=devdir)))
+    proc = subprocess.run([sys.executable, "-m", "accelstats.nomad.launcher", binary(), str(cfg), "--quiet-logs"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["ok"] is True
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_plugins() -> Iterator[None]:
+    """Every plugin a test started has exited when it ends (Shutdown, SIGTERM, or the context)."""
+    yield
+    import psutil
+
+    deadline = time.monotonic() + 3
+    while True:
+        mine = [c.pid for c in psutil.Process().children(recursive=True)
+                if "nomad-device-accelstats" in " ".join(c.cmdline())]
+        if not mine or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert mine == [], f"plugin processes left running: {mine}"
