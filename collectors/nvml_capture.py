@@ -30,7 +30,7 @@ Schema versions differ (``<!DOCTYPE>`` v11: Tesla T4, v12: A100, v13: H200 / RTX
 element paths it is read from, first match wins.
 
 A scenario TOML picks GPUs out of captures, overrides their identity and readings, adds processes
-and MIG instances, and injects faults (:func:`load_scenario`)::
+and MIG instances, injects faults and schedules NVML events (:func:`load_scenario`)::
 
     [[gpu]]                          # NVML index = position, unless `index` is given
     capture = "nvidia-smi-q.xml"     # relative to the TOML file; required
@@ -57,11 +57,20 @@ and MIG instances, and injects faults (:func:`load_scenario`)::
     after_calls = 0                  # this many matching calls succeed first
     times = 3                        # then fail this many times (default: forever)
     hang_seconds = 5                 # block (time.sleep) this long before failing / answering
+    [[event]]                        # an NVML event (nvmlEventSetWait_v2), delivered once it is due
+    gpu = 1                          # NVML index; required
+    xid = 79                         # required: the XID (eventData), 1..2^64-1
+    after_seconds = 0.2              # due this long after the replay's first nvmlInit (default 0)
+    type = "xid_critical"            # optional; the only type (nvmlEventTypeXidCriticalError)
+    gpu_instance_id = 1              # optional, MIG: an instance of that GPU (default: whole GPU,
+    compute_instance_id = 0          #   0xFFFFFFFF); compute_instance_id only with gpu_instance_id
 
 Scenario integers must fit the C type NVML answers them in (unsigned int; unsigned long long for
 bytes, ECC counts and ``clock_reasons``; ``used_memory_bytes`` below 2^64-1, which is
 NVML_VALUE_NOT_AVAILABLE); ``uuid`` must not be empty (or ``"N/A"``); ``hang_seconds`` must be
-finite, 0..:data:`MAX_HANG_SECONDS`; ``after_calls`` / ``times`` non-negative integers.
+finite, 0..:data:`MAX_HANG_SECONDS`, and so must ``after_seconds``; ``after_calls`` / ``times``
+non-negative integers; an event's ``gpu`` must exist and its instance ids name one of that GPU's MIG
+instances.
 
 Errors in either input are :class:`CaptureError`, naming the file and the line/column (malformed
 XML or TOML; the line and byte offset of a scenario that is not UTF-8) or the key.
@@ -108,6 +117,9 @@ CLOCK_REASON_BITS = {
     "hw_power_brake_slowdown": 0x80,
     "display_clocks_setting": 0x100,
 }
+
+# nvmlEventType* bit (nvml.h; equal to pynvml's) by scenario ``[[event]]`` ``type``.
+EVENT_TYPES = {"xid_critical": 0x8}  # nvmlEventTypeXidCriticalError
 
 # NVML_DEVICE_ARCH_* (nvml.h) by lower-cased ``product_architecture``.
 ARCHITECTURES = {
@@ -279,12 +291,31 @@ def int_max(name: str) -> int:
 
 
 @dataclass(frozen=True)
+class EventCapture:
+    """An NVML event a scenario schedules, an ``[[event]]`` (keys: the module docstring).
+
+    An event of type ``kind`` (a key of :data:`EVENT_TYPES`) on GPU ``gpu`` (NVML index) carrying
+    ``xid`` (``eventData``), due ``after_seconds`` after the replay's first ``nvmlInit``; the MIG
+    instance ids are None for an event of the whole GPU (NVML reports 0xFFFFFFFF).
+    """
+
+    gpu: int
+    xid: int
+    after_seconds: float = 0.0
+    kind: str = "xid_critical"
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+
+@dataclass(frozen=True)
 class SystemCapture:
-    """A whole capture: driver version (str), CUDA driver version (``"13.0"``), GPUs in NVML order."""
+    """A whole capture: driver version (str), CUDA driver version (``"13.0"``), GPUs in NVML order,
+    and the NVML events a scenario schedules (a capture has none)."""
 
     driver_version: str | None
     cuda_version: str | None
     gpus: tuple[GpuCapture, ...]
+    events: tuple[EventCapture, ...] = ()
 
 
 # -- value converters: text (already known not to be N/A) -> value, or None when it does not parse --
@@ -694,6 +725,7 @@ _GPU_KEYS = {"capture", "capture_index", "index", "minor", "uuid", "name", "pci_
 _PROCESS_KEYS = {"pid", "used_memory_bytes", "sm_utilization_percent", "type", "name"}
 _MIG_KEYS = {"gpu_instance_id", "compute_instance_id", "profile", "memory_total_bytes", "uuid", "process"}
 _FAULT_KEYS = {"gpu", "call", "error", "after_calls", "times", "hang_seconds"}
+_EVENT_KEYS = {"gpu", "xid", "after_seconds", "type", "gpu_instance_id", "compute_instance_id"}
 _OVERRIDABLE = {f.name: f.type for f in fields(GpuCapture) if f.type in ("int | None", "str | None")}
 
 
@@ -732,7 +764,8 @@ class _Table:
         return value
 
     def seconds(self, key: str) -> float:
-        """A finite number of seconds in 0..:data:`MAX_HANG_SECONDS` (0 when absent)."""
+        """A finite number of seconds in 0..:data:`MAX_HANG_SECONDS` (0 when absent; a year at most:
+        ``hang_seconds``, ``after_seconds``)."""
         value = float(self.get(key, (int, float), 0))
         if not math.isfinite(value) or value > MAX_HANG_SECONDS:
             self.fail(f"must be a finite number of seconds, at most {MAX_HANG_SECONDS}, got {value!r}", key)
@@ -856,14 +889,17 @@ def _mig(t: _Table, index: int) -> MigCapture:
 
 def load_scenario(path: str | Path, *, calls: Collection[str],
                   errors: Collection[str]) -> tuple[SystemCapture, list[Fault]]:
-    """Read a scenario TOML (keys: the module docstring) into GPUs in NVML index order
-    and faults; ``calls`` / ``errors`` are the call and NVML error names a fault may name. The
+    """Read a scenario TOML (keys: the module docstring) into GPUs in NVML index order (and the
+    ``[[event]]`` tables, :attr:`SystemCapture.events`, in file order) and faults; ``calls`` /
+    ``errors`` are the call and NVML error names a fault may name. The
     driver and CUDA versions are those of the first capture file named. Raises CaptureError naming
     the file and the line and column (malformed TOML), the line and byte offset (not UTF-8), the OS
     reason (unreadable) or the key (unknown key, wrong type, a value out of its range: negative,
     beyond the NVML C type's (:func:`int_max`), a non-finite or too long ``hang_seconds``; a capture
     that is missing, not a file, unreadable or rejected by :func:`parse_capture`, ``capture_index``
-    out of range, unknown fault call or error name, duplicate index/uuid/minor, an empty uuid).
+    out of range, unknown fault call or error name, duplicate index/uuid/minor, an empty uuid; an
+    event on a GPU the scenario lacks, an XID of 0, an unknown event type, a non-finite or negative
+    ``after_seconds``, instance ids naming no MIG instance of that GPU).
     """
     path = Path(path)
     try:
@@ -889,7 +925,7 @@ def load_scenario(path: str | Path, *, calls: Collection[str],
         raise CaptureError(f"{path}: {where}: not valid TOML ({reason})") from exc
     except ValueError as exc:  # an integer of more than 4300 digits (sys.get_int_max_str_digits)
         raise CaptureError(f"{path}: not valid TOML ({str(exc).split(';')[0]})") from exc
-    top = _Table(path, "", data, {"gpu", "fault"})
+    top = _Table(path, "", data, {"gpu", "fault", "event"})
     captures: dict[Path, SystemCapture] = {}
     tables = top.tables("gpu", _GPU_KEYS)
     entries = [_gpu(t, path.parent, captures) for t in tables]
@@ -906,8 +942,9 @@ def load_scenario(path: str | Path, *, calls: Collection[str],
     by_index = dict(zip(order, (gpu for _, gpu in entries), strict=True))
     gpus = tuple(by_index[i] for i in range(len(entries)))
     faults = [_fault(t, len(gpus), calls, errors) for t in top.tables("fault", _FAULT_KEYS)]
+    events = tuple(_event(t, gpus) for t in top.tables("event", _EVENT_KEYS))
     first = next(iter(captures.values()), SystemCapture(None, None, ()))
-    return SystemCapture(first.driver_version, first.cuda_version, gpus), faults
+    return SystemCapture(first.driver_version, first.cuda_version, gpus, events), faults
 
 
 def _fault(t: _Table, gpu_count: int, calls: Collection[str], errors: Collection[str]) -> Fault:
@@ -925,3 +962,26 @@ def _fault(t: _Table, gpu_count: int, calls: Collection[str], errors: Collection
         t.fail("a fault needs `error`, `hang_seconds` or both", "error")
     return Fault(call=call, error=error, gpu=gpu, after_calls=t.get("after_calls", int, 0),
                  times=t.get("times", int), hang_seconds=hang)
+
+
+def _event(t: _Table, gpus: Sequence[GpuCapture]) -> EventCapture:
+    gpu = t.get("gpu", int, required=True)
+    if gpu >= len(gpus):
+        t.fail(f"no GPU with NVML index {gpu} (the scenario has {len(gpus)})", "gpu")
+    xid = t.uint("xid", U64, required=True)
+    if xid == 0:
+        t.fail("XIDs are numbered from 1, got 0", "xid")
+    kind = t.get("type", str, "xid_critical")
+    if kind not in EVENT_TYPES:
+        t.fail(f"expected {' or '.join(map(repr, EVENT_TYPES))}, got {kind!r}", "type")
+    gi, ci = t.uint("gpu_instance_id"), t.uint("compute_instance_id")
+    if ci is not None and gi is None:
+        t.fail("given without gpu_instance_id", "compute_instance_id")
+    migs = gpus[gpu].migs
+    if gi is not None and not any(m.gpu_instance_id == gi and ci in (None, m.compute_instance_id) for m in migs):
+        have = ", ".join(f"{m.gpu_instance_id}/{m.compute_instance_id}" for m in migs)
+        t.fail(f"GPU {gpu} has no MIG instance {gi}{'' if ci is None else f'/{ci}'} "
+               f"({f'gpu/compute instance ids: {have}' if have else 'MIG is not enabled'})",
+               "gpu_instance_id" if ci is None else "compute_instance_id")
+    return EventCapture(gpu=gpu, xid=xid, after_seconds=t.seconds("after_seconds"), kind=kind,
+                        gpu_instance_id=gi, compute_instance_id=ci)

@@ -16,12 +16,19 @@ after the last ``nvmlShutdown`` (init is reference-counted); a value the capture
 NOT_SUPPORTED ("Requested functionality has been deprecated": DEPRECATED), and so does one NVML's
 unsigned type cannot hold (``-36 C``: listed in ``GpuCapture.invalid``); MIG device handles answer
 identity, memory and process calls and raise NOT_SUPPORTED for everything else (utilisation, power,
-clocks, …), as real MIG devices do.
+clocks, events, …), as real MIG devices do.
+
+Events: ``nvmlEventSetCreate`` / ``nvmlEventSetFree``, ``nvmlDeviceGetSupportedEventTypes``,
+``nvmlDeviceRegisterEvents`` and ``nvmlEventSetWait_v2`` / ``nvmlEventSetWait`` deliver the XIDs a
+scenario schedules (``[[event]]``, :class:`collectors.nvml_capture.EventCapture`), each due
+``after_seconds`` after the replay's first ``nvmlInit``, to the sets registered for that GPU and
+event type; a wait sleeps in slices of at most :data:`EVENT_WAIT_SLICE_S` and raises TIMEOUT when
+nothing is due within ``timeoutms`` (:meth:`ReplayNVML.nvmlEventSetWait_v2` has the rules).
 
 Inputs (:meth:`ReplayNVML.from_path`): an ``nvidia-smi -q -x`` XML file (every ``<gpu>``, NVML index
 = position), or a scenario TOML (suffix ``.toml``; keys in :mod:`collectors.nvml_capture`) that picks
 GPUs out of captures, overrides their identity and readings, adds processes and MIG instances, and
-injects faults (errors, ``after_calls``, ``times``, hangs) into any call.
+injects faults (errors, ``after_calls``, ``times``, hangs) into any call, and schedules XID events.
 
 Values NVML has but ``nvidia-smi -q -x`` does not print are documented where they are made up:
 samples and process-utilisation timestamps come from the wall clock, total energy grows at the
@@ -45,7 +52,9 @@ from typing import Any
 import pynvml
 
 from collectors.nvml_capture import (
+    EVENT_TYPES,
     CaptureError,
+    EventCapture,
     Fault,
     GpuCapture,
     MigCapture,
@@ -58,7 +67,8 @@ from collectors.nvml_capture import (
     pci_bus_id_parts,
 )
 
-__all__ = ["IMPLEMENTED_CALLS", "Fault", "ReplayError", "ReplayHandle", "ReplayNVML", "mig_uuid"]
+__all__ = ["IMPLEMENTED_CALLS", "EventCapture", "Fault", "ReplayError", "ReplayEventData", "ReplayEventSet",
+           "ReplayHandle", "ReplayNVML", "mig_uuid"]
 
 SAMPLE_PERIOD_US = 1_000_000 // 6  # one utilisation sample per 1/6 s, as NVML's sampler
 SAMPLE_BUFFER = 120  # samples NVML keeps per type (20 s at 6 Hz)
@@ -66,6 +76,13 @@ SAMPLING_PERIOD_US = 100_000  # encoder/decoder sampling period the H200 reporte
 ENERGY_BASE_MJ = 0  # total energy at ReplayNVML construction; then + power_usage_mw x seconds
 UINT_MAX = 0xFFFFFFFF  # NVML's "no instance" gpuInstanceId / computeInstanceId of non-MIG processes
 MIG_MAX_DEVICES = 7  # nvmlDeviceGetMaxMigDeviceCount with MIG enabled (A30: 4)
+EVENT_WAIT_SLICE_S = 0.05  # nvmlEventSetWait_v2 sleeps in slices of at most this (and of at least 1 ms)
+# nvmlDeviceGetSupportedEventTypes: every GPU (nvml.h: "for Fermi or newer fully supported devices"),
+# plus the single and double bit ECC events where ECC is enabled ("ECC events are available only on ECC
+# enabled devices"). Clock events are Kepler only; the others (MIG config change, DRAM retirement,
+# poison, recovery action, …) depend on the GPU and driver in ways a capture does not show: left out.
+_EVENTS_EVERY_GPU = pynvml.nvmlEventTypePState | pynvml.nvmlEventTypeXidCriticalError
+_EVENTS_ECC = pynvml.nvmlEventTypeSingleBitEccError | pynvml.nvmlEventTypeDoubleBitEccError
 
 # nvmlDeviceGetFieldValues fields the replay answers: field id -> GpuCapture attribute.
 _FIELD_IDS = {getattr(pynvml, k): v for k, v in {
@@ -120,6 +137,41 @@ def _getter(call: str, attrs: str | tuple[str, ...], doc: str, mig: bool = False
     return method
 
 
+class ReplayEventSet:
+    """Opaque event-set handle (nvmlEventSetCreate); its state is the replay's, under its lock."""
+
+    __slots__ = ("_owner", "delivered", "live", "registered")
+
+    def __init__(self, owner: ReplayNVML) -> None:
+        self._owner, self.live = owner, True
+        self.registered: dict[tuple[int, int], float] = {}  # (NVML index, event type bit) -> clock when
+        self.delivered: set[int] = set()  # positions in ReplayNVML._events
+
+    def __repr__(self) -> str:
+        return f"<ReplayEventSet {'live' if self.live else 'freed'} registered={sorted(self.registered)}>"
+
+
+class ReplayEventData:
+    """What nvmlEventSetWait_v2 returns: the fields of pynvml's ``c_nvmlEventData_t`` (``_fields_``,
+    so ``nvmlStructToFriendlyObject`` takes it), with ``.device`` the :class:`ReplayHandle` of the GPU
+    (ctypes cannot hold one); printed as pynvml prints the structure."""
+
+    __slots__ = ("computeInstanceId", "device", "eventData", "eventType", "gpuInstanceId")
+    _fields_ = pynvml.c_nvmlEventData_t._fields_
+
+    def __init__(self, device: ReplayHandle, eventType: int, eventData: int, gpuInstanceId: int,
+                 computeInstanceId: int) -> None:
+        self.device, self.eventType, self.eventData = device, eventType, eventData
+        self.gpuInstanceId, self.computeInstanceId = gpuInstanceId, computeInstanceId
+
+    def __str__(self) -> str:
+        return (f"c_nvmlEventData_t(device: {self.device}, eventType: 0x{self.eventType:08X}, "
+                f"eventData: {self.eventData}, gpuInstanceId: {self.gpuInstanceId}, "
+                f"computeInstanceId: {self.computeInstanceId})")
+
+    __repr__ = __str__
+
+
 class _Target:
     """A resolved handle: NVML index, capture of the physical GPU, MIG instance (or None)."""
 
@@ -135,7 +187,8 @@ class ReplayNVML:
     ``capture``: the GPUs in NVML index order and the system versions. ``faults``: injected
     failures. ``path``: the file it came from (None when built in code). ``clock`` (seconds since
     the epoch; drives sample and process-utilisation timestamps and the energy counter) and
-    ``sleep`` (used by ``hang_seconds``) are injectable for tests. Thread-safe.
+    ``sleep`` (used by ``hang_seconds`` and nvmlEventSetWait_v2) are injectable for tests; the clock
+    also times scenario events. Thread-safe.
     """
 
     source = "replay"
@@ -155,6 +208,11 @@ class ReplayNVML:
                              for i, g in enumerate(capture.gpus) for m in g.migs}
         self._t0 = clock()
         self._energy_last: dict[int, int] = {}
+        self._t_init: float | None = None  # clock at the first nvmlInit: scenario events count from it
+        # events in the order they fall due (file order among equals): (position, event)
+        self._events = sorted(enumerate(capture.events), key=lambda e: (e[1].after_seconds, e[0]))
+        self._claimed: set[int] = set()  # positions of events delivered to some set
+        self._sets: list[ReplayEventSet] = []
 
     @classmethod
     def from_path(cls, path: str | Path, **kwargs: Any) -> ReplayNVML:
@@ -250,12 +308,19 @@ class ReplayNVML:
         self._enter("nvmlInitWithFlags")
         with self._lock:
             self._refcount += 1
+            if self._t_init is None:
+                self._t_init = self._clock()
 
     def nvmlShutdown(self) -> None:
-        """Drop one init reference; at zero every call but init raises UNINITIALIZED again."""
+        """Drop one init reference; at zero every call but init raises UNINITIALIZED again, and the
+        event sets are freed (NVML releases them with the library)."""
         self._enter("nvmlShutdown")
         with self._lock:
             self._refcount = max(0, self._refcount - 1)
+            if self._refcount == 0:
+                for es in self._sets:
+                    es.live = False
+                self._sets.clear()
 
     def nvmlSystemGetDriverVersion(self) -> str:
         """Driver version (str) from ``<driver_version>``."""
@@ -654,6 +719,119 @@ class ReplayNVML:
         if mig is None:
             raise _err("NOT_SUPPORTED")
         return int(getattr(mig, attr))
+
+    # -- events ----------------------------------------------------------------------------------
+    def nvmlEventSetCreate(self) -> ReplayEventSet:
+        """A new, empty event set (:class:`ReplayEventSet`)."""
+        self._enter("nvmlEventSetCreate")
+        es = ReplayEventSet(self)
+        with self._lock:
+            self._sets.append(es)
+        return es
+
+    def nvmlEventSetFree(self, eventSet: Any) -> None:
+        """Free ``eventSet``; INVALID_ARGUMENT for a set that is not this replay's or already freed.
+        A wait on it in another thread then raises INVALID_ARGUMENT (within one wait slice)."""
+        self._enter("nvmlEventSetFree")
+        with self._lock:
+            es = self._event_set(eventSet)
+            es.live = False
+            self._sets.remove(es)
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
+        """nvmlEventType* bitmask: PState and XidCriticalError, plus SingleBitEccError and
+        DoubleBitEccError where ECC is enabled (``<ecc_mode><current_ecc>``); MIG handles NOT_SUPPORTED."""
+        return _supported_events(self._device("nvmlDeviceGetSupportedEventTypes", handle).gpu)
+
+    def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any) -> None:
+        """Add the nvmlEventType* bits ``eventTypes`` of GPU ``handle`` to ``eventSet`` (registering
+        a type again keeps it). INVALID_ARGUMENT for a set that is not this replay's or is freed and
+        for bits NVML does not define; NOT_SUPPORTED for a type the GPU does not support
+        (:meth:`nvmlDeviceGetSupportedEventTypes`) and for MIG handles, as NVML."""
+        types = ctypes.c_ulonglong(eventTypes).value  # pynvml's conversion: TypeError for a non-int
+        t = self._device("nvmlDeviceRegisterEvents", handle)
+        with self._lock:
+            es = self._event_set(eventSet)
+            if types & ~pynvml.nvmlEventTypeAll:
+                raise _err("INVALID_ARGUMENT")
+            if types & ~_supported_events(t.gpu):
+                raise _err("NOT_SUPPORTED")
+            now = self._clock()
+            for bit in (1 << k for k in range(types.bit_length()) if types >> k & 1):
+                es.registered.setdefault((t.index, bit), now)
+
+    def nvmlEventSetWait_v2(self, eventSet: Any, timeoutms: int) -> ReplayEventData:
+        """The next due event for ``eventSet`` (:class:`ReplayEventData`: ``.device`` the GPU's
+        handle, ``.eventType`` nvmlEventTypeXidCriticalError, ``.eventData`` the XID,
+        ``.gpuInstanceId`` / ``.computeInstanceId`` the scenario's or 0xFFFFFFFF), blocking up to
+        ``timeoutms`` (unsigned int as pynvml passes it: -1 is 2^32-1 ms), then TIMEOUT, as NVML.
+
+        A scenario event falls due ``after_seconds`` after the replay's first nvmlInit (by the
+        injectable clock). It is delivered to a set registered for its GPU and type, once per set,
+        the earliest due first: to every set registered before it fell due and, when none took it,
+        to the first set registered later that waits (so ``after_seconds = 0`` reaches the watcher
+        that registers after init); a set created after another took it does not get it again.
+        Sleeps in slices of at most :data:`EVENT_WAIT_SLICE_S` (the injectable sleep), until the
+        next event falls due or the timeout; a set freed meanwhile raises INVALID_ARGUMENT, a last
+        nvmlShutdown UNINITIALIZED. The wait names no GPU: faults with ``gpu`` or ``call = "*"`` do
+        not apply to it, faults naming this call (or nvmlEventSetWait) without ``gpu`` do.
+        """
+        timeout = ctypes.c_uint(timeoutms).value / 1000  # pynvml's conversion: TypeError for a non-int
+        self._enter("nvmlEventSetWait_v2")
+        waited = 0.0
+        while True:
+            with self._lock:
+                if self._refcount == 0:
+                    raise _err("UNINITIALIZED")
+                es = self._event_set(eventSet)
+                now = self._clock()
+                found, next_due = self._take(es, now)
+            if found is not None:
+                return ReplayEventData(
+                    self._handles[found.gpu], EVENT_TYPES[found.kind], found.xid,
+                    UINT_MAX if found.gpu_instance_id is None else found.gpu_instance_id,
+                    UINT_MAX if found.compute_instance_id is None else found.compute_instance_id)
+            left = timeout - waited
+            if left <= 0:
+                raise _err("TIMEOUT")
+            step = min(EVENT_WAIT_SLICE_S, left, max(0.001, next_due - now) if next_due is not None else left)
+            self._sleep(step)
+            waited += step
+
+    def nvmlEventSetWait(self, eventSet: Any, timeoutms: int) -> ReplayEventData:
+        """pynvml's alias of :meth:`nvmlEventSetWait_v2`; faults match either name."""
+        ctypes.c_uint(timeoutms)  # pynvml converts before anything reaches NVML: TypeError for a non-int
+        self._enter("nvmlEventSetWait")
+        return self.nvmlEventSetWait_v2(eventSet, timeoutms)
+
+    def _event_set(self, eventSet: Any) -> ReplayEventSet:
+        """``eventSet`` if it is a live set of this replay, else INVALID_ARGUMENT (hold the lock)."""
+        if not isinstance(eventSet, ReplayEventSet) or eventSet._owner is not self or not eventSet.live:
+            raise _err("INVALID_ARGUMENT")
+        return eventSet
+
+    def _take(self, es: ReplayEventSet, now: float) -> tuple[EventCapture | None, float | None]:
+        """(the event to deliver to ``es`` now, marked delivered; else None, and the clock time the
+        next event ``es`` is registered for falls due, None when there is none). Hold the lock."""
+        start = self._t_init if self._t_init is not None else now
+        for pos, event in self._events:
+            due = start + event.after_seconds
+            registered = es.registered.get((event.gpu, EVENT_TYPES[event.kind]))
+            if registered is None or pos in es.delivered:
+                continue
+            if due > now:
+                return None, due
+            if registered > due and pos in self._claimed:
+                continue  # it happened before this set listened, and another set took it
+            es.delivered.add(pos)
+            self._claimed.add(pos)
+            return event, None
+        return None, None
+
+
+def _supported_events(gpu: GpuCapture) -> int:
+    """nvmlDeviceGetSupportedEventTypes of a GPU (see :data:`_EVENTS_EVERY_GPU`)."""
+    return int(_EVENTS_EVERY_GPU | (_EVENTS_ECC if gpu.ecc_current == 1 else 0))
 
 
 def _mig_slots(gpu: GpuCapture) -> int:

@@ -280,3 +280,16 @@ def _no_leftover_plugins() -> Iterator[None]:
             break
         time.sleep(0.1)
     assert mine == [], f"plugin processes left running: {mine}"
+
+
+def test_critical_xid_makes_the_gpu_unhealthy(tmp_path: Path, fixtures_dir: Path) -> None:
+    h200 = fixtures_dir / "h200" / "nvidia-smi-q.xml"
+    path = tmp_path / "xid.toml"
+    path.write_text(f'[[gpu]]\ncapture = "{h200}"\n[[event]]\ngpu = 0\nxid = 48\nafter_seconds = 0.3\n')
+    with PluginProcess(binary()) as plugin:
+        plugin.set_config(encode_for_spec(plugin.config_schema().spec, config(path)))
+        stream = plugin.fingerprint()
+        first = stream.read(timeout=10).device_group[0].devices[0]
+        assert first.ID == H200
+        later = stream.read(timeout=15).device_group[0].devices[0]  # sent on the change, within 5 s
+        assert (later.healthy, "XID 48" in later.health_description) == (False, True)

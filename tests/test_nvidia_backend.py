@@ -380,3 +380,33 @@ error = "DRIVER_NOT_LOADED"
     assert time.monotonic() - t0 < 0.9  # under the 1 s hang
     time.sleep(1.0)  # the stuck init ended (failing); the retry is due: the next pass succeeds
     assert [d.uuid for d in snapshot(b).devices] == [H200_UUID]
+
+
+def test_critical_xid_events_are_counted_and_application_xids_do_not_mark_the_gpu(tmp_path: Path, h200: Path) -> None:
+    scenario = write_scenario(tmp_path, h200, TWO_H200 + """
+[[event]]
+gpu = 0
+xid = 13
+after_seconds = 0.1
+[[event]]
+gpu = 1
+xid = 79
+after_seconds = 0.2
+""")
+    b = backend(scenario)
+    b.setup()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        snap = snapshot(b)
+        lost = snap.samples["GPU-5f1c2a9e-0b7d-4c3e-9a61-2d8e4f7b9c11"]
+        if lost.xid_errors and snap.samples[H200_UUID].xid_errors:
+            break
+        time.sleep(0.1)
+    assert (lost.xid_errors, lost.xid_critical) == (((79, 1),), 79)
+    ok = snap.samples[H200_UUID]
+    assert (ok.xid_errors, ok.xid_critical) == (((13, 1),), None)  # an application's own fault
+    families = {f.name: f for f in render(Collection(snapshot=snap))}
+    assert sorted((s.labels["xid"], s.value) for s in families["accelstats_gpu_xid_errors"].samples) == [
+        ("13", 1.0), ("79", 1.0)]
+    b.shutdown()
+    assert b.xid_watcher is None

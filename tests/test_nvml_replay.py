@@ -7,11 +7,13 @@ recorded what real NVML answered on that machine), never computed by the code un
 from __future__ import annotations
 
 import ast
+import contextlib
 import inspect
 import json
 import math
 import re
 import shutil
+import threading
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
@@ -663,6 +665,8 @@ def test_signatures_match_pynvml(name: str) -> None:
 
 
 # -- faults ---------------------------------------------------------------------------------------------
+SET = object()  # in the argument tables below: a new event set of the replay under test (with_sets)
+XID = pynvml.nvmlEventTypeXidCriticalError
 # Arguments after the handle for every implemented device call; a fault naming the call must fail it.
 DEVICE_CALL_ARGS: dict[str, tuple[Any, ...]] = {
     "nvmlDeviceGetClockInfo": (SM,), "nvmlDeviceGetMaxClockInfo": (SM,), "nvmlDeviceGetFieldValues": ([82],),
@@ -670,11 +674,19 @@ DEVICE_CALL_ARGS: dict[str, tuple[Any, ...]] = {
     "nvmlDeviceGetProcessUtilization": (0,), "nvmlDeviceGetRetiredPages": (0,),
     "nvmlDeviceGetSamples": (pynvml.NVML_GPU_UTILIZATION_SAMPLES, 0),
     "nvmlDeviceGetTemperature": (pynvml.NVML_TEMPERATURE_GPU,), "nvmlDeviceGetTotalEccErrors": (CORR, VOL),
+    "nvmlDeviceRegisterEvents": (XID, SET),
 }
+# Calls that name no GPU (faults without `gpu`), with all their arguments.
 SYSTEM_CALLS = {"nvmlInit": (), "nvmlInitWithFlags": (0,), "nvmlShutdown": (), "nvmlSystemGetDriverVersion": (),
                 "nvmlSystemGetCudaDriverVersion": (), "nvmlSystemGetNVMLVersion": (), "nvmlDeviceGetCount": (),
                 "nvmlDeviceGetHandleByIndex": (0,), "nvmlDeviceGetHandleByUUID": (H200_UUID,),
-                "nvmlDeviceGetHandleByPciBusId": ("00000000:00:06.0",)}
+                "nvmlDeviceGetHandleByPciBusId": ("00000000:00:06.0",), "nvmlEventSetCreate": (),
+                "nvmlEventSetFree": (SET,), "nvmlEventSetWait_v2": (SET, 0), "nvmlEventSetWait": (SET, 0)}
+
+
+def with_sets(nvml: ReplayNVML, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``args`` with each SET replaced by a new event set of ``nvml``."""
+    return tuple(nvml.nvmlEventSetCreate() if a is SET else a for a in args)
 
 
 @pytest.mark.parametrize("name", sorted(IMPLEMENTED_CALLS))
@@ -692,10 +704,12 @@ def test_every_call_can_be_faulted(tmp_path: Path, name: str) -> None:
     for _ in range({"nvmlInit": 0, "nvmlInitWithFlags": 0, "nvmlShutdown": 2}.get(name, 1)):
         nvml.nvmlInit()
     if name in SYSTEM_CALLS:
-        fn: Callable[[], Any] = lambda: getattr(nvml, name)(*SYSTEM_CALLS[name])  # noqa: E731
+        args = with_sets(nvml, SYSTEM_CALLS[name])
+        fn: Callable[[], Any] = lambda: getattr(nvml, name)(*args)  # noqa: E731
     else:
         handle = nvml.nvmlDeviceGetHandleByIndex(0)
-        fn = lambda: getattr(nvml, name)(handle, *DEVICE_CALL_ARGS.get(name, ()))  # noqa: E731
+        args = with_sets(nvml, DEVICE_CALL_ARGS.get(name, ()))
+        fn = lambda: getattr(nvml, name)(handle, *args)  # noqa: E731
     try:
         fn()  # after_calls = 1: the first call is not failed (it may still raise NOT_SUPPORTED)
     except pynvml.NVMLError as exc:
@@ -1014,6 +1028,316 @@ def test_memory_info_v1_used_never_wraps(tmp_path: Path) -> None:
     assert call(nvml, 0, "nvmlDeviceGetMemoryInfo").used == 0
 
 
+# -- events: nvmlEventSet*, nvmlDeviceRegisterEvents, scenario [[event]] ---------------------------------
+SBE, DBE, PSTATE = (pynvml.nvmlEventTypeSingleBitEccError, pynvml.nvmlEventTypeDoubleBitEccError,
+                    pynvml.nvmlEventTypePState)
+PAIR = '[[gpu]]\ncapture = "@A5000"\n[[gpu]]\ncapture = "@A5000"\ncapture_index = 1\n'  # ECC off on both
+
+
+class FakeTime(FakeClock):
+    """A clock and a sleep that moves it (and records what it was asked to sleep)."""
+
+    def __init__(self, now: float = 1_000.0) -> None:
+        super().__init__(now)
+        self.slept: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def with_events(tmp_path: Path, events: str, time_: FakeTime | None = None, base: str = PAIR) -> ReplayNVML:
+    kwargs = {} if time_ is None else {"clock": time_, "sleep": time_.sleep}
+    return opened(scenario(tmp_path, base + events), **kwargs)
+
+
+def waited(nvml: ReplayNVML, es: Any, timeoutms: int, name: str = "nvmlEventSetWait_v2") -> tuple[int, int] | str:
+    """(NVML index, XID) of the event nvmlEventSetWait_v2 (or ``name``) delivers, or "timeout"."""
+    try:
+        data = getattr(nvml, name)(es, timeoutms)
+    except pynvml.NVMLError_Timeout:
+        return "timeout"
+    assert data.eventType == XID and (data.gpuInstanceId, data.computeInstanceId) == (NA, NA)
+    return nvml.nvmlDeviceGetIndex(data.device), data.eventData
+
+
+def test_xid_79_on_gpu_1_after_200_ms_is_delivered_once(tmp_path: Path) -> None:
+    start = time.monotonic()
+    nvml = with_events(tmp_path, "[[event]]\ngpu = 1\nxid = 79\nafter_seconds = 0.2\n")
+    gpus = [nvml.nvmlDeviceGetHandleByIndex(i) for i in (0, 1)]
+    es = nvml.nvmlEventSetCreate()
+    for h in gpus:
+        nvml.nvmlDeviceRegisterEvents(h, XID, es)
+    with pytest.raises(pynvml.NVMLError_Timeout):  # not due yet: blocks the whole 50 ms, then TIMEOUT
+        nvml.nvmlEventSetWait_v2(es, 50)
+    assert 0.05 <= time.monotonic() - start < 0.2
+    data = nvml.nvmlEventSetWait_v2(es, 5000)  # returns when it falls due, not after 5 s
+    assert 0.2 <= time.monotonic() - start < 0.5
+    assert data.device is gpus[1]
+    assert (data.eventType, data.eventData, data.gpuInstanceId, data.computeInstanceId) == (XID, 79, NA, NA)
+    assert pynvml.nvmlStructToFriendlyObject(data).eventData == 79  # pynvml's helpers take it
+    assert str(data) == ("c_nvmlEventData_t(device: <ReplayHandle gpu=1>, eventType: 0x00000008, eventData: 79, "
+                         "gpuInstanceId: 4294967295, computeInstanceId: 4294967295)")
+    start = time.monotonic()
+    with pytest.raises(pynvml.NVMLError_Timeout):  # delivered once
+        nvml.nvmlEventSetWait(es, 100)
+    assert time.monotonic() - start >= 0.1
+
+
+# (registrations: (NVML index, event types) on one set, then waits of 1 s each: what each returns)
+@pytest.mark.parametrize(("registrations", "outcomes"), [
+    ([], ["timeout"]),                                              # nothing registered
+    ([(0, PSTATE)], ["timeout"]),                                   # another type
+    ([(0, XID)], [(0, 48), "timeout", "timeout"]),                  # GPU 0 only
+    ([(1, XID)], [(1, 79), (1, 31), "timeout"]),
+    ([(1, XID | PSTATE), (0, XID)], [(0, 48), (1, 79), (1, 31), "timeout"]),  # earliest due first
+    ([(0, XID), (0, XID)], [(0, 48), "timeout"]),                   # registering twice: still once
+])
+def test_only_registered_events_are_delivered(tmp_path: Path, registrations: list[tuple[int, int]],
+                                              outcomes: list[Any]) -> None:
+    t = FakeTime()
+    nvml = with_events(tmp_path, "[[event]]\ngpu = 1\nxid = 79\nafter_seconds = 0.2\n"
+                                 "[[event]]\ngpu = 1\nxid = 31\nafter_seconds = 0.2\n"
+                                 "[[event]]\ngpu = 0\nxid = 48\n", t)
+    es = nvml.nvmlEventSetCreate()
+    for gpu, types in registrations:
+        call(nvml, gpu, "nvmlDeviceRegisterEvents", types, es)
+    assert [waited(nvml, es, 1000) for _ in outcomes] == outcomes
+
+
+@pytest.mark.parametrize(("delay", "timeoutms", "outcome", "slept"), [
+    (0.0, 0, "timeout", 0.0),       # timeout 0: a poll
+    (0.0, 150, "timeout", 0.15),    # blocks the whole timeout
+    (0.0, 250, (1, 79), 0.2),       # ... or until the event falls due
+    (0.2, 0, (1, 79), 0.0),         # already due
+    (0.5, 0, (1, 79), 0.0),
+    (0.1, 60, "timeout", 0.06),
+    (0.1, 120, (1, 79), 0.1),
+])
+def test_wait_blocks_until_due_or_timeout(tmp_path: Path, delay: float, timeoutms: int, outcome: Any,
+                                          slept: float) -> None:
+    t = FakeTime()
+    nvml = ReplayNVML.from_path(scenario(tmp_path, PAIR + "[[event]]\ngpu = 1\nxid = 79\nafter_seconds = 0.2\n"),
+                                clock=t, sleep=t.sleep)
+    t.now += 30  # after_seconds counts from the first nvmlInit, not from loading
+    nvml.nvmlInit()
+    es = nvml.nvmlEventSetCreate()
+    call(nvml, 1, "nvmlDeviceRegisterEvents", XID, es)
+    t.now += delay
+    assert waited(nvml, es, timeoutms) == outcome
+    assert sum(t.slept) == pytest.approx(slept, abs=0.002) and all(0 < s <= 0.05 for s in t.slept)
+
+
+def test_sets_share_an_event_that_happens_while_they_listen(tmp_path: Path) -> None:
+    t = FakeTime()
+    nvml = with_events(tmp_path, "[[event]]\ngpu = 0\nxid = 13\n[[event]]\ngpu = 0\nxid = 94\nafter_seconds = 1\n", t)
+    t.now += 0.5
+    first, second = nvml.nvmlEventSetCreate(), nvml.nvmlEventSetCreate()
+    for es in (first, second):
+        call(nvml, 0, "nvmlDeviceRegisterEvents", XID, es)
+    # XID 13 was due at init, before anyone listened: the first set that waits takes it
+    assert [waited(nvml, second, 0), waited(nvml, first, 0)] == [(0, 13), "timeout"]
+    # XID 94 falls due while both listen: both get it, once each
+    assert [waited(nvml, first, 2000), waited(nvml, second, 0)] == [(0, 94), (0, 94)]
+    assert [waited(nvml, first, 0), waited(nvml, second, 0)] == ["timeout", "timeout"]
+    late = nvml.nvmlEventSetCreate()  # e.g. a watcher restarted: nothing is delivered twice
+    call(nvml, 0, "nvmlDeviceRegisterEvents", XID, late)
+    assert waited(nvml, late, 0) == "timeout"
+
+
+def test_mig_instance_ids_of_an_event(tmp_path: Path) -> None:
+    nvml = with_events(tmp_path, "[[event]]\ngpu = 0\nxid = 43\ngpu_instance_id = 4\n"
+                                 "[[event]]\ngpu = 0\nxid = 31\ngpu_instance_id = 5\ncompute_instance_id = 0\n"
+                                 "[[event]]\ngpu = 0\nxid = 79\n", base='[[gpu]]\ncapture = "@A100"\n')
+    es = nvml.nvmlEventSetCreate()
+    parent = nvml.nvmlDeviceGetHandleByIndex(0)
+    nvml.nvmlDeviceRegisterEvents(parent, XID, es)
+    got = [nvml.nvmlEventSetWait_v2(es, 0) for _ in range(3)]
+    assert [(d.device, d.eventData, d.gpuInstanceId, d.computeInstanceId) for d in got] == [
+        (parent, 43, 4, NA), (parent, 31, 5, 0), (parent, 79, NA, NA)]
+
+
+@pytest.mark.parametrize(("capture", "gpu", "supported"), [
+    (H200, 0, PSTATE | XID | SBE | DBE), (A100, 0, PSTATE | XID | SBE | DBE), (T4, 0, PSTATE | XID | SBE | DBE),
+    (A5000, 1, PSTATE | XID),  # ECC disabled: no ECC events
+])
+def test_supported_event_types(capture: Path, gpu: int, supported: int) -> None:
+    nvml = opened(capture)
+    assert call(nvml, gpu, "nvmlDeviceGetSupportedEventTypes") == supported
+    es = nvml.nvmlEventSetCreate()
+    call(nvml, gpu, "nvmlDeviceRegisterEvents", supported, es)
+    for bit in (SBE, DBE, pynvml.nvmlEventTypeClock, pynvml.nvmlEventMigConfigChange):
+        if not bit & supported:
+            with pytest.raises(pynvml.NVMLError_NotSupported):
+                call(nvml, gpu, "nvmlDeviceRegisterEvents", bit, es)
+
+
+@pytest.mark.parametrize(("name", "args"), [
+    ("nvmlDeviceGetSupportedEventTypes", ()), ("nvmlDeviceRegisterEvents", (XID, SET)),
+])
+def test_mig_handles_have_no_events(name: str, args: tuple[Any, ...]) -> None:
+    nvml = opened(A100)
+    mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(nvml.nvmlDeviceGetHandleByIndex(0), 0)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        getattr(nvml, name)(mig, *with_sets(nvml, args))
+
+
+def freed(nvml: ReplayNVML) -> Any:
+    es = nvml.nvmlEventSetCreate()
+    nvml.nvmlEventSetFree(es)
+    return es
+
+
+def shut(nvml: ReplayNVML) -> Any:
+    es = nvml.nvmlEventSetCreate()
+    nvml.nvmlShutdown()
+    nvml.nvmlInit()
+    return es
+
+
+# sets that nvmlDeviceRegisterEvents, nvmlEventSetWait_v2 and nvmlEventSetFree answer INVALID_ARGUMENT
+@pytest.mark.parametrize("make_set", [
+    lambda nvml: None, lambda nvml: object(),
+    lambda nvml: opened(H200).nvmlEventSetCreate(),  # another replay's
+    freed,
+    shut,  # the last nvmlShutdown frees every set
+])
+def test_bad_event_sets(make_set: Callable[[ReplayNVML], Any]) -> None:
+    nvml = opened(H200)
+    es = make_set(nvml)
+    h = nvml.nvmlDeviceGetHandleByIndex(0)
+    for fn in (lambda: nvml.nvmlDeviceRegisterEvents(h, XID, es), lambda: nvml.nvmlEventSetWait_v2(es, 0),
+               lambda: nvml.nvmlEventSetFree(es)):
+        with pytest.raises(pynvml.NVMLError_InvalidArgument):
+            fn()
+
+
+@pytest.mark.parametrize(("fn", "error"), [
+    (lambda nvml, h, es: nvml.nvmlDeviceRegisterEvents(h, 0x20, es), pynvml.NVMLError_InvalidArgument),  # no such type
+    (lambda nvml, h, es: nvml.nvmlDeviceRegisterEvents(h, 1 << 40, es), pynvml.NVMLError_InvalidArgument),
+    (lambda nvml, h, es: nvml.nvmlDeviceRegisterEvents(None, XID, es), pynvml.NVMLError_InvalidArgument),
+    (lambda nvml, h, es: nvml.nvmlDeviceRegisterEvents(h, 1.0, es), TypeError),  # as pynvml's c_ulonglong(1.0)
+    (lambda nvml, h, es: nvml.nvmlEventSetWait_v2(es, 0.5), TypeError),  # as pynvml's c_uint(0.5)
+    (lambda nvml, h, es: nvml.nvmlEventSetWait(es, "1"), TypeError),
+])
+def test_bad_event_arguments(fn: Callable[[ReplayNVML, Any, Any], Any], error: type) -> None:
+    nvml = opened(H200)
+    with pytest.raises(error):
+        fn(nvml, nvml.nvmlDeviceGetHandleByIndex(0), nvml.nvmlEventSetCreate())
+
+
+@pytest.mark.parametrize(("name", "args"), [
+    ("nvmlEventSetCreate", ()), ("nvmlEventSetFree", (object(),)), ("nvmlEventSetWait_v2", (object(), 0)),
+    ("nvmlEventSetWait", (object(), 0)),
+])
+def test_event_calls_before_init(name: str, args: tuple[Any, ...]) -> None:
+    with pytest.raises(pynvml.NVMLError_Uninitialized):
+        getattr(ReplayNVML.from_path(H200), name)(*args)
+
+
+@pytest.mark.parametrize(("end", "error"), [
+    (lambda nvml, es: nvml.nvmlEventSetFree(es), pynvml.NVMLError_InvalidArgument),
+    (lambda nvml, es: nvml.nvmlShutdown(), pynvml.NVMLError_Uninitialized),
+])
+def test_free_or_shutdown_ends_a_wait_in_another_thread(end: Callable[[ReplayNVML, Any], Any], error: type) -> None:
+    nvml = opened(H200)
+    es = nvml.nvmlEventSetCreate()
+    nvml.nvmlDeviceRegisterEvents(nvml.nvmlDeviceGetHandleByIndex(0), XID, es)
+    raised: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            nvml.nvmlEventSetWait_v2(es, 10_000)
+        except pynvml.NVMLError as exc:
+            raised.append(exc)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(0.1)
+    start = time.monotonic()
+    end(nvml, es)
+    waiter.join(5)
+    assert not waiter.is_alive() and time.monotonic() - start < 0.5  # within a 50 ms wait slice
+    assert [type(e) for e in raised] == [error]
+
+
+# (a fault: what nvmlDeviceRegisterEvents on GPU 1, then nvmlEventSetWait_v2(0), nvmlEventSetWait(0) answer)
+@pytest.mark.parametrize(("fault", "outcomes"), [
+    ('call = "nvmlEventSetWait_v2"\nerror = "UNKNOWN"\ntimes = 1', ["ok", "Unknown", (1, 79)]),
+    ('call = "nvmlEventSetWait"\nerror = "GPU_IS_LOST"', ["ok", (1, 79), "GpuIsLost"]),
+    ('call = "nvmlEventSetWait_v2"\nerror = "UNKNOWN"', ["ok", "Unknown", "Unknown"]),  # v1 is v2 underneath
+    ('gpu = 1\ncall = "*"\nerror = "GPU_IS_LOST"', ["GpuIsLost", "timeout", "timeout"]),  # the wait names no GPU
+    ('gpu = 1\ncall = "nvmlDeviceRegisterEvents"\nerror = "UNKNOWN"\ntimes = 1', ["Unknown", "timeout", "timeout"]),
+    ('call = "nvmlEventSetWait_v2"\nhang_seconds = 7\ntimes = 1', ["ok", (1, 79), "timeout"]),
+])
+def test_faults_on_event_calls(tmp_path: Path, fault: str, outcomes: list[Any]) -> None:
+    t = FakeTime()
+    nvml = with_events(tmp_path, f"[[event]]\ngpu = 1\nxid = 79\n[[fault]]\n{fault}\n", t)
+    es = nvml.nvmlEventSetCreate()
+    got: list[Any] = []
+    for fn in (lambda: call(nvml, 1, "nvmlDeviceRegisterEvents", XID, es) or "ok",
+               lambda: waited(nvml, es, 0), lambda: waited(nvml, es, 0, "nvmlEventSetWait")):
+        try:
+            got.append(fn())
+        except pynvml.NVMLError as exc:
+            got.append(type(exc).__name__.removeprefix("NVMLError_"))
+    assert got == outcomes
+    assert t.slept == ([7.0] if "hang" in fault else [])  # timeout 0: no sleep but the hang
+
+
+EVENT = '[[gpu]]\ncapture = "@H200"\n[[event]]\n'
+MIG_EVENT = '[[gpu]]\ncapture = "@A100"\n[[event]]\ngpu = 0\nxid = 79\n'
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    (EVENT + "xid = 79\n", r"event\[0\]\.gpu: missing required key"),
+    (EVENT + "gpu = 0\n", r"event\[0\]\.xid: missing required key"),
+    (EVENT + "gpu = 1\nxid = 79\n", r"event\[0\]\.gpu: no GPU with NVML index 1 \(the scenario has 1\)"),
+    (EVENT + "gpu = -1\nxid = 79\n", r"event\[0\]\.gpu: must not be negative, got -1"),
+    (EVENT + 'gpu = "0"\nxid = 79\n', r"event\[0\]\.gpu: expected int, got '0'"),
+    (EVENT + "gpu = 0\nxid = 0\n", r"event\[0\]\.xid: XIDs are numbered from 1, got 0"),
+    (EVENT + "gpu = 0\nxid = -79\n", r"event\[0\]\.xid: must not be negative, got -79"),
+    (EVENT + "gpu = 0\nxid = 79.0\n", r"event\[0\]\.xid: expected int, got 79\.0"),
+    (EVENT + f"gpu = 0\nxid = {U64 + 1}\n", r"event\[0\]\.xid: must be at most 18446744073709551615 \(NVML answers "
+                                            r"it as an unsigned long long\)"),
+    (EVENT + "gpu = 0\nxid = 79\nafter_seconds = -0.1\n",
+     r"event\[0\]\.after_seconds: must not be negative, got -0\.1"),
+    (EVENT + "gpu = 0\nxid = 79\nafter_seconds = inf\n",
+     r"event\[0\]\.after_seconds: must be a finite number of seconds, at most 31536000, got inf"),
+    (EVENT + "gpu = 0\nxid = 79\nafter_seconds = nan\n", r"event\[0\]\.after_seconds: must be a finite number"),
+    (EVENT + 'gpu = 0\nxid = 79\nafter_seconds = "1s"\n', r"event\[0\]\.after_seconds: expected a number, got '1s'"),
+    (EVENT + 'gpu = 0\nxid = 79\ntype = "ecc_double_bit"\n',
+     r"event\[0\]\.type: expected 'xid_critical', got 'ecc_double_bit'"),
+    (EVENT + "gpu = 0\nxid = 79\ntype = 8\n", r"event\[0\]\.type: expected str, got 8"),
+    (EVENT + "gpu = 0\nxid = 79\nwhen = 1\n", r"event\[0\]\.when: unknown key 'when' \(known: after_seconds, "),
+    (EVENT + "gpu = 0\nxid = 79\ngpu_instance_id = 1\n",
+     r"event\[0\]\.gpu_instance_id: GPU 0 has no MIG instance 1 \(MIG is not enabled\)"),
+    (MIG_EVENT + "gpu_instance_id = 1\n",
+     r"event\[0\]\.gpu_instance_id: GPU 0 has no MIG instance 1 \(gpu/compute instance ids: 3/0, 4/0, 5/0, 6/0\)"),
+    (MIG_EVENT + "gpu_instance_id = 3\ncompute_instance_id = 1\n",
+     r"event\[0\]\.compute_instance_id: GPU 0 has no MIG instance 3/1"),
+    (MIG_EVENT + "compute_instance_id = 0\n", r"event\[0\]\.compute_instance_id: given without gpu_instance_id"),
+    ('[[gpu]]\ncapture = "@H200"\nevent = 1\n', r"gpu\[0\]\.event: unknown key 'event'"),
+    ('event = 1\n[[gpu]]\ncapture = "@H200"\n', r"scenario\.toml: event: expected an array of tables"),
+    ('[[gpu]]\ncapture = "@H200"\n[event]\ngpu = 0\n', r"scenario\.toml: event: expected an array of tables"),
+])
+def test_bad_events(tmp_path: Path, text: str, message: str) -> None:
+    path = scenario(tmp_path, text)
+    with pytest.raises(ReplayError, match=message) as exc:
+        ReplayNVML.from_path(path)
+    assert str(path) in str(exc.value)
+
+
+def test_event_keys_and_defaults(tmp_path: Path) -> None:
+    nvml = ReplayNVML.from_path(scenario(tmp_path, EVENT + 'gpu = 0\nxid = 79\n[[event]]\ngpu = 0\nxid = 48\n'
+                                         f'after_seconds = 31536000\ntype = "xid_critical"\n[[event]]\ngpu = 0\n'
+                                         f'xid = {U64}\nafter_seconds = 2\n'))
+    assert [(e.gpu, e.xid, e.after_seconds, e.kind, e.gpu_instance_id) for e in nvml.capture.events] == [
+        (0, 79, 0.0, "xid_critical", None), (0, 48, 31536000.0, "xid_critical", None),
+        (0, U64, 2.0, "xid_critical", None)]
+    assert ReplayNVML.from_path(H200).capture.events == ()
+
+
 # -- files that are not text, or cannot be read ----------------------------------------------------------
 def write_bytes(data: bytes) -> Callable[[Path], None]:
     return lambda path: path.write_bytes(data)
@@ -1198,11 +1522,21 @@ def answer_everything(nvml: ReplayNVML) -> None:
     for index in range(nvml.nvmlDeviceGetCount()):
         for name in sorted(IMPLEMENTED_CALLS - SYSTEM_CALLS.keys()):
             try:
-                value = call(nvml, index, name, *DEVICE_CALL_ARGS.get(name, ()))
+                value = call(nvml, index, name, *with_sets(nvml, DEVICE_CALL_ARGS.get(name, ())))
             except pynvml.NVMLError:
                 continue
             for v in value if isinstance(value, (list, tuple)) else [value]:
                 assert not isinstance(v, int) or 0 <= v <= U64, (name, value)
+    es = nvml.nvmlEventSetCreate()
+    for index in range(nvml.nvmlDeviceGetCount()):
+        with contextlib.suppress(pynvml.NVMLError):
+            call(nvml, index, "nvmlDeviceRegisterEvents", XID, es)
+    for _ in nvml.capture.events:
+        try:
+            data = nvml.nvmlEventSetWait_v2(es, 0)
+        except pynvml.NVMLError:
+            break
+        assert 0 < data.eventData <= U64 and 0 <= data.gpuInstanceId <= U32
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -1247,7 +1581,9 @@ toml_value = st.one_of(st.integers(min_value=-(1 << 70), max_value=1 << 70).map(
 KEYS = [("[gpu.override]", k) for k in ("temp_gpu_c", "memory_total_bytes", "memory_free_bytes", "minor", "uuid",
                                         "clock_reasons", "pci_bus_id", "power_usage_mw")] + \
        [("[[gpu.process]]\npid = 7", k) for k in ("used_memory_bytes", "sm_utilization_percent")] + \
-       [('[[fault]]\ncall = "*"\ngpu = 0\nerror = "UNKNOWN"', k) for k in ("hang_seconds", "after_calls", "times")]
+       [('[[fault]]\ncall = "*"\ngpu = 0\nerror = "UNKNOWN"', k) for k in ("hang_seconds", "after_calls", "times")] + \
+       [("[[event]]\ngpu = 0\nxid = 79", k) for k in ("after_seconds", "gpu_instance_id", "type")] + \
+       [("[[event]]\ngpu = 0", "xid"), ("[[event]]\nxid = 79", "gpu")]
 
 
 def sleep_checked(seconds: float) -> None:
