@@ -73,6 +73,27 @@ else
 fi
 tail -n 20 "$OUT/gpu-check.md"
 
+step "issue 4: the Nomad plugin on live NVML, driven as a Nomad client (processes A/B/C, Reserve)"
+plugin_bin="$OUT/nomad-device-accelstats"
+printf '#!/bin/sh\nexec %s -c "from accelstats.nomad.server import main; main()"\n' "$(command -v $py)" > "$plugin_bin"
+chmod +x "$plugin_bin"
+echo '{"fingerprint_period": "1m"}' > "$OUT/plugin-config.json"
+timeout 120 $py -m accelstats.nomad.launcher "$plugin_bin" "$OUT/plugin-config.json" --stats 1 --reserve fingerprinted \
+  --quiet-logs > "$OUT/nomad-lifecycle.json" 2> "$OUT/nomad-lifecycle.err" || fail=1
+$py - "$OUT/nomad-lifecycle.json" >> "$OUT/gpu-check.md" <<'PYEOF' || fail=1
+import json, sys
+r = json.load(open(sys.argv[1]))
+c = next(p for p in r["processes"] if p["name"] == "C")
+msgs = {m["call"].split("#")[0]: m["message"] for m in c["messages"]}
+print("\n### Nomad plugin on live NVML (accelstats.nomad.launcher)\n")
+print(f"- ok: {r['ok']}; problems: {r['problems']}")
+print(f"- exec to handshake (A, B, C): {[round(p['exec_to_handshake_s'], 3) for p in r['processes']]} s")
+print("- fingerprint:", json.dumps(msgs.get("Fingerprint"))[:1500])
+print("- one Stats message:", json.dumps(msgs.get("Stats"))[:1500])
+print("- Reserve:", json.dumps(msgs.get("Reserve"))[:800])
+sys.exit(0 if r["ok"] and msgs.get("Fingerprint", {}).get("device_group") else 1)
+PYEOF
+
 if command -v promtool >/dev/null; then
   step "promtool check metrics"; promtool check metrics < "$OUT/dump.prom" || fail=1
 fi
