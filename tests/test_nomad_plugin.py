@@ -293,3 +293,26 @@ def test_critical_xid_makes_the_gpu_unhealthy(tmp_path: Path, fixtures_dir: Path
         assert first.ID == H200
         later = stream.read(timeout=15).device_group[0].devices[0]  # sent on the change, within 5 s
         assert (later.healthy, "XID 48" in later.health_description) == (False, True)
+
+
+def test_ignored_gpu_ids_hide_gpus_and_their_mig_instances(scenario: Path) -> None:
+    with PluginProcess(binary()) as plugin:
+        spec = plugin.config_schema().spec
+        plugin.set_config(encode_for_spec(spec, config(scenario, ignored_gpu_ids=[LOST])))
+        ids = {d.ID for g in plugin.fingerprint().read(timeout=10).device_group for d in g.devices}
+        assert H200 in ids and LOST not in ids
+
+
+def test_reserve_of_a_mig_instance_adds_its_capability_nodes(scenario: Path, tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    (proc / "driver" / "nvidia-caps").mkdir(parents=True)
+    (proc / "driver" / "nvidia-caps" / "mig-minors").write_text(
+        "config 1\nmonitor 2\ngpu2/gi3/access 30\ngpu2/gi3/ci0/access 31\n")
+    with PluginProcess(binary()) as plugin:
+        plugin.set_config(encode_for_spec(plugin.config_schema().spec, config(scenario, proc_root=str(proc))))
+        groups = plugin.fingerprint().read(timeout=10).device_group
+        mig = next(g for g in groups if "MIG" in g.device_name)
+        res = plugin.reserve([d.ID for d in mig.devices], timeout=10).container_res
+        nodes = [d.host_path for d in res.devices]
+        assert nodes[:3] == ["/dev/nvidia2", "/dev/nvidia-caps/nvidia-cap30", "/dev/nvidia-caps/nvidia-cap31"]
+        assert "/dev/nvidiactl" in nodes
