@@ -116,6 +116,13 @@ class AcceleratorManager:
             if acquired:
                 self._lock.release()
 
+    def close(self) -> None:
+        """After :meth:`destroy`, also end the collectors' threads (the NVML worker): for a manager
+        that is replaced (the Nomad plugin's SetConfig), not for one that may collect again."""
+        for c in self.collectors:
+            if isinstance(c, NvidiaBackend):
+                c.close()
+
     def __enter__(self) -> AcceleratorManager:
         self.setup()
         return self

@@ -42,6 +42,9 @@ class Device:
     compute_capability: str = ""  # "9.0"
     architecture: str = ""  # "hopper"
     max_clocks_hz: tuple[tuple[str, float], ...] = ()  # (clock, hertz); cached: ~1.3 ms per call
+    max_pcie_generation: int | None = None  # nvmlDeviceGetMaxPcieLinkGeneration
+    max_pcie_width: int | None = None  # nvmlDeviceGetMaxPcieLinkWidth (lanes)
+    display_active: str = ""  # "enabled" / "disabled" / "" (nvmlDeviceGetDisplayActive)
 
 
 @dataclass(frozen=True)

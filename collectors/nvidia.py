@@ -208,6 +208,11 @@ class NvidiaBackend:
             except self.nvml.NVMLError as exc:
                 log.debug("nvmlShutdown: %s", error_name(self.nvml, exc))
 
+    def close(self) -> None:
+        """Shut NVML down and end the NVML worker thread: the backend is not used after this."""
+        self.shutdown()
+        self._worker.stop()
+
     def _enumerate(self) -> Iterable[_DeviceState]:
         count = self.call("nvmlDeviceGetCount") or 0
         for i in range(count):
@@ -250,6 +255,9 @@ class NvidiaBackend:
             compute_capability=f"{cap[0]}.{cap[1]}" if cap is not None else "",
             architecture=ARCHITECTURES.get(c("nvmlDeviceGetArchitecture", handle), ""),
             max_clocks_hz=tuple(max_clocks),
+            max_pcie_generation=c("nvmlDeviceGetMaxPcieLinkGeneration", handle),
+            max_pcie_width=c("nvmlDeviceGetMaxPcieLinkWidth", handle),
+            display_active=_mode(c("nvmlDeviceGetDisplayActive", handle)),
         )
 
     def _mig_devices(self, parent_handle: Any, parent: Device) -> Iterable[_DeviceState]:

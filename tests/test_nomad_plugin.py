@@ -181,7 +181,8 @@ def test_reserve_gpus_gives_env_and_device_nodes_for_any_driver(scenario: Path, 
         c = res.container_res
         assert c.envs["NVIDIA_VISIBLE_DEVICES"] == ",".join([H200, *mig_ids])  # request order
         nodes = [d.host_path for d in c.devices]
-        assert nodes == ["/dev/nvidia0", "/dev/nvidia2", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+        uvm = [n for n in ("/dev/nvidia-uvm", "/dev/nvidia-uvm-tools") if os.path.exists(n)]  # only when loaded
+        assert nodes == ["/dev/nvidia0", "/dev/nvidia2", "/dev/nvidiactl", *uvm]
         assert all(d.task_path == d.host_path and d.permissions == "rw" for d in c.devices)
         files = plugin.reserve(["dev0"], timeout=10).container_res
         assert [(m.task_path, m.host_path, m.read_only) for m in files.mounts] == [
@@ -316,3 +317,51 @@ def test_reserve_of_a_mig_instance_adds_its_capability_nodes(scenario: Path, tmp
         nodes = [d.host_path for d in res.devices]
         assert nodes[:3] == ["/dev/nvidia2", "/dev/nvidia-caps/nvidia-cap30", "/dev/nvidia-caps/nvidia-cap31"]
         assert "/dev/nvidiactl" in nodes
+
+
+def test_nvml_gone_keeps_gpus_listed_unhealthy(tmp_path: Path, fixtures_dir: Path) -> None:
+    h200 = fixtures_dir / "h200" / "nvidia-smi-q.xml"
+    path = tmp_path / "gone.toml"
+    path.write_text(f'[[gpu]]\ncapture = "{h200}"\n[[fault]]\ncall = "nvmlDeviceGetMemoryInfo"\n'
+                    'error = "DRIVER_NOT_LOADED"\nafter_calls = 1\n')
+    with PluginProcess(binary()) as plugin:
+        plugin.set_config(encode_for_spec(plugin.config_schema().spec, config(path)))
+        stream = plugin.fingerprint()
+        first = stream.read(timeout=10)
+        assert [(d.ID, d.healthy) for g in first.device_group for d in g.devices] == [(H200, True)]
+        later = stream.read(timeout=15)
+        (device,) = [d for g in later.device_group for d in g.devices]
+        assert (device.ID, device.healthy) == (H200, False)
+        assert "DRIVER_NOT_LOADED" in device.health_description
+        assert later.device_group[0].attributes["memory"].int_val == 143771  # attributes kept
+
+
+def test_cancelled_streams_give_their_workers_back(scenario: Path) -> None:
+    with PluginProcess(binary()) as plugin:
+        plugin.set_config(encode_for_spec(plugin.config_schema().spec, config(scenario)))
+        for _ in range(30):  # more than the server has workers, each cancelled mid-sleep
+            s = plugin.stats(600.0)
+            s.read(timeout=10)
+            s.cancel()
+            f = plugin.fingerprint()
+            f.read(timeout=10)
+            f.cancel()
+        t0 = time.monotonic()
+        plugin.reserve([H200], timeout=10)
+        assert time.monotonic() - t0 < 2.0
+        assert plugin.health() == "SERVING"
+
+
+def test_failed_setconfig_is_not_remembered_as_applied(scenario: Path, unused_port: int) -> None:
+    import socket
+
+    with socket.socket() as busy, PluginProcess(binary()) as plugin:
+        busy.bind(("127.0.0.1", unused_port))
+        busy.listen()
+        spec = plugin.config_schema().spec
+        data = encode_for_spec(spec, config(scenario, metrics_listen=f"127.0.0.1:{unused_port}"))
+        for _ in range(2):  # the same bytes twice: both fail
+            with pytest.raises(Exception) as err:
+                plugin.set_config(data)
+            assert err.value.code().name == "INVALID_ARGUMENT"  # type: ignore[attr-defined]
+            assert "metrics_listen" in err.value.details()  # type: ignore[attr-defined]

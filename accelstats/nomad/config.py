@@ -25,6 +25,9 @@ _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0
 _DURATION = re.compile(r"([0-9]*(?:\.[0-9]*)?)(ns|us|µs|μs|ms|s|m|h)")
 
 
+MAX_PERIOD = 8760 * 3600.0  # a year: longer periods are typing mistakes
+
+
 def parse_duration(text: str, where: str) -> float:
     """Seconds of a Go duration string (``300ms``, ``1.5s``, ``1m30s``, ``2h``; ``0`` alone too),
     as ``time.ParseDuration`` reads it. Raises ConfigError naming ``where`` otherwise; negative
@@ -33,13 +36,13 @@ def parse_duration(text: str, where: str) -> float:
     if s in ("0", "+0"):
         return 0.0
     if s.startswith("-"):
-        raise ConfigError(f"{where}: a period cannot be negative, got {text!r}")
+        raise ConfigError(f"{where}: a period cannot be negative, got {text[:100]!r}")
     s = s.removeprefix("+")
     pos, total = 0, 0.0
     while pos < len(s):
         m = _DURATION.match(s, pos)
         if m is None or m.group(1) in ("", "."):
-            raise ConfigError(f"{where}: {text!r} is not a Go duration (like 300ms, 1.5s, 1m30s, 2h)")
+            raise ConfigError(f"{where}: {text[:100]!r} is not a Go duration (like 300ms, 1.5s, 1m30s, 2h)")
         total += float(m.group(1)) * _UNITS[m.group(2)]
         pos = m.end()
     if not s or not math.isfinite(total):
@@ -125,7 +128,7 @@ def decode(data: bytes) -> PluginConfig:
     unknown = sorted(set(raw) - set(ATTRIBUTES) - {"file_devices"})
     if unknown:
         known = ", ".join(sorted([*ATTRIBUTES, "file_devices"]))
-        raise ConfigError(f"config: unknown key {unknown[0]!r} (known: {known})")
+        raise ConfigError(f"config: unknown key {unknown[0][:100]!r} (known: {known})")
     out: dict[str, Any] = {}
     if raw.get("enabled") is not None:
         out["enabled"] = _bool(raw["enabled"], "enabled")
@@ -136,16 +139,19 @@ def decode(data: bytes) -> PluginConfig:
         out["ignored_gpu_ids"] = tuple(ids)
     if raw.get("fingerprint_period") is not None:
         period = parse_duration(_str(raw["fingerprint_period"], "fingerprint_period"), "config: fingerprint_period")
-        if period <= 0:
-            raise ConfigError("config: fingerprint_period: must be > 0")
+        if not 1.0 <= period <= MAX_PERIOD:
+            raise ConfigError("config: fingerprint_period: must be between 1s and 8760h")
         out["fingerprint_period"] = period
-    if raw.get("metrics_listen"):
+    if raw.get("metrics_listen") is not None:
         listen = _str(raw["metrics_listen"], "metrics_listen")
-        parse_listen(listen, "config: metrics_listen")
-        out["metrics_listen"] = listen
+        if listen:
+            parse_listen(listen[:200], "config: metrics_listen")
+            out["metrics_listen"] = listen
     for key in ("nvml_replay", "cgroup_root", "proc_root"):
-        if raw.get(key):
-            out[key] = Path(_str(raw[key], key))
+        if raw.get(key) is not None:
+            value = _str(raw[key], key)
+            if value:
+                out[key] = Path(value)
     if raw.get("file_devices") is not None:
         out["file_devices"] = _file_devices(raw["file_devices"])
     return PluginConfig(**out)
@@ -156,21 +162,22 @@ def _file_devices(block: Any) -> FileDevicesConfig:
         raise ConfigError("config: file_devices: expected a block")
     unknown = sorted(set(block) - set(FILE_DEVICE_ATTRIBUTES))
     if unknown:
-        raise ConfigError(f"config: file_devices.{unknown[0]}: unknown key")
+        raise ConfigError(f"config: file_devices.{unknown[0][:100]}: unknown key")
     out: dict[str, Any] = {}
     for key in ("vendor", "type", "name"):
         if block.get(key) is not None:
             value = _str(block[key], f"file_devices.{key}")
-            if not value:
-                raise ConfigError(f"config: file_devices.{key}: must not be empty (Nomad rejects empty names)")
+            if not value or "/" in value:
+                raise ConfigError(f"config: file_devices.{key}: must be non-empty and without '/' (it is part of "
+                                  "the device group's vendor/type/name)")
             out[key] = value
-    if block.get("dir"):
+    if block.get("dir") is not None and _str(block["dir"], "file_devices.dir"):
         out["dir"] = Path(_str(block["dir"], "file_devices.dir")).absolute()
     if block.get("list_period") is not None:
         period = parse_duration(_str(block["list_period"], "file_devices.list_period"),
                                 "config: file_devices.list_period")
-        if period <= 0:
-            raise ConfigError("config: file_devices.list_period: must be > 0")
+        if not 0.1 <= period <= MAX_PERIOD:
+            raise ConfigError("config: file_devices.list_period: must be between 100ms and 8760h")
         out["list_period"] = period
     if block.get("unhealthy_perm") is not None:
         out["unhealthy_perm"] = check_perm(_str(block["unhealthy_perm"], "file_devices.unhealthy_perm"),
@@ -183,6 +190,8 @@ def _str(value: Any, key: str) -> str:
         return str(value)  # go-cty may send a number where HCL had one; a string attr accepts it
     if not isinstance(value, str):
         raise ConfigError(f"config: {key}: expected a string, got {type(value).__name__}")
+    if len(value) > 4096:
+        raise ConfigError(f"config: {key}: longer than 4096 characters")
     return value
 
 

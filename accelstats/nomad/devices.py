@@ -72,8 +72,11 @@ def gpu_attributes(structs: Any, device: Device, sample: DeviceSample | None, dr
         out["cores_clock"] = _attr(structs, int(max_clocks["sm"] // 1_000_000), "MHz")
     if "memory" in max_clocks:
         out["memory_clock"] = _attr(structs, int(max_clocks["memory"] // 1_000_000), "MHz")
-    if s is not None and s.pcie_link_generation in PCIE_LANE_MBPS and s.pcie_link_width:
-        out["pci_bandwidth"] = _attr(structs, PCIE_LANE_MBPS[s.pcie_link_generation] * s.pcie_link_width, "MB/s")
+    if device.max_pcie_generation in PCIE_LANE_MBPS and device.max_pcie_width:  # the link's capability, not
+        out["pci_bandwidth"] = _attr(structs, PCIE_LANE_MBPS[device.max_pcie_generation] * device.max_pcie_width,
+                                     "MB/s")  # the current (power-saving) speed
+    if device.display_active:
+        out["display_state"] = _attr(structs, device.display_active)
     if device.persistence_mode:
         out["persistence_mode"] = _attr(structs, device.persistence_mode)
     if device.compute_capability:
@@ -85,8 +88,13 @@ def gpu_attributes(structs: Any, device: Device, sample: DeviceSample | None, dr
     return out
 
 
-def health(sample: DeviceSample | None) -> tuple[bool, str]:
-    """(healthy, description): a device that did not answer NVML is unhealthy, with what to do."""
+def health(sample: DeviceSample | None, parent: DeviceSample | None = None) -> tuple[bool, str]:
+    """(healthy, description): a device that did not answer NVML, or whose GPU (for a MIG instance:
+    its parent GPU) reported a critical XID, is unhealthy, with what to do."""
+    if parent is not None and (not parent.up or parent.xid_critical is not None):
+        ok, why = health(parent)
+        if not ok:
+            return False, f"its GPU: {why}"
     if sample is None:
         return False, "not read yet"
     if sample.up and sample.xid_critical is not None:
@@ -94,12 +102,17 @@ def health(sample: DeviceSample | None) -> tuple[bool, str]:
                        "jobs, then reset the GPU (nvidia-smi -r) or reboot; healthy again after the plugin restarts")
     if sample.up:
         return True, ""
-    return False, (f"NVML cannot read this GPU ({sample.error}); check `nvidia-smi` and the kernel log "
-                   "(dmesg: Xid); it may need a GPU reset or a reboot")
+    error = sample.error.rsplit(": ", 1)[-1]  # the NVML error, not the call that met it (no flapping)
+    return False, (f"NVML cannot read this GPU ({error}); check `nvidia-smi` and the kernel log (dmesg: Xid); "
+                   "it may need a GPU reset or a reboot")
 
 
-def fingerprint(device_pb2: Any, structs: Any, collection: Collection, config: PluginConfig) -> Snapshot:
-    """The full device set of one collection as Fingerprint groups (sorted, so equal sets compare equal)."""
+def fingerprint(device_pb2: Any, structs: Any, collection: Collection, config: PluginConfig,
+                previous: Snapshot | None = None) -> Snapshot:
+    """The full device set of one collection as Fingerprint groups (sorted, so equal sets compare equal).
+
+    A group's attributes come from a device that answered NVML; when none did, from ``previous``
+    (so ``${device.attr.memory}`` constraints do not flap while a GPU is lost)."""
     snap = Snapshot()
     s = collection.snapshot
     ignored = set(config.ignored_gpu_ids)
@@ -111,14 +124,16 @@ def fingerprint(device_pb2: Any, structs: Any, collection: Collection, config: P
             if d.uuid in ignored or d.uuid in mig_parents or (d.kind == "mig" and d.parent_uuid in ignored):
                 continue
             sample = s.samples.get(d.uuid)
-            healthy, why = health(sample)
+            parent_sample = s.samples.get(d.parent_uuid) if d.kind == "mig" else None
+            healthy, why = health(sample, parent_sample)
             name = d.name if d.kind == "gpu" or " MIG " in d.name else f"{d.name} MIG {d.mig_profile}"
             key = ("nvidia", "gpu", name)
             devices, attrs = groups.setdefault(key, ([], {}))
             devices.append(device_pb2.DetectedDevice(
                 ID=d.uuid, healthy=healthy, health_description=why,
                 hw_locality=device_pb2.DeviceLocality(pci_bus_id=d.pci_bus_id.strip("\0").strip())))
-            if not attrs:
+            if (not attrs or "memory" not in attrs) and sample is not None and sample.up:
+                attrs.clear()
                 attrs.update(gpu_attributes(structs, d, sample, s.driver_version))
             parent = by_uuid.get(d.parent_uuid)
             snap.devices[d.uuid] = Reservable(d.kind, device=d,
@@ -128,7 +143,10 @@ def fingerprint(device_pb2: Any, structs: Any, collection: Collection, config: P
         devices, _ = groups.setdefault((fd.vendor, fd.type, fd.name), ([], {}))
         devices.append(device_pb2.DetectedDevice(ID=f.id, healthy=f.healthy, health_description=f.health_description))
         snap.devices[f.id] = Reservable("file", file=f)
+    earlier = {(g.vendor, g.device_type, g.device_name): g.attributes for g in previous.groups} if previous else {}
     for (vendor, dtype, name), (devices, attrs) in sorted(groups.items()):
+        if not attrs and (vendor, dtype, name) in earlier:
+            attrs = dict(earlier[(vendor, dtype, name)])
         snap.groups.append(device_pb2.DeviceGroup(
             vendor=vendor, device_type=dtype, device_name=name,
             devices=sorted(devices, key=lambda x: x.ID), attributes=attrs))
@@ -255,7 +273,7 @@ def reserve(device_pb2: Any, snap: Snapshot, ids: list[str], mig_caps: dict[tupl
     for i in ids:
         r = snap.devices.get(i)
         if r is None:
-            raise ReserveError(f'unknown device "{i}"')
+            raise ReserveError(f'unknown device "{i[:200]}"')
         chosen.append((i, r))
     res = device_pb2.ContainerReservation()
     gpus = [(i, r) for i, r in chosen if r.kind in ("gpu", "mig")]
@@ -269,7 +287,10 @@ def reserve(device_pb2: Any, snap: Snapshot, ids: list[str], mig_caps: dict[tupl
             if d is not None and d.kind == "mig" and r.parent_minor is not None:
                 key = (r.parent_minor, d.gpu_instance_id or 0, d.compute_instance_id or 0)
                 nodes += [f"{dev_root}/nvidia-caps/nvidia-cap{m}" for m in mig_caps.get(key, [])]
-        nodes += [f"{dev_root}/nvidiactl", f"{dev_root}/nvidia-uvm", f"{dev_root}/nvidia-uvm-tools"]
+        # nvidiactl exists wherever the driver is loaded; the uvm nodes only once nvidia-uvm is (a
+        # device spec for a missing node fails the task): fixed paths, never built from an ID.
+        nodes.append(f"{dev_root}/nvidiactl")
+        nodes += [n for n in (f"{dev_root}/nvidia-uvm", f"{dev_root}/nvidia-uvm-tools") if os.path.exists(n)]
         for node in dict.fromkeys(nodes):
             res.devices.append(device_pb2.DeviceSpec(task_path=node, host_path=node, permissions="rw"))
     for i, r in chosen:
@@ -277,3 +298,21 @@ def reserve(device_pb2: Any, snap: Snapshot, ids: list[str], mig_caps: dict[tupl
             res.mounts.append(device_pb2.Mount(task_path=os.path.join(FILE_MOUNT_DIR, i),
                                                host_path=r.file.path, read_only=False))
     return res
+
+
+def keep_unhealthy(device_pb2: Any, snap: Snapshot, last_gpu_groups: list[Any], previous: Snapshot,
+                   reason: str) -> Snapshot:
+    """``snap`` plus the GPU groups of the last fingerprint, every device unhealthy with ``reason``
+    (NVML stopped answering as a whole: Nomad must see the GPUs broken, not gone)."""
+    out = Snapshot(groups=list(snap.groups), devices=dict(snap.devices))
+    for g in last_gpu_groups:
+        devices = [device_pb2.DetectedDevice(ID=d.ID, healthy=False, health_description=reason,
+                                             hw_locality=d.hw_locality) for d in g.devices]
+        out.groups.append(device_pb2.DeviceGroup(vendor=g.vendor, device_type=g.device_type,
+                                                 device_name=g.device_name, devices=devices,
+                                                 attributes=g.attributes))
+        for d in g.devices:
+            if d.ID in previous.devices:
+                out.devices[d.ID] = previous.devices[d.ID]
+    out.groups.sort(key=lambda g: (g.vendor, g.device_type, g.device_name))
+    return out

@@ -31,6 +31,22 @@ log = logging.getLogger("accelstats.nomad")
 PLUGIN_NAME = "accelstats"
 API_VERSIONS = ["v0.1.0"]  # Nomad's device plugin API versions (plugins/base: DeviceApiVersion010)
 HEALTH_PERIOD = 5.0  # seconds: health changes reach Fingerprint well within fingerprint_period
+MIN_PERIOD = 0.1  # seconds: no stream loops faster, whatever it is asked
+MAX_PERIOD = 86400.0
+
+
+class _ManagerProxy:
+    """What the /metrics server collects from: whichever manager the latest SetConfig made, so a
+    config change does not have to restart the HTTP server (scrapes keep working across it)."""
+
+    def __init__(self, state: DevicePluginState) -> None:
+        self.state = state
+
+    def collect(self) -> Collection:
+        manager = self.state.manager
+        if manager is None:
+            raise RuntimeError("not configured yet")
+        return manager.collect()
 
 
 class DevicePluginState:
@@ -42,48 +58,68 @@ class DevicePluginState:
         self.manager: AcceleratorManager | None = None
         self.snapshot = devices.Snapshot()
         self.configured = threading.Event()
+        self.changed = threading.Event()  # set by SetConfig: streams re-read at once
         self._lock = threading.Lock()
+        self._config_lock = threading.Lock()  # serialises SetConfig; never held by Reserve
         self._raw_config: bytes | None = None
         self._metrics_server: Any = None
+        self._metrics_listen = ""
+        self._wakers: set[threading.Event] = set()
+        self._last_gpus: list[Any] = []
 
     def set_config(self, data: bytes) -> None:
-        """Apply SetConfig; idempotent (the same bytes twice change nothing). Raises ConfigError."""
-        with self._lock:
+        """Apply SetConfig; idempotent (the same bytes twice change nothing). The new manager is built
+        outside the state lock (Reserve and streams keep going) and only committed once everything,
+        /metrics included, worked. Raises ConfigError."""
+        with self._config_lock:
             if data == self._raw_config and self.manager is not None:
                 return
             cfg = plugin_config.decode(data)
             settings = Settings(
                 nvml_replay=cfg.nvml_replay, cgroup_root=cfg.cgroup_root, proc_root=cfg.proc_root,
-                collectors=("nvidia", "files") if cfg.file_devices.dir is not None else ("nvidia",),
+                collectors=tuple(n for n, on in (("nvidia", cfg.enabled), ("files", cfg.file_devices.dir is not None))
+                                 if on),
                 file_devices=FileDevicesSettings(
                     dir=cfg.file_devices.dir, unhealthy_perm=cfg.file_devices.unhealthy_perm,
                     vendor=cfg.file_devices.vendor, type=cfg.file_devices.type, name=cfg.file_devices.name),
                 open_fd_scan=False)
             manager = _manager(settings)
-            old = self.manager
-            self.config, self.manager, self._raw_config = cfg, manager, data
+            try:
+                self._serve_metrics(cfg.metrics_listen)
+            except ConfigError:
+                manager.destroy(timeout=0.5)
+                manager.close()
+                raise
+            with self._lock:
+                old, self.config, self.manager = self.manager, cfg, manager
+            self._raw_config = data
             if old is not None:
-                old.destroy()
-            self._serve_metrics(cfg)
+                old.destroy(timeout=0.5)
+                old.close()
             self.configured.set()
+            self.wake_all()
 
-    def _serve_metrics(self, cfg: plugin_config.PluginConfig) -> None:
-        """``metrics_listen``: /metrics from this process's manager (one NVML session, not two)."""
+    def _serve_metrics(self, listen: str) -> None:
+        """``metrics_listen``: /metrics from this process's manager (one NVML session, not two);
+        restarted only when the address changes."""
+        if listen == self._metrics_listen:
+            return
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
-            self._metrics_server = None
-        if cfg.metrics_listen and self.manager is not None:
+            self._metrics_server, self._metrics_listen = None, ""
+        if listen:
             from accelstats.config import parse_listen
             from accelstats.exporter import serve
 
-            host, port = parse_listen(cfg.metrics_listen)
+            host, port = parse_listen(listen)
             try:
-                self._metrics_server, _ = serve(self.manager, host, port)
+                self._metrics_server, _ = serve(_ManagerProxy(self), host, port)  # type: ignore[arg-type]
             except OSError as exc:
-                raise ConfigError(f"config: metrics_listen: cannot listen on {cfg.metrics_listen}: "
+                raise ConfigError(f"config: metrics_listen: cannot listen on {listen[:200]}: "
                                   f"{exc.strerror or exc}") from exc
-            log.info("serving /metrics", extra={"listen": cfg.metrics_listen})
+            self._metrics_listen = listen
+            log.info("serving /metrics", extra={"listen": listen})
 
     def collect(self) -> Collection | None:
         """One (shared) collection, or None before SetConfig."""
@@ -91,20 +127,56 @@ class DevicePluginState:
         return manager.collect() if manager is not None else None
 
     def fingerprint(self) -> devices.Snapshot:
-        """A fingerprint from a fresh collection; kept as the latest for Reserve."""
+        """A fingerprint from a fresh collection; kept as the latest for Reserve.
+
+        When NVML as a whole stops answering (driver unloaded, library gone), the GPUs of the last
+        fingerprint stay, unhealthy, with the reason: an empty answer would make Nomad drop them.
+        """
         collection = self.collect()
-        snap = (devices.fingerprint(device_pb2, structs_pb2, collection, self.config)
-                if collection is not None else devices.Snapshot())
+        if collection is None:
+            return devices.Snapshot()
+        previous = self.snapshot
+        snap = devices.fingerprint(device_pb2, structs_pb2, collection, self.config, previous)
+        gpus = [g for g in snap.groups if g.vendor == "nvidia"]
+        nvml_down = collection.snapshot.nvml_status and self.config.enabled
+        if gpus:
+            self._last_gpus = gpus
+        elif nvml_down and self._last_gpus:
+            snap = devices.keep_unhealthy(device_pb2, snap, self._last_gpus, previous,
+                                          f"NVML is not answering ({collection.snapshot.nvml_status}); check the "
+                                          "NVIDIA driver (nvidia-smi, dmesg)")
         with self._lock:
             self.snapshot = snap
         return snap
 
+    def sleep(self, context: grpc.ServicerContext, seconds: float) -> None:
+        """Wait ``seconds``, but wake at once when the RPC is cancelled, SetConfig changes the
+        settings, or the plugin stops: a cancelled stream must give its worker back promptly."""
+        wake = threading.Event()
+        context.add_callback(wake.set)
+        with self._lock:
+            self._wakers.add(wake)
+        try:
+            if not self.stop.is_set() and context.is_active():
+                wake.wait(seconds)
+        finally:
+            with self._lock:
+                self._wakers.discard(wake)
+
+    def wake_all(self) -> None:
+        """Wake every sleeping stream (SetConfig, stop)."""
+        with self._lock:
+            wakers = list(self._wakers)
+        for w in wakers:
+            w.set()
+
     def close(self) -> None:
-        """Stop /metrics and shut NVML down."""
+        """Stop /metrics and shut NVML down (each bounded: the process must exit within 2 s)."""
+        self.wake_all()
         if self._metrics_server is not None:
-            self._metrics_server.shutdown()
+            threading.Thread(target=self._metrics_server.shutdown, daemon=True).start()
         if self.manager is not None:
-            self.manager.destroy(timeout=0.5)
+            self.manager.destroy(timeout=0.3)
 
 
 def _manager(settings: Settings) -> AcceleratorManager:
@@ -159,6 +231,7 @@ class DevicePluginServicer(device_pb2_grpc.DevicePluginServicer):  # type: ignor
         last: bytes | None = None
         next_full = 0.0
         while context.is_active() and not state.stop.is_set():
+            state.changed.clear()
             try:
                 snap = state.fingerprint()
                 message = device_pb2.FingerprintResponse(device_group=snap.groups)
@@ -169,38 +242,39 @@ class DevicePluginServicer(device_pb2_grpc.DevicePluginServicer):  # type: ignor
                     last, next_full = wire, now + state.config.fingerprint_period
             except Exception:
                 log.exception("fingerprint failed; retrying")
-            state.stop.wait(self._period())
+            state.sleep(context, self._period())
 
     def _period(self) -> float:
         cfg = self.state.config
         period = min(cfg.fingerprint_period, HEALTH_PERIOD)
         if cfg.file_devices.dir is not None:
             period = min(period, cfg.file_devices.list_period)
-        return max(period, 0.05)
+        return max(period, MIN_PERIOD)
 
     def Stats(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:  # noqa: N802
-        interval = request.collection_interval.ToTimedelta().total_seconds() if request.HasField(
-            "collection_interval") else 0.0
-        interval = interval if interval > 0 else 1.0
+        interval = 0.0
+        if request.HasField("collection_interval"):
+            d = request.collection_interval
+            interval = d.seconds + d.nanos / 1e9
+        interval = min(max(interval, MIN_PERIOD), MAX_PERIOD) if interval > 0 else 1.0
         state = self.state
+        from google.protobuf import timestamp_pb2
+
         while context.is_active() and not state.stop.is_set():
             t0 = time.monotonic()
             try:
                 collection = state.collect()
                 if collection is not None:
-                    from google.protobuf import timestamp_pb2
-
                     ts = timestamp_pb2.Timestamp()
                     ts.GetCurrentTime()
                     yield devices.stats(device_pb2, structs_pb2, collection, state.snapshot, ts)
             except Exception:
                 log.exception("stats failed; retrying")
-            state.stop.wait(max(0.0, interval - (time.monotonic() - t0)))
+            state.sleep(context, max(0.0, interval - (time.monotonic() - t0)))
 
     def Reserve(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
         state = self.state
-        with state._lock:
-            snap = state.snapshot
+        snap = state.snapshot  # one reference read: the latest fingerprint, never a half-built one
         try:
             mig_caps = _mig_caps(state) if any(r.kind == "mig" for i in request.device_ids
                                               if (r := snap.devices.get(i)) is not None) else {}

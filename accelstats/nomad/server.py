@@ -27,6 +27,7 @@ import threading
 from concurrent import futures
 from typing import Any
 
+MAX_RPCS = 48
 MAGIC_COOKIE_KEY = "NOMAD_PLUGIN_MAGIC_COOKIE"
 MAGIC_COOKIE_VALUE = "e4327c2e01eabfd75a8a67adb114fb34a757d57eee7728d857a8cec6e91a7255"
 CORE_PROTOCOL_VERSION = 1  # go-plugin's
@@ -60,7 +61,8 @@ def _logging() -> None:
     handler.setFormatter(HclogFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(os.environ.get("ACCELSTATS_LOG_LEVEL", "INFO").upper())
+    level = os.environ.get("ACCELSTATS_LOG_LEVEL", "INFO").upper()
+    root.setLevel(level if level in ("DEBUG", "INFO", "WARNING", "ERROR") else "INFO")  # never fail the start
 
 
 def main() -> None:
@@ -106,7 +108,10 @@ def main() -> None:
     state = plugin.DevicePluginState(stop)
     # Fingerprint, Stats and StreamStdio each hold a worker for the process lifetime; Reserve and the
     # unary calls come on top.
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="nomad-rpc"))
+    # Streams give their worker back at once when cancelled (DevicePluginState.sleep); past
+    # MAX_RPCS concurrent calls gRPC answers RESOURCE_EXHAUSTED at once instead of queueing forever.
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=MAX_RPCS + 8, thread_name_prefix="nomad-rpc"),
+                         maximum_concurrent_rpcs=MAX_RPCS)
     base_pb2_grpc.add_BasePluginServicer_to_server(plugin.BasePluginServicer(state), server)
     device_pb2_grpc.add_DevicePluginServicer_to_server(plugin.DevicePluginServicer(state), server)
     grpc_controller_pb2_grpc.add_GRPCControllerServicer_to_server(Controller(), server)
@@ -126,8 +131,11 @@ def main() -> None:
     try:
         stop.wait()
     finally:
+        # Nomad kills the plugin 2 s after Shutdown: whatever is still running at 1.8 s is abandoned.
+        threading.Timer(1.8, os._exit, args=(0,)).start()
+        state.wake_all()
         health_servicer.enter_graceful_shutdown()
-        server.stop(grace=0.5).wait(1.0)
+        server.stop(grace=0.3).wait(0.6)
         state.close()
         shutil.rmtree(private, ignore_errors=True)
         log.info("plugin stopped")
