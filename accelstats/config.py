@@ -62,6 +62,26 @@ class FileDevicesSettings:
 
 
 @dataclass(frozen=True)
+class MpsResourceSettings:
+    """One MPS resource: ``devices`` is ``"all"`` or GPU UUIDs and NVML indices (spec/mps.md)."""
+
+    name: str
+    replicas: int
+    devices: str | tuple[str | int, ...] = "all"
+
+
+@dataclass(frozen=True)
+class MpsSettings:
+    """The ``[mps]`` table: where daemons keep their pipes and logs, the control-command timeout
+    (seconds), whether to set EXCLUSIVE_PROCESS compute mode (opt-in, restored on stop), resources."""
+
+    root: Path = Path("/run/accelstats/mps")
+    timeout: float = 3.0
+    exclusive_process: bool = False
+    resources: tuple[MpsResourceSettings, ...] = ()
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything ``accelstats serve|dump|devices|containers`` needs. Paths are absolute or cwd-relative."""
 
@@ -78,6 +98,7 @@ class Settings:
     nvml_deadline: float = 1.5
     collectors: tuple[str, ...] | None = None  # None: each collector's default
     file_devices: FileDevicesSettings = field(default_factory=FileDevicesSettings)
+    mps: MpsSettings = field(default_factory=MpsSettings)
 
     @property
     def listen(self) -> str:
@@ -127,7 +148,7 @@ def load_config(path: Path, base: Settings | None = None) -> Settings:
     where = str(path)
     folder = path.parent
     known = {"listen", "nvml_replay", "cgroup_root", "proc_root", "sysfs_root", "rootfs", "open_fd_scan", "log_level",
-             "nvml_retry_interval", "nvml_deadline", "collectors", "file_devices"}
+             "nvml_retry_interval", "nvml_deadline", "collectors", "file_devices", "mps"}
     changes: dict[str, Any] = {}
     for key, value in data.items():
         if key not in known:
@@ -156,6 +177,8 @@ def load_config(path: Path, base: Settings | None = None) -> Settings:
         elif key == "collectors":
             items = _expect(where, key, value, list)
             changes[key] = tuple(_expect(where, f"collectors[{i}]", v, str) for i, v in enumerate(items))
+        elif key == "mps":
+            changes[key] = _mps(where, folder, _expect(where, key, value, dict))
         elif key == "file_devices":
             changes[key] = _file_devices(where, folder, _expect(where, key, value, dict),
                                          settings.file_devices)
@@ -177,6 +200,57 @@ def _file_devices(where: str, folder: Path, table: dict[str, Any],
         else:
             changes[key] = text
     return replace(base, **changes)
+
+
+def _mps(where: str, folder: Path, table: dict[str, Any]) -> MpsSettings:
+    known = {"root", "timeout", "exclusive_process", "resources"}
+    for key in table:
+        if key not in known:
+            raise ConfigError(f"{where}: unknown key 'mps.{key}' (known: {', '.join(sorted(known))})")
+    out: dict[str, Any] = {}
+    if "root" in table:
+        root = _path(folder, _expect(where, "mps.root", table["root"], str))
+        if root is None:
+            raise ConfigError(f"{where}: key 'mps.root': must not be empty")
+        out["root"] = root
+    if "timeout" in table:
+        seconds = float(_expect(where, "mps.timeout", table["timeout"], (int, float)))
+        if not math.isfinite(seconds) or seconds <= 0:
+            raise ConfigError(f"{where}: key 'mps.timeout': must be a finite number > 0, got {table['timeout']!r}")
+        out["timeout"] = seconds
+    if "exclusive_process" in table:
+        out["exclusive_process"] = _expect(where, "mps.exclusive_process", table["exclusive_process"], bool)
+    resources = []
+    names: set[str] = set()
+    for i, item in enumerate(_expect(where, "mps.resources", table.get("resources", []), list)):
+        key = f"mps.resources[{i}]"
+        entry = _expect(where, key, item, dict)
+        unknown = set(entry) - {"name", "replicas", "devices"}
+        if unknown:
+            raise ConfigError(f"{where}: unknown key '{key}.{sorted(unknown)[0]}' (known: devices, name, replicas)")
+        name = _expect(where, f"{key}.name", entry.get("name"), str)
+        parts = name.split("/")
+        if not name or name.startswith("/") or ".." in parts or "" in parts:
+            raise ConfigError(f"{where}: key '{key}.name': {name!r} is not a usable resource name")
+        if name in names:
+            raise ConfigError(f"{where}: key '{key}.name': resource {name!r} is configured twice")
+        names.add(name)
+        replicas = _expect(where, f"{key}.replicas", entry.get("replicas"), int)
+        if replicas < 2:
+            raise ConfigError(f"{where}: resource {name!r}: replicas must be at least 2 (MPS shares a GPU), "
+                              f"got {replicas}")
+        devices: str | tuple[str | int, ...] = "all"
+        if "devices" in entry:
+            raw = entry["devices"]
+            if raw != "all":
+                items = _expect(where, f"{key}.devices", raw, list)
+                if not items or not all(isinstance(d, (str, int)) and not isinstance(d, bool) for d in items):
+                    raise ConfigError(f"{where}: resource {name!r}: devices must be \"all\" or a non-empty list "
+                                      "of GPU UUIDs or NVML indices")
+                devices = tuple(items)
+        resources.append(MpsResourceSettings(name=name, replicas=replicas, devices=devices))
+    out["resources"] = tuple(resources)
+    return MpsSettings(**out)
 
 
 def check_perm(value: str, where: str) -> str:

@@ -102,3 +102,29 @@ def test_permission_strings_accepted(perm: str) -> None:
 def test_permission_strings_rejected(perm: str) -> None:
     with pytest.raises(ConfigError):
         check_perm(perm, "x")
+
+
+def test_mps_table(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[mps]\nroot = "mps"\ntimeout = 2\n[[mps.resources]]\nname = "nvidia.com/gpu"\nreplicas = 4\n'
+                   '[[mps.resources]]\nname = "small"\nreplicas = 2\ndevices = ["GPU-abc", 1]\n')
+    mps = load_config(cfg).mps
+    assert (mps.root, mps.timeout, mps.exclusive_process) == (tmp_path / "mps", 2.0, False)
+    assert [(r.name, r.replicas, r.devices) for r in mps.resources] == [
+        ("nvidia.com/gpu", 4, "all"), ("small", 2, ("GPU-abc", 1))]
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('[[mps.resources]]\nname = "a"\nreplicas = 1\n', r"resource 'a': replicas must be at least 2"),
+    ('[[mps.resources]]\nname = "../x"\nreplicas = 2\n', r"'mps.resources\[0\].name': '../x' is not a usable"),
+    ('[[mps.resources]]\nname = "a"\nreplicas = 2\ndevices = []\n', r"resource 'a': devices must be"),
+    ('[[mps.resources]]\nname = "a"\nreplicas = 2\n[[mps.resources]]\nname = "a"\nreplicas = 3\n',
+     r"resource 'a' is configured twice"),
+    ("[mps]\ntimeout = 0\n", r"'mps.timeout': must be a finite number > 0"),
+    ("[mps]\nroots = 1\n", r"unknown key 'mps.roots'"),
+])
+def test_mps_table_errors_name_the_resource_and_rule(tmp_path: Path, text: str, message: str) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(cfg)
