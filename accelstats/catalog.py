@@ -181,6 +181,17 @@ FILES_SKIPPED = Family("accelstats_file_devices_skipped_total", "counter",
                        "Entries of the file-devices directory skipped because their names are not UTF-8.", ())
 FILES = (FILE_INFO, FILE_HEALTHY, FILE_SIZE, FILE_MTIME, FILE_MODE, FILES_SKIPPED)
 
+MPS_UP = Family("accelstats_mps_daemon_up", "gauge",
+                 "1 when the MPS control daemon answered a health command within its timeout.", ("resource",))
+MPS_THREADS = Family("accelstats_mps_active_thread_ratio", "gauge",
+                     "Default active thread percentage of the MPS daemon, as a ratio (0-1).", ("resource",))
+MPS_PINNED = Family("accelstats_mps_pinned_memory_limit_bytes", "gauge",
+                    "Default pinned device memory limit per GPU of the MPS daemon.", ("resource", "uuid"))
+MPS_SERVERS = Family("accelstats_mps_servers", "gauge", "MPS servers of the control daemon.", ("resource",))
+MPS_CLIENTS = Family("accelstats_mps_clients", "gauge", "MPS clients of the control daemon's servers.",
+                     ("resource",))
+MPS = (MPS_UP, MPS_THREADS, MPS_PINNED, MPS_SERVERS, MPS_CLIENTS)
+
 BUILD_INFO = Family("accelstats_build_info", "gauge", "accelstats build and NVML versions; value 1.",
                     ("version", "python_version", "nvml_version", "driver_version"))
 COLLECTOR_SUCCESS = Family("accelstats_scrape_collector_success", "gauge",
@@ -196,4 +207,4 @@ NVML_ERRORS = Family("accelstats_nvml_errors_total", "counter",
                      "NVML calls that failed, by call and NVML error (NOT_SUPPORTED excluded).", ("call", "error"))
 EXPORTER = (BUILD_INFO, COLLECTOR_SUCCESS, COLLECTOR_DURATION, SKIPPED_LINES, ATTRIBUTION_SKIPPED, NVML_ERRORS)
 
-ALL: tuple[Family, ...] = (*CADVISOR, GPU_INFO, GPU_UP, *GPU_SAMPLED, *CONTAINER, *FILES, *EXPORTER)
+ALL: tuple[Family, ...] = (*CADVISOR, GPU_INFO, GPU_UP, *GPU_SAMPLED, *CONTAINER, *FILES, *MPS, *EXPORTER)

@@ -271,5 +271,90 @@ def containers(as_json: bool, **opts: Any) -> None:
         click.echo(f"{r['runtime']:10} {r['id'][:12]:14} {r['cgroup'][-60:]:60} {devs}")
 
 
+@main.group()
+def mps() -> None:
+    """Start, stop and watch NVIDIA MPS control daemons ([mps] in the config file)."""
+
+
+def _mps_manager(opts: dict[str, Any]) -> tuple[Any, Settings]:
+    from accelstats.mpsctl import gpus_of, manager
+    from collectors.mps import MpsError
+
+    settings = build_settings(**opts)
+    if not settings.mps.resources:
+        fail("no MPS resources configured ([[mps.resources]] in the config file)")
+    collection = _collect(**opts)
+    if collection.snapshot.nvml_status:
+        fail(f"NVIDIA GPUs not available: {collection.snapshot.nvml_status}")
+    try:
+        return manager(settings.mps, gpus_of(collection.snapshot)), settings
+    except MpsError as exc:
+        fail(str(exc))
+
+
+@mps.command("start")
+@source_options
+def mps_start(**opts: Any) -> None:
+    """Start one control daemon per configured resource (all or none)."""
+    from collectors.mps import MpsError
+
+    mgr, _ = _mps_manager(opts)
+    try:
+        mgr.start_all()
+    except MpsError as exc:
+        fail(str(exc))
+    for d in mgr.daemons():
+        click.echo(f"started {d.resource.name}: CUDA_MPS_PIPE_DIRECTORY={d.pipe_dir}")
+
+
+@mps.command("stop")
+@source_options
+def mps_stop(**opts: Any) -> None:
+    """Stop every configured control daemon and clean up its directories."""
+    mgr, _ = _mps_manager(opts)
+    problems = {name: p for name, p in mgr.stop_all().items() if p}
+    for name, p in problems.items():
+        click.echo(f"accelstats: warning: MPS resource {name!r}: {'; '.join(p)}", err=True)
+    click.echo(f"stopped {len(mgr.daemons())} MPS control daemon(s)")
+    if problems:
+        sys.exit(1)
+
+
+@mps.command("status")
+@click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
+@source_options
+def mps_status(as_json: bool, **opts: Any) -> None:
+    """Each daemon's health, servers, clients (with their containers) and settings."""
+    from accelstats.mpsctl import client_containers
+
+    mgr, settings = _mps_manager(opts)
+    rows = []
+    for daemon, status in zip(mgr.daemons(), mgr.status_all().values(), strict=True):
+        pids = [c for clients in status.clients.values() for c in clients]
+        containers = client_containers(pids, settings.proc_root)
+        rows.append({
+            "resource": daemon.resource.name, "devices": list(daemon.resource.devices),
+            "replicas": daemon.resource.replicas, "pipe_dir": str(daemon.pipe_dir),
+            "healthy": status.healthy, "reason": status.reason, "servers": status.servers,
+            "clients": [{"server": server, "pid": pid, "container": containers.get(pid, "")}
+                        for server, clients in status.clients.items() for pid in clients],
+            "active_thread_percentage": status.active_thread_percentage,
+            "pinned_memory_limit_bytes": {str(k): v for k, v in status.pinned_limits_bytes.items()},
+        })
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    click.echo(f"{'RESOURCE':24} {'HEALTHY':8} {'SERVERS':10} {'CLIENTS':8} THREADS%  PIPE DIR")
+    for r in rows:
+        click.echo(f"{r['resource'][:24]:24} {'yes' if r['healthy'] else 'NO':8} "
+                   f"{','.join(map(str, r['servers'])) or '-':10} {len(r['clients']):<8} "
+                   f"{r['active_thread_percentage'] if r['active_thread_percentage'] is not None else '-':<9} "
+                   f"{r['pipe_dir']}")
+        if not r["healthy"]:
+            click.echo(f"  reason: {r['reason']}")
+        for c in r["clients"]:
+            click.echo(f"  client {c['pid']} (server {c['server']}) {c['container'] or '(host)'}")
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

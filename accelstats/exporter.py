@@ -113,6 +113,17 @@ def render(collection: Collection) -> Iterator[Metric]:
             if a.container_processes is not None:
                 add(catalog.CONTAINER_PROCESSES, labels, a.container_processes)
 
+    for m in snap.mps:
+        add(catalog.MPS_UP, [m.resource], 1.0 if m.up else 0.0)
+        if not m.up:
+            continue
+        add(catalog.MPS_SERVERS, [m.resource], m.servers)
+        add(catalog.MPS_CLIENTS, [m.resource], m.clients)
+        if m.active_thread_ratio is not None:
+            add(catalog.MPS_THREADS, [m.resource], m.active_thread_ratio)
+        for uuid, limit in m.pinned_memory_limit_bytes:
+            if limit is not None:
+                add(catalog.MPS_PINNED, [m.resource, uuid], limit)
     if any(r.name == "files" for r in snap.collector_results):
         add(catalog.FILES_SKIPPED, [], snap.file_devices_skipped_total)
     for f in snap.file_devices:

@@ -50,9 +50,18 @@ def _files(settings: Settings, nvml: Any) -> Collector | None:
                        name=fd.name)
 
 
+def _mps(settings: Settings, nvml: Any) -> Collector | None:
+    if not settings.mps.resources:
+        return None
+    from accelstats.mpsctl import MpsCollector
+
+    return MpsCollector(settings.mps)
+
+
 COLLECTORS: tuple[CollectorEntry, ...] = (
     CollectorEntry("nvidia", True, "NVIDIA GPUs and MIG instances through NVML (or --nvml-replay)", _nvidia),
     CollectorEntry("files", True, "file devices in --file-devices DIR (Nomad example-plugin model)", _files),
+    CollectorEntry("mps", True, "NVIDIA MPS control daemons of the [mps] resources in the config", _mps),
 )
 
 

@@ -126,6 +126,21 @@ class FileDevice:
 
 
 @dataclass(frozen=True)
+class MpsDaemonReading:
+    """One MPS control daemon as the ``mps`` collector saw it in this collection (spec/mps.md):
+    ``up`` when ``get_default_active_thread_percentage`` answered within the timeout and parsed;
+    ``pinned_memory_limit_bytes`` per GPU UUID (None: no limit set)."""
+
+    resource: str
+    up: bool
+    reason: str = ""
+    servers: int = 0
+    clients: int = 0
+    active_thread_ratio: float | None = None
+    pinned_memory_limit_bytes: tuple[tuple[str, int | None], ...] = ()
+
+
+@dataclass(frozen=True)
 class CollectorResult:
     """How one collector run went (node_exporter's scrape_collector_success/duration pattern)."""
 
@@ -148,6 +163,7 @@ class DeviceSnapshot:
     samples: dict[str, DeviceSample] = field(default_factory=dict)
     file_devices: list[FileDevice] = field(default_factory=list)
     file_devices_skipped_total: int = 0
+    mps: list[MpsDaemonReading] = field(default_factory=list)
     nvml_status: str = ""
     source: str = "nvml"
     driver_version: str = ""

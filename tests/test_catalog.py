@@ -12,11 +12,6 @@ from accelstats import catalog
 # Families the spec names that this release does not publish yet, each with the reason.
 NOT_YET = {
     "accelstats_gpu_pcie_throughput_bytes_per_second": "needs the background sampler (call blocks ~21 ms)",
-    "accelstats_mps_daemon_up": "MPS manager not built yet",
-    "accelstats_mps_active_thread_ratio": "MPS manager not built yet",
-    "accelstats_mps_pinned_memory_limit_bytes": "MPS manager not built yet",
-    "accelstats_mps_servers": "MPS manager not built yet",
-    "accelstats_mps_clients": "MPS manager not built yet",
 }
 
 # spec/metrics.md abbreviates some names with "…"; these are the expansions, as the spec's rows read.

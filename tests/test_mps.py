@@ -1,0 +1,728 @@
+"""collectors.mps against the test double ``tests/mps_double/nvidia-cuda-mps-control`` and the H200 logs.
+
+The double speaks the real binary's protocol (``-d`` daemonises; otherwise one command on stdin, the
+reply on stdout) and logs in the real format; its behaviour switches are files in the pipe dir
+(``double.hang``, ``double.fail``, ``double.fail_quit``, ``double.clients``). Every test stops what
+it started, and the ``make_daemon`` fixture kills any process still serving a pipe dir under the
+test's root, so no daemon outlives a test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from paths import FIXTURES
+
+from collectors.mps import (
+    Daemon,
+    DaemonStatus,
+    Manager,
+    MpsError,
+    MpsGpu,
+    MpsResource,
+    Root,
+    parse_client_list,
+    parse_log_line,
+    parse_percentage,
+    parse_pinned_limit,
+    parse_server_list,
+    validate,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DOUBLE_DIR = REPO_ROOT / "tests" / "mps_double"
+DOUBLE = DOUBLE_DIR / "nvidia-cuda-mps-control"
+H200_BYTES = 143771 * 1024 * 1024  # nvidia-smi -q on the H200 fixture host: FB Memory Usage, Total
+UUID0 = "GPU-5f1c2a9e-0b7d-4c3e-9a61-2d8e4f7b9c10"  # the H200 fixture GPU
+UUID1 = "GPU-0a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9"
+UUID2 = "GPU-11111111-2222-3333-4444-555555555555"
+TIMEOUT = 2.0
+
+GPU0 = MpsGpu(uuid=UUID0, index=0, memory_total_bytes=H200_BYTES, compute_capability="9.0", mig_enabled=False)
+GPU1 = MpsGpu(uuid=UUID1, index=1, memory_total_bytes=H200_BYTES, compute_capability="9.0", mig_enabled=False)
+GPU2 = MpsGpu(uuid=UUID2, index=2, memory_total_bytes=H200_BYTES, compute_capability="9.0", mig_enabled=False)
+GPUS = [GPU0, GPU1, GPU2]
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+
+
+def proc_state(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(errors="replace")
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2:].split()[0]
+
+
+def gone(pid: int, wait: float = 2.0) -> bool:
+    """True once ``pid`` has exited (a zombie that is not ours counts: init reaps it)."""
+    deadline = time.monotonic() + wait
+    while True:
+        state = proc_state(pid)
+        if state is None or (state == "Z" and pid not in our_zombies()):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+
+
+def our_zombies() -> list[int]:
+    """PIDs of this process's children that are zombies (nobody reaped them)."""
+    me = os.getpid()
+    zombies = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        if fields[0] == "Z" and int(fields[1]) == me:
+            zombies.append(int(entry.name))
+    return zombies
+
+
+def serving(root: Path) -> list[int]:
+    """Live processes (daemons or hung commands) whose CUDA_MPS_PIPE_DIRECTORY is under ``root``."""
+    prefix = b"CUDA_MPS_PIPE_DIRECTORY=" + os.fsencode(root)
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if any(var.startswith(prefix) for var in environ.split(b"\0")) and proc_state(int(entry.name)) != "Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+def control_commands(daemon: Daemon) -> list[str]:
+    """The ``Cmd:`` lines of the double's control.log, read with the module's own parser."""
+    lines = (daemon.log_dir / "control.log").read_text().splitlines()
+    parsed = [parse_log_line(line) for line in lines]
+    assert all(p is not None for p in parsed), lines
+    return [p.text[len("Cmd:"):] for p in parsed if p is not None and p.text.startswith("Cmd:")]
+
+
+def double_state(daemon: Daemon) -> dict[str, Any]:
+    state: dict[str, Any] = json.loads((daemon.pipe_dir / "double.state.json").read_text())
+    return state
+
+
+def without_locale_coercion(env: dict[str, str]) -> dict[str, str]:
+    """The double is Python: with no locale set, the interpreter itself adds LC_CTYPE=C.UTF-8 (PEP 538)."""
+    env = dict(env)
+    if env.get("LC_CTYPE") == "C.UTF-8":
+        del env["LC_CTYPE"]
+    return env
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return tmp_path / "mps"
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers(root: Path) -> Iterator[None]:
+    """Kill whatever still serves a pipe dir under ``root`` after the test (a failed test's daemons)."""
+    yield
+    for pid in serving(root):
+        os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def make_daemon(root: Path) -> Iterator[Callable[..., Daemon]]:
+    """Factory for Daemons under ``root`` using the double; stops them at teardown."""
+    made: list[Daemon] = []
+
+    def make(resource: MpsResource | None = None, **kwargs: Any) -> Daemon:
+        kwargs.setdefault("binary", str(DOUBLE))
+        kwargs.setdefault("timeout", TIMEOUT)
+        daemon = Daemon(resource or MpsResource("nvidia.com/gpu", 4, (UUID0, UUID1)), GPUS, Root(root), **kwargs)
+        made.append(daemon)
+        return daemon
+
+    yield make
+    for daemon in made:
+        for name in ("double.hang", "double.fail", "double.fail_quit"):
+            with contextlib.suppress(OSError, MpsError):
+                (daemon.pipe_dir / name).unlink()
+        daemon.stop()
+
+
+# --------------------------------------------------------------------------------------------
+# start, configure, health
+
+
+def test_start_uses_minimal_env_and_configures_by_index(make_daemon: Callable[..., Daemon], root: Path) -> None:
+    daemon = make_daemon(MpsResource("nvidia.com/gpu", 4, (UUID1, UUID0)))
+    daemon.start()
+    expected = {
+        "PATH": f"{DOUBLE_DIR}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "CUDA_MPS_PIPE_DIRECTORY": str(root / "nvidia.com" / "gpu" / "pipe"),
+        "CUDA_MPS_LOG_DIRECTORY": str(root / "nvidia.com" / "gpu" / "log"),
+        "CUDA_VISIBLE_DEVICES": f"{UUID1},{UUID0}",
+    }
+    assert daemon.env_vars() == expected
+    state = double_state(daemon)
+    assert without_locale_coercion(state["env"]) == expected  # exactly this, nothing inherited
+    assert without_locale_coercion(state["last_command_env"]) == expected
+
+    mib = H200_BYTES // 4 // 1024 // 1024
+    assert mib == 35942
+    assert control_commands(daemon) == [
+        f"set_default_device_pinned_mem_limit 1 {mib}M",
+        f"set_default_device_pinned_mem_limit 0 {mib}M",
+        "set_default_active_thread_percentage 25",
+    ]
+    names = {p.name for p in daemon.pipe_dir.iterdir()}
+    assert {"control", "control_privileged", "control_lock", "log", "nvidia-cuda-mps-control.pid",
+            ".started"} <= names
+    assert {"control.log", "server.log"} <= {p.name for p in daemon.log_dir.iterdir()}
+    assert daemon.shm_dir == root / "shm" and daemon.shm_dir.is_dir()
+    assert daemon.started
+    pid = daemon.pid()
+    assert pid is not None and proc_state(pid) not in (None, "Z")
+    assert daemon.devices == (GPU1, GPU0)
+
+
+def test_healthy_daemon(make_daemon: Callable[..., Daemon]) -> None:
+    daemon = make_daemon()
+    daemon.start()
+    daemon.assert_healthy()
+    assert daemon.echo_pipe_to_control("get_default_active_thread_percentage") == "25.0"
+    assert daemon.echo_pipe_to_control("get_default_device_pinned_mem_limit 0") == "35942M"
+    # the daemon ignores a limit set by UUID (measured on the H200); the double does too
+    assert daemon.echo_pipe_to_control(f"set_default_device_pinned_mem_limit {UUID0} 1G") == ""
+    assert daemon.echo_pipe_to_control("get_default_device_pinned_mem_limit 0") == "35942M"
+
+
+def test_health_needs_a_number(make_daemon: Callable[..., Daemon], monkeypatch: pytest.MonkeyPatch) -> None:
+    daemon = make_daemon()
+    daemon.start()
+    monkeypatch.setattr(daemon, "echo_pipe_to_control", lambda command, timeout=None: "Error: busy")
+    with pytest.raises(MpsError, match=r"'nvidia.com/gpu'.*not a percentage"):
+        daemon.assert_healthy()
+    status = daemon.status()
+    assert not status.healthy and "not a percentage" in status.reason
+
+
+def test_status_lists_servers_and_clients(make_daemon: Callable[..., Daemon]) -> None:
+    daemon = make_daemon()
+    daemon.start()
+    before = daemon.status()
+    assert before == DaemonStatus(healthy=True, reason="ok", servers=[], clients={}, active_thread_percentage=25.0,
+                                  pinned_limits_bytes={0: 35942 * 2**20, 1: 35942 * 2**20})
+    (daemon.pipe_dir / "double.clients").write_text(json.dumps({"490": [473], "531": [514, 515], "600": []}))
+    status = daemon.status()
+    assert status.healthy, status.reason
+    assert status.servers == [490, 531, 600]
+    assert status.clients == {490: [473], 531: [514, 515], 600: []}
+    assert daemon.echo_pipe_to_control("get_device_client_list").splitlines()[0] == "[0] 00:00.0, NVIDIA H200"
+
+
+def test_hang_honours_the_timeout(make_daemon: Callable[..., Daemon], root: Path) -> None:
+    daemon = make_daemon(timeout=1.0)
+    daemon.start()
+    pid = daemon.pid()
+    assert pid is not None
+    (daemon.pipe_dir / "double.hang").touch()
+
+    start = time.monotonic()
+    with pytest.raises(MpsError, match=r"'nvidia.com/gpu'.*get_server_list.*did not answer within 1 s"):
+        daemon.echo_pipe_to_control("get_server_list")
+    assert time.monotonic() - start < 1.0 + 1.0
+    assert serving(root) == [pid]  # the hung command was killed: only the daemon serves the pipe dir
+
+    start = time.monotonic()
+    with pytest.raises(MpsError, match="did not answer within"):
+        daemon.assert_healthy()
+    assert time.monotonic() - start < 1.0 + 1.0
+
+    start = time.monotonic()
+    status = daemon.status()
+    assert time.monotonic() - start < 1.0 + 1.0  # the first timeout skips the other commands
+    assert not status.healthy
+    assert "did not answer within 1 s" in status.reason and "skipped" in status.reason
+
+    start = time.monotonic()
+    with pytest.raises(MpsError, match=r"did not answer within 0\.3 s"):
+        daemon.echo_pipe_to_control("get_server_list", timeout=0.3)
+    assert time.monotonic() - start < 0.3 + 1.0
+
+    problems = daemon.stop()  # quit hangs too: the daemon is terminated, everything is removed
+    assert any("'quit' did not answer" in p for p in problems)
+    assert any("terminating it" in p for p in problems)
+    assert gone(pid)
+    assert not daemon.pipe_dir.exists() and not daemon.log_dir.exists()
+    assert serving(root) == []
+    assert our_zombies() == []
+
+
+def test_failing_command(make_daemon: Callable[..., Daemon]) -> None:
+    daemon = make_daemon()
+    daemon.start()
+    (daemon.pipe_dir / "double.fail").touch()
+    with pytest.raises(MpsError,
+                       match=r"'nvidia.com/gpu'.*'get_server_list' failed with exit status 1.*forced failure"):
+        daemon.echo_pipe_to_control("get_server_list")
+    with pytest.raises(MpsError, match="exit status 1"):
+        daemon.assert_healthy()
+    status = daemon.status()
+    assert not status.healthy
+    assert "get_default_active_thread_percentage" in status.reason and "get_server_list" in status.reason
+    assert status.active_thread_percentage is None and status.servers == [] and status.pinned_limits_bytes == {}
+
+
+def test_unknown_command_and_bad_input(make_daemon: Callable[..., Daemon]) -> None:
+    daemon = make_daemon()
+    daemon.start()
+    with pytest.raises(MpsError, match="Unknown command"):
+        daemon.echo_pipe_to_control("frobnicate")
+    with pytest.raises(MpsError, match="one non-empty line"):
+        daemon.echo_pipe_to_control("get_server_list\nquit")
+    with pytest.raises(MpsError, match="one non-empty line"):
+        daemon.echo_pipe_to_control("   ")
+    assert daemon.pid() is not None  # nothing reached the daemon: it still runs
+
+
+def test_status_without_daemon_never_raises(make_daemon: Callable[..., Daemon]) -> None:
+    status = make_daemon().status()
+    assert not status.healthy
+    assert "Cannot find MPS control daemon process" in status.reason
+    bad = make_daemon(MpsResource("../escape", 2, (UUID0,))).status()
+    assert not bad.healthy and "'..'" in bad.reason
+
+
+# --------------------------------------------------------------------------------------------
+# stop
+
+
+def test_stop_removes_everything(make_daemon: Callable[..., Daemon], root: Path) -> None:
+    daemon = make_daemon()
+    daemon.start()
+    pid = daemon.pid()
+    assert pid is not None
+    assert daemon.stop() == []
+    assert gone(pid)
+    assert our_zombies() == []
+    assert serving(root) == []
+    assert not (root / "nvidia.com").exists()  # marker, log dir, stale pipe dir, empty resource dirs
+    assert (root / "shm").is_dir()  # shared by all resources: kept
+    assert daemon.stop() == []  # nothing left to stop: quiet
+    assert not daemon.started
+
+
+def test_quit_is_sent_and_logged(make_daemon: Callable[..., Daemon]) -> None:
+    daemon = make_daemon()
+    daemon.start()
+    log_text: list[str] = []
+    real = daemon.echo_pipe_to_control
+
+    def spy(command: str, timeout: float | None = None) -> str:
+        reply = real(command, timeout)
+        if command == "quit":
+            log_text.extend((daemon.log_dir / "control.log").read_text().splitlines())
+        return reply
+
+    daemon.echo_pipe_to_control = spy  # type: ignore[method-assign]
+    assert daemon.stop() == []
+    texts = [p.text for p in map(parse_log_line, log_text) if p is not None]
+    assert "Cmd:quit" in texts and texts[-1] == "Exit with status 0"
+
+
+def test_failed_quit_still_cleans_up(make_daemon: Callable[..., Daemon], root: Path) -> None:
+    daemon = make_daemon(timeout=1.0)
+    daemon.start()
+    pid = daemon.pid()
+    assert pid is not None
+    (daemon.pipe_dir / "double.fail_quit").touch()
+    problems = daemon.stop()
+    assert any("'quit' failed with exit status 1" in p and "cleaning up anyway" in p for p in problems)
+    assert any("terminating it" in p for p in problems)
+    assert gone(pid)
+    assert our_zombies() == []
+    assert serving(root) == []
+    assert not daemon.pipe_dir.exists() and not daemon.log_dir.exists()
+
+
+def test_stop_reaps_a_zombie_daemon(tmp_path: Path) -> None:
+    """A starter that is a child subreaper (as a container's PID 1 is) inherits the daemon: stop() reaps it."""
+    script = textwrap.dedent(f"""
+        import ctypes, json, os, sys
+        from collectors.mps import Daemon, MpsGpu, MpsResource, Root
+        PR_SET_CHILD_SUBREAPER = 36
+        assert ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+        gpu = MpsGpu({UUID0!r}, 0, {H200_BYTES}, "9.0", False)
+        daemon = Daemon(MpsResource("gpu", 2, ({UUID0!r},)), [gpu], Root({str(tmp_path / "mps")!r}),
+                        binary={str(DOUBLE)!r}, timeout={TIMEOUT})
+        daemon.start()
+        pid = daemon.pid()
+        parent = int(open(f"/proc/{{pid}}/stat").read().rsplit(")", 1)[1].split()[1])
+        problems = daemon.stop()
+        try:
+            leftover = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            leftover = None
+        print(json.dumps({{"parent_is_me": parent == os.getpid(), "problems": problems,
+                          "exists": os.path.exists(f"/proc/{{pid}}"), "leftover": leftover}}))
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=30,
+                            cwd=REPO_ROOT)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report == {"parent_is_me": True, "problems": [], "exists": False, "leftover": None}
+
+
+# --------------------------------------------------------------------------------------------
+# start failures: nothing half-created
+
+
+def test_binary_missing(make_daemon: Callable[..., Daemon], root: Path, tmp_path: Path,
+                        monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(MpsError, match=r"'nvidia.com/gpu'.*not found"):
+        make_daemon(binary=str(tmp_path / "nowhere" / "nvidia-cuda-mps-control")).start()
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    with pytest.raises(MpsError, match="nvidia-cuda-mps-control not found on PATH"):
+        make_daemon(binary="nvidia-cuda-mps-control").start()
+    assert not root.exists()
+
+
+def test_binary_found_on_path(make_daemon: Callable[..., Daemon], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", f"{DOUBLE_DIR}:{os.environ.get('PATH', '')}")
+    daemon = make_daemon(binary="nvidia-cuda-mps-control")
+    daemon.start()
+    daemon.assert_healthy()
+    assert daemon.env_vars()["PATH"].split(":")[0] == str(DOUBLE_DIR)
+    monkeypatch.setenv("PATH", "/nonexistent")  # the binary found at start is kept until stopped
+    daemon.assert_healthy()
+    assert daemon.stop() == []
+
+
+def test_pipe_dir_not_creatable(make_daemon: Callable[..., Daemon], root: Path) -> None:
+    root.write_text("a file, not a directory\n")  # root may write anywhere: make creation impossible
+    with pytest.raises(MpsError, match=r"'nvidia.com/gpu': cannot create pipe dir .*/nvidia.com/gpu/pipe"):
+        make_daemon().start()
+    assert root.read_text() == "a file, not a directory\n"
+
+
+def test_pipe_dir_not_writable(make_daemon: Callable[..., Daemon], root: Path,
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    real_access = os.access
+    monkeypatch.setattr(os, "access",
+                        lambda path, mode: False if str(path).endswith("/log") else real_access(path, mode))
+    with pytest.raises(MpsError, match=r"'nvidia.com/gpu': log dir .*/log is not writable"):
+        make_daemon().start()
+    assert not (root / "nvidia.com").exists()
+    assert serving(root) == []
+
+
+def test_launch_failure(make_daemon: Callable[..., Daemon], root: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "bin" / "nvidia-cuda-mps-control"
+    broken.parent.mkdir()
+    broken.write_text("#!/bin/sh\necho 'cannot open /dev/nvidiactl' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    with pytest.raises(MpsError, match=r"-d failed with exit status 1: cannot open /dev/nvidiactl"):
+        make_daemon(binary=str(broken)).start()
+    assert not (root / "nvidia.com").exists()
+
+
+def test_launch_hang(make_daemon: Callable[..., Daemon], root: Path, tmp_path: Path) -> None:
+    wedged = tmp_path / "bin" / "nvidia-cuda-mps-control"
+    wedged.parent.mkdir()
+    wedged.write_text("#!/bin/sh\nexec sleep 60\n")
+    wedged.chmod(0o755)
+    start = time.monotonic()
+    with pytest.raises(MpsError, match=r"starting the control daemon \(-d\) did not answer within 0\.5 s"):
+        make_daemon(binary=str(wedged), timeout=0.5).start()
+    assert time.monotonic() - start < 0.5 + 1.0
+    assert serving(root) == []  # the launcher was killed
+    assert not (root / "nvidia.com").exists()
+
+
+def test_configure_failure_stops_the_daemon(make_daemon: Callable[..., Daemon], root: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    daemon = make_daemon()
+    real = daemon.echo_pipe_to_control
+    pids: list[int | None] = []
+
+    def failing(command: str, timeout: float | None = None) -> str:
+        if command.startswith("set_default_active_thread_percentage"):
+            pids.append(daemon.pid())
+            raise MpsError("injected failure")
+        return real(command, timeout)
+
+    monkeypatch.setattr(daemon, "echo_pipe_to_control", failing)
+    with pytest.raises(MpsError, match="injected failure"):
+        daemon.start()
+    pid = pids[0]
+    assert pid is not None and gone(pid)
+    assert serving(root) == []
+    assert not (root / "nvidia.com").exists()
+
+
+def test_already_running_and_stale_pipe_dir(make_daemon: Callable[..., Daemon], root: Path) -> None:
+    first = make_daemon()
+    first.start()
+    with pytest.raises(MpsError, match="already answers"):
+        make_daemon().start()
+    first.assert_healthy()  # untouched
+    assert first.stop() == []
+
+    stale = first.pipe_dir
+    stale.mkdir(parents=True)
+    (stale / "nvidia-cuda-mps-control.pid").write_text("999999999\n")
+    (stale / "control").touch()
+    (stale / "junk").touch()
+    second = make_daemon()
+    second.start()
+    assert not (stale / "junk").exists()
+    second.assert_healthy()
+
+
+def test_compute_mode_opt_in(make_daemon: Callable[..., Daemon]) -> None:
+    calls: list[str] = []
+
+    def set_exclusive(gpu: MpsGpu) -> Callable[[], None] | None:
+        calls.append(f"set {gpu.index}")
+        if gpu.index == 1:
+            return None  # already exclusive: nothing to restore
+        return lambda: calls.append(f"restore {gpu.index}")
+
+    daemon = make_daemon(set_exclusive_process=set_exclusive)
+    daemon.start()
+    assert calls == ["set 0", "set 1"]
+    assert daemon.stop() == []
+    assert calls == ["set 0", "set 1", "restore 0"]
+
+    def refuse(gpu: MpsGpu) -> Callable[[], None] | None:
+        if gpu.index == 1:
+            raise RuntimeError("NVML_ERROR_NO_PERMISSION")
+        calls.append(f"set {gpu.index}")
+        return lambda: calls.append(f"restore {gpu.index}")
+
+    calls.clear()
+    with pytest.raises(MpsError, match=r"EXCLUSIVE_PROCESS.*GPU 1 .*NVML_ERROR_NO_PERMISSION"):
+        make_daemon(set_exclusive_process=refuse).start()
+    assert calls == ["set 0", "restore 0"]
+
+
+def test_compute_mode_left_alone_by_default(make_daemon: Callable[..., Daemon]) -> None:
+    assert make_daemon().set_exclusive_process is None
+
+
+# --------------------------------------------------------------------------------------------
+# validation and layout
+
+
+@pytest.mark.parametrize(("replicas", "capability", "message"), [
+    (1, "9.0", "replicas must be at least 2, got 1"),
+    (0, "9.0", "replicas must be at least 2"),
+    (49, "9.0", "replicas 49 exceeds the maximum of 48 per GPU"),
+    (17, "6.0", "replicas 17 exceeds the maximum of 16 per GPU"),
+    (17, "6.1", r"replicas 17 exceeds the maximum of 16 per GPU for GPU 0 .*compute capability 6\.1"),
+])
+def test_replicas_out_of_range(replicas: int, capability: str, message: str) -> None:
+    gpu = MpsGpu(UUID0, 0, H200_BYTES, capability, False)
+    with pytest.raises(MpsError, match=rf"MPS resource 'nvidia.com/gpu': {message}"):
+        validate(MpsResource("nvidia.com/gpu", replicas, (UUID0,)), [gpu])
+
+
+@pytest.mark.parametrize(("replicas", "capability"), [(2, "9.0"), (48, "9.0"), (48, "7.0"), (16, "6.0")])
+def test_replicas_in_range(replicas: int, capability: str) -> None:
+    validate(MpsResource("r", replicas, (UUID0,)), [MpsGpu(UUID0, 0, H200_BYTES, capability, False)])
+
+
+def test_mig_unknown_and_empty_devices() -> None:
+    mig = MpsGpu(UUID2, 2, H200_BYTES, "9.0", True)
+    with pytest.raises(MpsError, match=rf"'r': GPU 2 \({UUID2}\) has MIG enabled"):
+        validate(MpsResource("r", 2, (UUID0, UUID2)), [GPU0, mig])
+    with pytest.raises(MpsError, match=r"'r': unknown device\(s\) GPU-nope"):
+        validate(MpsResource("r", 2, (UUID0, "GPU-nope")), GPUS)
+    with pytest.raises(MpsError, match="'r': no devices"):
+        validate(MpsResource("r", 2, ()), GPUS)
+    with pytest.raises(MpsError, match="listed twice"):
+        validate(MpsResource("r", 2, (UUID0, UUID0)), GPUS)
+    with pytest.raises(MpsError, match="compute capability"):
+        validate(MpsResource("r", 2, (UUID0,)), [MpsGpu(UUID0, 0, H200_BYTES, "Hopper", False)])
+    with pytest.raises(MpsError, match="too little"):
+        validate(MpsResource("r", 2, (UUID0,)), [MpsGpu(UUID0, 0, 2**20, "9.0", False)])
+
+
+def test_start_validates_before_touching_anything(make_daemon: Callable[..., Daemon], root: Path) -> None:
+    with pytest.raises(MpsError, match="MIG enabled"):
+        Daemon(MpsResource("r", 2, (UUID0,)), [MpsGpu(UUID0, 0, H200_BYTES, "9.0", True)], Root(root),
+               binary=str(DOUBLE)).start()
+    with pytest.raises(MpsError, match="unknown device"):
+        make_daemon(MpsResource("r", 2, ("GPU-nope",))).start()
+    assert not root.exists()
+
+
+def test_root_layout(tmp_path: Path) -> None:
+    root = Root(tmp_path)
+    assert root.pipe_dir("nvidia.com/gpu") == tmp_path / "nvidia.com" / "gpu" / "pipe"
+    assert root.log_dir("nvidia.com/gpu") == tmp_path / "nvidia.com" / "gpu" / "log"
+    assert root.shm_dir() == tmp_path / "shm"
+    for bad in ("../etc", "a/../../b", "/abs", "", "a//b", "a/./b", "shm", "shm/x", "a\0b"):
+        with pytest.raises(MpsError, match="MPS resource name"):
+            root.pipe_dir(bad)
+    assert Root("relative").path.is_absolute()
+
+
+# --------------------------------------------------------------------------------------------
+# manager
+
+
+def test_manager_start_all_status_all_stop_all(root: Path) -> None:
+    resources = [MpsResource("nvidia.com/gpu", 2, (UUID0,)), MpsResource("nvidia.com/gpu.shared", 4, (UUID1, UUID2))]
+    manager = Manager(resources, GPUS, Root(root), binary=str(DOUBLE), timeout=TIMEOUT)
+    try:
+        assert [d.name for d in manager.daemons()] == ["nvidia.com/gpu", "nvidia.com/gpu.shared"]
+        manager.start_all()
+        statuses = manager.status_all()
+        assert statuses["nvidia.com/gpu"].active_thread_percentage == 50.0
+        assert statuses["nvidia.com/gpu"].pinned_limits_bytes == {0: H200_BYTES // 2 // 2**20 * 2**20}
+        assert statuses["nvidia.com/gpu.shared"].active_thread_percentage == 25.0
+        assert set(statuses["nvidia.com/gpu.shared"].pinned_limits_bytes) == {1, 2}
+        assert all(s.healthy for s in statuses.values())
+        pids = [d.pid() for d in manager.daemons()]
+    finally:
+        problems = manager.stop_all()
+    assert problems == {"nvidia.com/gpu": [], "nvidia.com/gpu.shared": []}
+    assert all(pid is not None and gone(pid) for pid in pids)
+    assert serving(root) == []
+    assert sorted(p.name for p in root.iterdir()) == ["shm"]
+
+
+def test_manager_all_or_nothing(root: Path) -> None:
+    resources = [MpsResource("first", 2, (UUID0,)), MpsResource("second", 2, (UUID1,))]
+    manager = Manager(resources, GPUS, Root(root), binary=str(DOUBLE), timeout=TIMEOUT)
+    root.mkdir()
+    (root / "second").write_text("in the way\n")  # the second start fails after the first one ran
+    with pytest.raises(MpsError, match=r"starting resource 'second' failed, 1 started daemon\(s\) stopped again"):
+        manager.start_all()
+    assert serving(root) == []
+    assert sorted(p.name for p in root.iterdir()) == ["second", "shm"]
+
+    bad = Manager([MpsResource("first", 2, (UUID0,)), MpsResource("third", 49, (UUID2,))], GPUS, Root(root),
+                  binary=str(DOUBLE), timeout=TIMEOUT)
+    with pytest.raises(MpsError, match="replicas 49 exceeds"):
+        bad.start_all()  # validated before anything starts
+    assert not (root / "first").exists()
+
+    shared = Manager([MpsResource("a", 2, (UUID0,)), MpsResource("b", 2, (UUID0,))], GPUS, Root(root))
+    with pytest.raises(MpsError, match="both list GPU"):
+        shared.start_all()
+
+
+def test_manager_configuration_errors(root: Path) -> None:
+    assert Manager([], GPUS, Root(root)).daemons() == []
+    assert Manager([], GPUS, Root(root)).status_all() == {}
+    with pytest.raises(MpsError, match="configured twice"):
+        Manager([MpsResource("a", 2, (UUID0,)), MpsResource("a", 2, (UUID1,))], GPUS, Root(root))
+    with pytest.raises(MpsError, match="nest"):
+        Manager([MpsResource("a", 2, (UUID0,)), MpsResource("a/b", 2, (UUID1,))], GPUS, Root(root))
+
+
+# --------------------------------------------------------------------------------------------
+# parsers, against the H200 captures
+
+
+def fixture_lines(name: str) -> list[str]:
+    return (FIXTURES / "h200" / name).read_text().splitlines()
+
+
+def test_parse_log_line_real_captures() -> None:
+    control = [parse_log_line(line) for line in fixture_lines("mps-control.log")]
+    server = [parse_log_line(line) for line in fixture_lines("mps-server.log")]
+    assert all(p is not None for p in control + server)
+    first = control[0]
+    assert first is not None
+    assert first.timestamp.isoformat() == "2026-11-30T10:58:36.064000"
+    assert (first.source, first.pid) == ("Control", 500)
+    assert first.text == "Starting control daemon using socket /tmp/mps/pipe/control"
+    assert {p.source for p in control if p is not None} == {"Control"}
+    assert {p.source for p in server if p is not None} == {"Other", "Server"}
+    assert {p.pid for p in control if p is not None} == {500, 531}  # the forked server announces itself
+    last = control[-1]
+    assert last is not None and last.text == "Exit with status 0"
+
+
+def test_parse_replies_from_real_log() -> None:
+    """The reply lines the daemon logged after each command are what the parsers read."""
+    texts = [p.text for p in map(parse_log_line, fixture_lines("mps-control.log")) if p is not None]
+    replies: dict[str, list[str]] = {}
+    for i, text in enumerate(texts):
+        if text.startswith("Cmd:"):
+            end = next((j for j in range(i + 1, len(texts)) if texts[j] in ("UI closed", "Accepting connection...")),
+                       len(texts))
+            replies.setdefault(text[4:], []).append("\n".join(texts[i + 1:end]))
+    assert [parse_percentage(r) for r in replies["get_default_active_thread_percentage"]] == [100.0]
+    assert [parse_server_list(r) for r in replies["get_server_list"]] == [[], [531], [531], [531]]
+    assert [parse_client_list(r) for r in replies["get_client_list 531"]] == [[]]  # the client had exited
+    assert replies["quit"] == ["Try shutting down server 531, backoff is disabled\nServer 531 exited with status 0\n"
+                               "Exit with status 0"]
+
+
+def test_parse_log_line_odd_input() -> None:
+    assert parse_log_line("") is None
+    assert parse_log_line("garbage") is None
+    assert parse_log_line("[2026-13-30 10:58:36.064 Control   500] bad month") is None
+    assert parse_log_line("[2026-11-30 10:58:36 Control   500] no millis") is None
+    line = parse_log_line("[2024-04-23 06:04:59.389 Control    72] Cmd:set_default_device_pinned_mem_limit 0 4096M\n")
+    assert line is not None and (line.pid, line.text) == (72, "Cmd:set_default_device_pinned_mem_limit 0 4096M")
+    empty = parse_log_line("[2026-11-30 10:58:36.064 Control   500]")
+    assert empty is not None and empty.text == ""
+    with pytest.raises(TypeError):
+        parse_log_line(b"[2026-11-30 10:58:36.064 Control   500] x")  # type: ignore[arg-type]
+
+
+def test_parse_percentage() -> None:
+    assert parse_percentage("100.0") == 100.0
+    assert parse_percentage(" 25.0\n") == 25.0
+    assert parse_percentage("50") == 50.0
+    for odd in ("", "abc", "nan", "inf", "150.0", "-1", "1e2", "25.0 extra", "Error: busy"):
+        assert parse_percentage(odd) is None, odd
+    with pytest.raises(TypeError):
+        parse_percentage(None)  # type: ignore[arg-type]
+
+
+def test_parse_pinned_limit() -> None:
+    assert parse_pinned_limit("") is None  # measured: nothing set
+    assert parse_pinned_limit("4096M\n") == 4096 * 2**20
+    assert parse_pinned_limit("70G") == 70 * 2**30
+    assert parse_pinned_limit("512MB") == 512 * 2**20
+    assert parse_pinned_limit("1GiB") == 2**30
+    for odd in ("1024", "M", "-5M", "1.5G", "lots"):
+        assert parse_pinned_limit(odd) is None, odd
+    with pytest.raises(TypeError):
+        parse_pinned_limit(4096)  # type: ignore[arg-type]
+
+
+def test_parse_pid_lists() -> None:
+    assert parse_server_list("") == []
+    assert parse_server_list("490\n") == [490]
+    assert parse_server_list("490\n\n 531 \nfoo\n-3\n0\n") == [490, 531]
+    assert parse_client_list("473\n474\n") == [473, 474]
+    assert parse_client_list("[0] 00:00.0, NVIDIA H200\n473.1\n") == []
+    with pytest.raises(TypeError):
+        parse_client_list(["473"])  # type: ignore[arg-type]

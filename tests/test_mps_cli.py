@@ -1,0 +1,104 @@
+"""``accelstats mps start|status|stop`` and the MPS families, through the real code path against the
+``nvidia-cuda-mps-control`` test double (tests/mps_double) and the H200 replay."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+DOUBLE = Path(__file__).parent / "mps_double"
+H200 = "GPU-5f1c2a9e-0b7d-4c3e-9a61-2d8e4f7b9c10"
+CID = "c" * 64
+
+
+@pytest.fixture
+def host(tmp_path: Path, fixtures_dir: Path) -> Iterator[tuple[Path, dict[str, str]]]:
+    """A config with one MPS resource (4 replicas of the replayed H200), PATH with the double first,
+    and a fake /proc where PID 4242 is in a docker container. Stops the daemon at the end."""
+    proc = tmp_path / "proc"
+    (proc / "4242").mkdir(parents=True)
+    (proc / "4242" / "cgroup").write_text(f"0::/system.slice/docker-{CID}.scope\n")
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'nvml_replay = "{fixtures_dir / "h200" / "nvidia-smi-q.xml"}"\nproc_root = "{proc}"\n'
+                   f'[mps]\nroot = "{tmp_path / "mps"}"\ntimeout = 3\n'
+                   '[[mps.resources]]\nname = "nvidia.com/gpu"\nreplicas = 4\n')
+    env = {**os.environ, "PATH": f"{DOUBLE}{os.pathsep}{os.environ['PATH']}"}
+    yield cfg, env
+    run(env, "mps", "stop", "--config", str(cfg))
+
+
+def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "accelstats", *args], env=env, capture_output=True, text=True,
+                          timeout=60, check=False)
+
+
+def test_start_status_dump_stop(host: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    cfg, env = host
+    started = run(env, "mps", "start", "--config", str(cfg))
+    assert started.returncode == 0, started.stderr
+    pipe = tmp_path / "mps" / "nvidia.com" / "gpu" / "pipe"
+    assert f"CUDA_MPS_PIPE_DIRECTORY={pipe}" in started.stdout
+    (pipe / "double.clients").write_text(json.dumps({"777": [4242, 4343]}))
+
+    status = run(env, "mps", "status", "--json", "--config", str(cfg))
+    assert status.returncode == 0, status.stderr
+    (row,) = json.loads(status.stdout)
+    assert (row["resource"], row["devices"], row["replicas"], row["healthy"]) == ("nvidia.com/gpu", [H200], 4, True)
+    assert row["active_thread_percentage"] == 25.0  # 100 // replicas
+    assert row["pinned_memory_limit_bytes"] == {"0": 143771 * 2**20 // 4 // 2**20 * 2**20}
+    assert row["servers"] == [777]
+    assert row["clients"] == [{"server": 777, "pid": 4242, "container": f"/system.slice/docker-{CID}.scope"},
+                              {"server": 777, "pid": 4343, "container": ""}]  # 4343: not in a container
+
+    dump = run(env, "dump", "--config", str(cfg))
+    assert dump.returncode == 0, dump.stderr
+    fams = {f.name: f for f in text_string_to_metric_families(dump.stdout)}
+    value = {f: {tuple(s.labels.values()): s.value for s in fams[f].samples} for f in (
+        "accelstats_mps_daemon_up", "accelstats_mps_active_thread_ratio", "accelstats_mps_servers",
+        "accelstats_mps_clients", "accelstats_mps_pinned_memory_limit_bytes")}
+    assert value["accelstats_mps_daemon_up"] == {("nvidia.com/gpu",): 1.0}
+    assert value["accelstats_mps_active_thread_ratio"] == {("nvidia.com/gpu",): 0.25}
+    assert value["accelstats_mps_servers"] == {("nvidia.com/gpu",): 1.0}
+    assert value["accelstats_mps_clients"] == {("nvidia.com/gpu",): 2.0}
+    assert value["accelstats_mps_pinned_memory_limit_bytes"] == {("nvidia.com/gpu", H200): 35942 * 2**20}
+
+    stopped = run(env, "mps", "stop", "--config", str(cfg))
+    assert stopped.returncode == 0, stopped.stderr
+    assert not pipe.exists()
+    down = run(env, "dump", "--config", str(cfg))
+    assert 'accelstats_mps_daemon_up{resource="nvidia.com/gpu"} 0.0' in down.stdout
+
+
+def test_replicas_beyond_the_gpu_limit_is_a_clear_error(tmp_path: Path, fixtures_dir: Path) -> None:
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'nvml_replay = "{fixtures_dir / "h200" / "nvidia-smi-q.xml"}"\n[mps]\nroot = "{tmp_path}"\n'
+                   '[[mps.resources]]\nname = "big"\nreplicas = 49\n')
+    env = {**os.environ, "PATH": f"{DOUBLE}{os.pathsep}{os.environ['PATH']}"}
+    proc = run(env, "mps", "start", "--config", str(cfg))
+    assert proc.returncode == 2
+    assert "big" in proc.stderr and "48" in proc.stderr and proc.stderr.count("accelstats: error:") == 1
+
+
+def test_mig_gpu_cannot_be_an_mps_device(tmp_path: Path, fixtures_dir: Path) -> None:
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'nvml_replay = "{fixtures_dir / "public" / "a100-sxm4-v12.xml"}"\n[mps]\nroot = "{tmp_path}"\n'
+                   '[[mps.resources]]\nname = "mig"\nreplicas = 2\n')
+    env = {**os.environ, "PATH": f"{DOUBLE}{os.pathsep}{os.environ['PATH']}"}
+    proc = run(env, "mps", "start", "--config", str(cfg))
+    assert proc.returncode == 2 and "MIG" in proc.stderr and "mig" in proc.stderr
+
+
+def test_missing_daemon_binary_is_a_clear_error(tmp_path: Path, fixtures_dir: Path) -> None:
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'nvml_replay = "{fixtures_dir / "h200" / "nvidia-smi-q.xml"}"\n[mps]\nroot = "{tmp_path}"\n'
+                   '[[mps.resources]]\nname = "r"\nreplicas = 2\n')
+    env = {**os.environ, "PATH": "/nonexistent"}
+    proc = run(env, "mps", "start", "--config", str(cfg))
+    assert proc.returncode == 2 and "not found" in proc.stderr
