@@ -365,3 +365,49 @@ def test_failed_setconfig_is_not_remembered_as_applied(scenario: Path, unused_po
                 plugin.set_config(data)
             assert err.value.code().name == "INVALID_ARGUMENT"  # type: ignore[attr-defined]
             assert "metrics_listen" in err.value.details()  # type: ignore[attr-defined]
+
+
+def test_mps_replicas_are_offered_apart_from_whole_gpus_and_reserved_with_the_pipe(
+        tmp_path: Path, fixtures_dir: Path) -> None:
+    h200 = fixtures_dir / "h200" / "nvidia-smi-q.xml"
+    root = tmp_path / "mps"
+    env = {**os.environ, "PATH": f"{Path(__file__).parent / 'mps_double'}{os.pathsep}{os.environ['PATH']}"}
+    cfg = config(None, nvml_replay=str(h200),
+                 mps={"root": str(root), "resource": [{"name": "shared", "replicas": 4}]})
+    with PluginProcess(binary(), env=env) as plugin:
+        plugin.set_config(encode_for_spec(plugin.config_schema().spec, cfg))
+        fp = plugin.fingerprint().read(timeout=20)
+        assert validate_fingerprint(fp) == []
+        groups = {(g.vendor, g.device_type, g.device_name): g for g in fp.device_group}
+        assert list(groups) == [("nvidia", "mps", "NVIDIA H200")]  # never whole and shared at once
+        group = groups[("nvidia", "mps", "NVIDIA H200")]
+        assert [d.ID for d in group.devices] == [f"{H200}::{n}" for n in range(4)]
+        assert all(d.healthy for d in group.devices)
+        assert group.attributes["mps_replicas"].int_val == 4
+        assert group.attributes["memory"].int_val == 143771 // 4  # the per-replica pinned limit, MiB
+        res = plugin.reserve([f"{H200}::1", f"{H200}::2"], timeout=10).container_res
+        assert validate_reserve(plugin.reserve([f"{H200}::0"], timeout=10)) == []
+        pipe = root / "shared" / "pipe"
+        assert dict(res.envs) == {"NVIDIA_VISIBLE_DEVICES": H200, "CUDA_MPS_PIPE_DIRECTORY": "/run/nvidia-mps"}
+        assert [(m.task_path, m.host_path) for m in res.mounts] == [("/run/nvidia-mps", str(pipe)),
+                                                                   ("/dev/shm", str(root / "shm"))]
+        assert res.devices[0].host_path == "/dev/nvidia0"
+        assert (pipe / ".started").exists()
+    assert not pipe.exists()  # the plugin stopped the daemon it started
+
+
+def test_mps_replicas_are_unhealthy_while_the_daemon_does_not_answer(tmp_path: Path, fixtures_dir: Path) -> None:
+    h200 = fixtures_dir / "h200" / "nvidia-smi-q.xml"
+    root = tmp_path / "mps"
+    env = {**os.environ, "PATH": f"{Path(__file__).parent / 'mps_double'}{os.pathsep}{os.environ['PATH']}"}
+    cfg = config(None, nvml_replay=str(h200),
+                 mps={"root": str(root), "timeout": "500ms", "resource": [{"name": "shared", "replicas": 2}]})
+    with PluginProcess(binary(), env=env) as plugin:
+        plugin.set_config(encode_for_spec(plugin.config_schema().spec, cfg))
+        stream = plugin.fingerprint()
+        assert all(d.healthy for g in stream.read(timeout=20).device_group for d in g.devices)
+        (root / "shared" / "pipe" / "double.hang").write_text("")  # the daemon accepts, never answers
+        later = stream.read(timeout=20)
+        assert [(d.healthy, "not answering" in d.health_description) for g in later.device_group
+                for d in g.devices] == [(False, True), (False, True)]
+        (root / "shared" / "pipe" / "double.hang").unlink()

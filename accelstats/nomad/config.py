@@ -18,7 +18,7 @@ from typing import Any
 
 import msgpack
 
-from accelstats.config import ConfigError, check_perm, parse_listen
+from accelstats.config import ConfigError, MpsResourceSettings, MpsSettings, check_perm, parse_listen
 
 # Go's time.ParseDuration units, in seconds.
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -74,6 +74,7 @@ class PluginConfig:
     nvml_replay: Path | None = None
     cgroup_root: Path = Path("/sys/fs/cgroup")
     proc_root: Path = Path("/proc")
+    mps: MpsSettings = field(default_factory=MpsSettings)
 
 
 # name -> (hcl type, default as an HCL expression) — the schema Nomad shows and fills in.
@@ -85,6 +86,10 @@ ATTRIBUTES: dict[str, tuple[str, str]] = {
     "nvml_replay": ("string", '""'),
     "cgroup_root": ("string", '"/sys/fs/cgroup"'),
     "proc_root": ("string", '"/proc"'),
+}
+MPS_ATTRIBUTES: dict[str, tuple[str, str]] = {
+    "root": ("string", '"/run/accelstats/mps"'),
+    "timeout": ("string", '"3s"'),
 }
 FILE_DEVICE_ATTRIBUTES: dict[str, tuple[str, str]] = {
     "dir": ("string", '""'),
@@ -110,6 +115,16 @@ def schema(hclspec: Any) -> Any:
     top["file_devices"] = hclspec.Spec(block_value=hclspec.Block(
         name="file_devices", required=False,
         nested=hclspec.Spec(object=hclspec.Object(attributes=attrs(FILE_DEVICE_ATTRIBUTES)))))
+    resource = hclspec.Spec(object=hclspec.Object(attributes={
+        "name": hclspec.Spec(Attr=hclspec.Attr(name="name", type="string", required=True)),
+        "replicas": hclspec.Spec(Attr=hclspec.Attr(name="replicas", type="number", required=True)),
+        **attrs({"devices": ("list(string)", "[]")}),
+    }))
+    mps = attrs(MPS_ATTRIBUTES)
+    mps["resource"] = hclspec.Spec(block_list=hclspec.BlockList(name="resource", min_items=0, max_items=0,
+                                                                 nested=resource))
+    top["mps"] = hclspec.Spec(block_value=hclspec.Block(
+        name="mps", required=False, nested=hclspec.Spec(object=hclspec.Object(attributes=mps))))
     return hclspec.Spec(object=hclspec.Object(attributes=top))
 
 
@@ -125,9 +140,9 @@ def decode(data: bytes) -> PluginConfig:
         return PluginConfig()
     if not isinstance(raw, dict):
         raise ConfigError(f"config: expected a map, got {type(raw).__name__}")
-    unknown = sorted(set(raw) - set(ATTRIBUTES) - {"file_devices"})
+    unknown = sorted(set(raw) - set(ATTRIBUTES) - {"file_devices", "mps"})
     if unknown:
-        known = ", ".join(sorted([*ATTRIBUTES, "file_devices"]))
+        known = ", ".join(sorted([*ATTRIBUTES, "file_devices", "mps"]))
         raise ConfigError(f"config: unknown key {unknown[0][:100]!r} (known: {known})")
     out: dict[str, Any] = {}
     if raw.get("enabled") is not None:
@@ -154,7 +169,52 @@ def decode(data: bytes) -> PluginConfig:
                 out[key] = Path(value)
     if raw.get("file_devices") is not None:
         out["file_devices"] = _file_devices(raw["file_devices"])
+    if raw.get("mps") is not None:
+        out["mps"] = _mps(raw["mps"])
     return PluginConfig(**out)
+
+
+def _mps(block: Any) -> MpsSettings:
+    """The ``mps { root, timeout, resource "…" { name, replicas, devices } }`` block (spec/mps.md)."""
+    if not isinstance(block, dict):
+        raise ConfigError("config: mps: expected a block")
+    unknown = sorted(set(block) - {*MPS_ATTRIBUTES, "resource"})
+    if unknown:
+        raise ConfigError(f"config: mps.{unknown[0][:100]}: unknown key")
+    out: dict[str, Any] = {}
+    if block.get("root") is not None and _str(block["root"], "mps.root"):
+        out["root"] = Path(_str(block["root"], "mps.root")).absolute()
+    if block.get("timeout") is not None:
+        timeout = parse_duration(_str(block["timeout"], "mps.timeout"), "config: mps.timeout")
+        if not 0.1 <= timeout <= 600:
+            raise ConfigError("config: mps.timeout: must be between 100ms and 10m")
+        out["timeout"] = timeout
+    resources = []
+    items = block.get("resource") or []
+    if not isinstance(items, list):
+        raise ConfigError("config: mps.resource: expected resource blocks")
+    for i, item in enumerate(items):
+        where = f"mps.resource[{i}]"
+        if not isinstance(item, dict):
+            raise ConfigError(f"config: {where}: expected a block")
+        name = _str(item.get("name"), f"{where}.name") if item.get("name") is not None else ""
+        parts = name.split("/")
+        if not name or ".." in parts or "" in parts:
+            raise ConfigError(f"config: {where}.name: {name[:100]!r} is not a usable resource name")
+        replicas = item.get("replicas")
+        if isinstance(replicas, str) and replicas.isdigit():
+            replicas = int(replicas)  # go-cty may send a number as a decimal string
+        if isinstance(replicas, float) and replicas.is_integer():
+            replicas = int(replicas)
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 2:
+            raise ConfigError(f"config: mps resource {name!r}: replicas must be a whole number of at least 2")
+        devices = item.get("devices") or []
+        if not isinstance(devices, list) or not all(isinstance(d, str) for d in devices):
+            raise ConfigError(f"config: mps resource {name!r}: devices must be a list of GPU UUIDs or indices")
+        resolved: tuple[str | int, ...] = tuple(int(d) if d.isdigit() else d for d in devices)
+        resources.append(MpsResourceSettings(name=name, replicas=replicas, devices=resolved or "all"))
+    out["resources"] = tuple(resources)
+    return MpsSettings(**out)
 
 
 def _file_devices(block: Any) -> FileDevicesConfig:

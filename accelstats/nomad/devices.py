@@ -28,13 +28,30 @@ FILE_MOUNT_DIR = "/tmp/task-mounts"  # where the example plugin mounts a file de
 
 
 @dataclass(frozen=True)
+class MpsShare:
+    """A GPU offered as MPS replicas: its resource, the daemon's health and directories."""
+
+    resource: str
+    replicas: int
+    healthy: bool
+    reason: str
+    pipe_dir: str
+    shm_dir: str
+    pinned_limit_bytes: int | None = None
+
+
+MPS_PIPE_IN_TASK = "/run/nvidia-mps"  # where a task finds the MPS pipe directory
+
+
+@dataclass(frozen=True)
 class Reservable:
     """What Reserve needs of one device of the latest fingerprint."""
 
-    kind: str  # "gpu", "mig" or "file"
+    kind: str  # "gpu", "mig", "mps" or "file"
     device: Device | None = None
     file: FileDevice | None = None
     parent_minor: int | None = None
+    mps: MpsShare | None = None
 
 
 @dataclass
@@ -108,11 +125,15 @@ def health(sample: DeviceSample | None, parent: DeviceSample | None = None) -> t
 
 
 def fingerprint(device_pb2: Any, structs: Any, collection: Collection, config: PluginConfig,
-                previous: Snapshot | None = None) -> Snapshot:
+                previous: Snapshot | None = None, mps: dict[str, MpsShare] | None = None) -> Snapshot:
     """The full device set of one collection as Fingerprint groups (sorted, so equal sets compare equal).
 
     A group's attributes come from a device that answered NVML; when none did, from ``previous``
-    (so ``${device.attr.memory}`` constraints do not flap while a GPU is lost)."""
+    (so ``${device.attr.memory}`` constraints do not flap while a GPU is lost).
+
+    GPUs in ``mps`` (UUID → share) are offered only as replicas, never whole: group
+    ``nvidia/mps/<NVML name>``, IDs ``<uuid>::<n>`` (stable across restarts), healthy while the GPU
+    and its control daemon are, ``memory`` = the per-replica pinned limit, ``mps_replicas``."""
     snap = Snapshot()
     s = collection.snapshot
     ignored = set(config.ignored_gpu_ids)
@@ -126,6 +147,22 @@ def fingerprint(device_pb2: Any, structs: Any, collection: Collection, config: P
             sample = s.samples.get(d.uuid)
             parent_sample = s.samples.get(d.parent_uuid) if d.kind == "mig" else None
             healthy, why = health(sample, parent_sample)
+            share = (mps or {}).get(d.uuid)
+            if share is not None and d.kind == "gpu":
+                if healthy and not share.healthy:
+                    healthy, why = False, f"MPS control daemon of {share.resource!r} not answering: {share.reason}"
+                mdevices, mattrs = groups.setdefault(("nvidia", "mps", d.name), ([], {}))
+                for n in range(share.replicas):
+                    mdevices.append(device_pb2.DetectedDevice(
+                        ID=f"{d.uuid}::{n}", healthy=healthy, health_description=why,
+                        hw_locality=device_pb2.DeviceLocality(pci_bus_id=d.pci_bus_id.strip("\0").strip())))
+                    snap.devices[f"{d.uuid}::{n}"] = Reservable("mps", device=d, parent_minor=d.minor, mps=share)
+                if "memory" not in mattrs and sample is not None and sample.up:
+                    mattrs.update(gpu_attributes(structs, d, sample, s.driver_version))
+                    if share.pinned_limit_bytes is not None:
+                        mattrs["memory"] = _attr(structs, share.pinned_limit_bytes // MIB, "MiB")
+                    mattrs["mps_replicas"] = _attr(structs, share.replicas)
+                continue
             name = d.name if d.kind == "gpu" or " MIG " in d.name else f"{d.name} MIG {d.mig_profile}"
             key = ("nvidia", "gpu", name)
             devices, attrs = groups.setdefault(key, ([], {}))
@@ -239,6 +276,10 @@ def stats(device_pb2: Any, structs: Any, collection: Collection, snap: Snapshot,
             r = snap.devices.get(d.ID)
             if r is None:
                 continue
+            if r.kind == "mps" and r.device is not None:
+                summary, obj = gpu_stats(structs, s.samples.get(r.device.uuid))
+                instances[d.ID] = device_pb2.DeviceStats(summary=summary, stats=obj, timestamp=timestamp)
+                continue
             if r.kind == "file":
                 f = files.get(d.ID)
                 if f is None:
@@ -276,9 +317,18 @@ def reserve(device_pb2: Any, snap: Snapshot, ids: list[str], mig_caps: dict[tupl
             raise ReserveError(f'unknown device "{i[:200]}"')
         chosen.append((i, r))
     res = device_pb2.ContainerReservation()
-    gpus = [(i, r) for i, r in chosen if r.kind in ("gpu", "mig")]
+    gpus = [(i, r) for i, r in chosen if r.kind in ("gpu", "mig", "mps")]
     if gpus:
-        res.envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(i for i, _ in gpus)
+        uuids = [r.device.uuid if r.kind == "mps" and r.device is not None else i for i, r in gpus]
+        res.envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(dict.fromkeys(uuids))
+        shares = list(dict.fromkeys(r.mps for _, r in gpus if r.mps is not None))
+        if len(shares) > 1:
+            raise ReserveError("MPS replicas of different resources cannot be reserved together")
+        if shares:
+            res.envs["CUDA_MPS_PIPE_DIRECTORY"] = MPS_PIPE_IN_TASK
+            res.mounts.append(device_pb2.Mount(task_path=MPS_PIPE_IN_TASK, host_path=shares[0].pipe_dir,
+                                               read_only=False))
+            res.mounts.append(device_pb2.Mount(task_path="/dev/shm", host_path=shares[0].shm_dir, read_only=False))
         nodes: list[str] = []
         for _, r in gpus:
             if r.parent_minor is not None:

@@ -66,6 +66,8 @@ class DevicePluginState:
         self._metrics_listen = ""
         self._wakers: set[threading.Event] = set()
         self._last_gpus: list[Any] = []
+        self._mps: Any = None  # collectors.mps.Manager once the daemons were started or adopted
+        self._mps_started: list[Any] = []  # daemons this process started (stopped at close)
 
     def set_config(self, data: bytes) -> None:
         """Apply SetConfig; idempotent (the same bytes twice change nothing). The new manager is built
@@ -96,6 +98,7 @@ class DevicePluginState:
             if old is not None:
                 old.destroy(timeout=0.5)
                 old.close()
+            self._stop_mps()  # a changed config gets its daemons anew at the next Fingerprint
             self.configured.set()
             self.wake_all()
 
@@ -136,7 +139,8 @@ class DevicePluginState:
         if collection is None:
             return devices.Snapshot()
         previous = self.snapshot
-        snap = devices.fingerprint(device_pb2, structs_pb2, collection, self.config, previous)
+        shares = self._mps_shares(collection)
+        snap = devices.fingerprint(device_pb2, structs_pb2, collection, self.config, previous, shares)
         gpus = [g for g in snap.groups if g.vendor == "nvidia"]
         nvml_down = collection.snapshot.nvml_status and self.config.enabled
         if gpus:
@@ -148,6 +152,55 @@ class DevicePluginState:
         with self._lock:
             self.snapshot = snap
         return snap
+
+    def _mps_shares(self, collection: Collection) -> dict[str, devices.MpsShare]:
+        """GPU UUID → its MPS share. Daemons are started (or adopted, when one already answers in the
+        pipe directory: a restarted plugin) on the first Fingerprint — only the long-lived process C
+        calls it — and health-checked on every one after."""
+        mps_settings = self.config.mps
+        if not mps_settings.resources or collection.snapshot.nvml_status:
+            return {}
+        from accelstats.mpsctl import gpus_of, manager
+        from collectors.mps import MpsError
+
+        if self._mps is None:
+            try:
+                self._mps = manager(mps_settings, gpus_of(collection.snapshot))
+            except MpsError as exc:
+                log.error("MPS not started: %s", exc)
+                return {}
+            for daemon in self._mps.daemons():
+                try:
+                    daemon.assert_healthy()  # already running (a previous plugin process): adopt it
+                except MpsError:
+                    try:
+                        daemon.start()
+                        self._mps_started.append(daemon)
+                    except MpsError as exc:
+                        log.error("MPS control daemon not started: %s", exc)
+        out: dict[str, devices.MpsShare] = {}
+        mib = 1 << 20
+        for daemon in self._mps.daemons():
+            try:
+                daemon.assert_healthy()
+                healthy, reason = True, ""
+            except MpsError as exc:
+                healthy, reason = False, str(exc)
+            r = daemon.resource
+            for uuid in r.devices:
+                gpu = next((g for g in gpus_of(collection.snapshot) if g.uuid == uuid), None)
+                pinned = (gpu.memory_total_bytes // r.replicas // mib * mib) if gpu is not None else None
+                out[uuid] = devices.MpsShare(resource=r.name, replicas=r.replicas, healthy=healthy, reason=reason,
+                                             pipe_dir=str(daemon.pipe_dir), shm_dir=str(daemon.shm_dir),
+                                             pinned_limit_bytes=pinned)
+        return out
+
+    def _stop_mps(self) -> None:
+        for daemon in reversed(self._mps_started):
+            problems = daemon.stop()
+            if problems:
+                log.warning("MPS daemon %s stopped with problems: %s", daemon.name, "; ".join(problems))
+        self._mps_started, self._mps = [], None
 
     def sleep(self, context: grpc.ServicerContext, seconds: float) -> None:
         """Wait ``seconds``, but wake at once when the RPC is cancelled, SetConfig changes the
@@ -173,6 +226,8 @@ class DevicePluginState:
     def close(self) -> None:
         """Stop /metrics and shut NVML down (each bounded: the process must exit within 2 s)."""
         self.wake_all()
+        if self._mps_started:
+            threading.Thread(target=self._stop_mps, daemon=True).start()  # bounded by the exit timer
         if self._metrics_server is not None:
             threading.Thread(target=self._metrics_server.shutdown, daemon=True).start()
         if self.manager is not None:
