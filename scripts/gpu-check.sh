@@ -73,6 +73,48 @@ else
 fi
 tail -n 20 "$OUT/gpu-check.md"
 
+step "issue 5: a real MPS daemon (2 replicas, temp dirs, compute mode untouched) and a CUDA client in a docker cgroup"
+mroot=$(mktemp -d /tmp/accelstats-mps.XXXXXX)
+cid2=$($py -c 'import secrets; print(secrets.token_hex(32))')
+cg2=/sys/fs/cgroup/system.slice/docker-$cid2.scope
+mps_pid=""
+cleanup_mps() {
+  [ -n "$mps_pid" ] && kill "$mps_pid" 2>/dev/null && wait "$mps_pid" 2>/dev/null
+  [ -f "$OUT/mps.toml" ] && timeout 30 $py -m accelstats mps stop --config "$OUT/mps.toml" >> "$OUT/mps-stop.txt" 2>&1
+  for _ in $(seq 20); do [ -d "$cg2" ] || break; rmdir "$cg2" 2>/dev/null && break; sleep 0.5; done
+}
+trap 'cleanup; cleanup_mps' EXIT INT TERM
+uuid0=$($py -c 'import json, sys; print(next(d["uuid"] for d in json.load(open(sys.argv[1])) if d["kind"] == "gpu"))' \
+  "$OUT/devices.json" 2>/dev/null)
+if command -v nvidia-cuda-mps-control >/dev/null && [ -n "$uuid0" ] && mkdir "$cg2" 2>> "$OUT/steps.log"; then
+  printf '[mps]\nroot = "%s"\n[[mps.resources]]\nname = "check"\nreplicas = 2\ndevices = ["%s"]\n' "$mroot" "$uuid0" \
+    > "$OUT/mps.toml"
+  timeout 60 $py -m accelstats mps start --config "$OUT/mps.toml" > "$OUT/mps-start.txt" 2>&1 || fail=1
+  export ACCELSTATS_READY2="$OUT/mps-client.ready"
+  CUDA_MPS_PIPE_DIRECTORY="$mroot/check/pipe" sh -c "echo \$\$ > $cg2/cgroup.procs && exec $py -c 'import os, torch, time, pathlib; x = torch.ones(1 << 28, device=\"cuda\"); torch.cuda.synchronize(); pathlib.Path(os.environ[\"ACCELSTATS_READY2\"]).write_text(\"ready\"); time.sleep(120)'" \
+    > "$OUT/mps-client.log" 2>&1 &
+  mps_pid=$!
+  for _ in $(seq 90); do [ -f "$OUT/mps-client.ready" ] && break; sleep 1; done
+  timeout 60 $py -m accelstats mps status --json --config "$OUT/mps.toml" > "$OUT/mps-status.json" 2>&1 || fail=1
+  timeout 60 $py -m accelstats dump --config "$OUT/mps.toml" > "$OUT/mps-dump.prom" 2>&1 || fail=1
+  $py - "$OUT/mps-status.json" "$OUT/mps-dump.prom" "$mps_pid" "/system.slice/docker-$cid2.scope" >> "$OUT/gpu-check.md" <<'PYEOF' || fail=1
+import json, sys
+status, dump, pid, cgroup = json.load(open(sys.argv[1])), open(sys.argv[2]).read(), int(sys.argv[3]), sys.argv[4]
+row = status[0]
+client = [c for c in row["clients"] if c["pid"] == pid]
+ok = row["healthy"] and client and client[0]["container"] == cgroup and 'accelstats_mps_clients{resource="check"}' in dump
+ok = ok and cgroup in dump  # the client's container has its accelstats_container_gpu_* series
+print(f"\n### MPS daemon and client\n\n- status: {json.dumps(row)[:1200]}\n- result: {'PASS' if ok else 'FAIL'}")
+sys.exit(0 if ok else 1)
+PYEOF
+  cleanup_mps; mps_pid=""
+  [ -e "$mroot/check/pipe" ] && { echo "MPS pipe dir left behind" | tee -a "$OUT/gpu-check.md"; fail=1; }
+  [ -d "$cg2" ] && { echo "could not remove $cg2" | tee -a "$OUT/gpu-check.md"; fail=1; }
+else
+  echo "MPS step not run: nvidia-cuda-mps-control missing, no GPU, or no cgroup v2" | tee -a "$OUT/gpu-check.md"; fail=1
+fi
+rm -rf "$mroot"
+
 step "issue 4: the Nomad plugin on live NVML, driven as a Nomad client (processes A/B/C, Reserve)"
 plugin_bin="$OUT/nomad-device-accelstats"
 printf '#!/bin/sh\nexec %s -c "from accelstats.nomad.server import main; main()"\n' "$(command -v $py)" > "$plugin_bin"
