@@ -410,3 +410,27 @@ after_seconds = 0.2
         ("13", 1.0), ("79", 1.0)]
     b.shutdown()
     assert b.xid_watcher is None
+
+
+def test_an_mps_client_listed_as_compute_too_is_an_mps_process(tmp_path: Path, h200: Path) -> None:
+    """spec/mps.md: NVML lists the client in the compute and the MPS list, the server in compute only."""
+    scenario = write_scenario(tmp_path, h200, """
+[[gpu]]
+capture = "CAPTURE"
+[[gpu.process]]
+pid = 473
+used_memory_bytes = 824180736
+type = "compute"
+[[gpu.process]]
+pid = 473
+used_memory_bytes = 824180736
+type = "mps"
+[[gpu.process]]
+pid = 490
+used_memory_bytes = 69206016
+type = "compute"
+""")
+    b = backend(scenario)
+    b.setup()
+    s = snapshot(b).samples[H200_UUID]
+    assert sorted((p.pid, p.type) for p in s.processes or ()) == [(473, "mps"), (490, "compute")]

@@ -79,8 +79,9 @@ class DevicePluginState:
             cfg = plugin_config.decode(data)
             settings = Settings(
                 nvml_replay=cfg.nvml_replay, cgroup_root=cfg.cgroup_root, proc_root=cfg.proc_root,
-                collectors=tuple(n for n, on in (("nvidia", cfg.enabled), ("files", cfg.file_devices.dir is not None))
-                                 if on),
+                collectors=tuple(n for n, on in (("nvidia", cfg.enabled), ("files", cfg.file_devices.dir is not None),
+                                                 ("mps", bool(cfg.mps.resources))) if on),
+                mps=cfg.mps,
                 file_devices=FileDevicesSettings(
                     dir=cfg.file_devices.dir, unhealthy_perm=cfg.file_devices.unhealthy_perm,
                     vendor=cfg.file_devices.vendor, type=cfg.file_devices.type, name=cfg.file_devices.name),
