@@ -27,6 +27,7 @@ from pathlib import Path
 import grpc
 import msgpack
 import psutil
+from scrape import default_shared  # benchmarks/ is sys.path[0] when run as a script
 
 from accelstats.nomad.proto import base_pb2, base_pb2_grpc, device_pb2, device_pb2_grpc
 from accelstats.nomad.server import MAGIC_COOKIE_KEY, MAGIC_COOKIE_VALUE
@@ -48,14 +49,6 @@ def launch(binary: str) -> tuple[subprocess.Popen[str], str, float]:
         proc.kill()
         raise SystemExit(f"bad handshake line: {line!r}")
     return proc, parts[3], elapsed
-
-
-def default_shared() -> Path:
-    """``$ACCELSTATS_SHARED``, ``../shared`` beside the repository, or the copies in ``tests/shared``."""
-    root = Path(__file__).resolve().parents[1]
-    if os.environ.get("ACCELSTATS_SHARED"):
-        return Path(os.environ["ACCELSTATS_SHARED"])
-    return root.parent / "shared" if (root.parent / "shared" / "fixtures").is_dir() else root / "tests" / "shared"
 
 
 def main() -> None:

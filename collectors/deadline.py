@@ -52,11 +52,6 @@ class DeadlineWorker:
             self._queue.put((job, done))
         return done.wait(deadline)
 
-    def wait(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for the current job (if any) to end; True when none runs."""
-        running = self._running
-        return running is None or running.wait(timeout)
-
     def stop(self) -> None:
         """Ask the thread to exit after the current job (it is a daemon: a hung one never blocks exit)."""
         self._queue.put(None)

@@ -43,6 +43,7 @@ class _ManagerProxy:
         self.state = state
 
     def collect(self) -> Collection:
+        """The current manager's collection; RuntimeError before SetConfig (the scrape fails)."""
         manager = self.state.manager
         if manager is None:
             raise RuntimeError("not configured yet")
@@ -181,6 +182,7 @@ class DevicePluginState:
                         log.error("MPS control daemon not started: %s", exc)
         out: dict[str, devices.MpsShare] = {}
         mib = 1 << 20
+        gpus = {g.uuid: g for g in gpus_of(collection.snapshot)}
         for daemon in self._mps.daemons():
             try:
                 daemon.assert_healthy()
@@ -189,7 +191,7 @@ class DevicePluginState:
                 healthy, reason = False, str(exc)
             r = daemon.resource
             for uuid in r.devices:
-                gpu = next((g for g in gpus_of(collection.snapshot) if g.uuid == uuid), None)
+                gpu = gpus.get(uuid)
                 pinned = (gpu.memory_total_bytes // r.replicas // mib * mib) if gpu is not None else None
                 out[uuid] = devices.MpsShare(resource=r.name, replicas=r.replicas, healthy=healthy, reason=reason,
                                              pipe_dir=str(daemon.pipe_dir), shm_dir=str(daemon.shm_dir),
@@ -259,13 +261,16 @@ class BasePluginServicer(base_pb2_grpc.BasePluginServicer):  # type: ignore[misc
         self.state = state
 
     def PluginInfo(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802 - gRPC name
+        """type DEVICE, API versions ["v0.1.0"], this package's version, name "accelstats"."""
         return base_pb2.PluginInfoResponse(type=base_pb2.DEVICE, plugin_api_versions=API_VERSIONS,
                                            plugin_version=__version__, name=PLUGIN_NAME)
 
     def ConfigSchema(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        """The hclspec schema with every default (:func:`accelstats.nomad.config.schema`)."""
         return base_pb2.ConfigSchemaResponse(spec=plugin_config.schema(hclspec_pb2))
 
     def SetConfig(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        """Apply the go-cty msgpack config; INVALID_ARGUMENT naming the field when it is bad."""
         try:
             self.state.set_config(bytes(request.msgpack_config))
         except ConfigError as exc:
@@ -281,6 +286,8 @@ class DevicePluginServicer(device_pb2_grpc.DevicePluginServicer):  # type: ignor
         self.state = state
 
     def Fingerprint(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:  # noqa: N802
+        """A first message at once, then a full snapshot on every change (checked every 5 s, or
+        ``list_period``) and every ``fingerprint_period``; never ends on its own."""
         state = self.state
         if not state.configured.wait(timeout=1.0):
             yield device_pb2.FingerprintResponse()  # first message promptly, even empty
@@ -308,6 +315,7 @@ class DevicePluginServicer(device_pb2_grpc.DevicePluginServicer):  # type: ignor
         return max(period, MIN_PERIOD)
 
     def Stats(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:  # noqa: N802
+        """StatsResponse every ``collection_interval`` (0 → 1 s, clamped to 0.1 s - 1 day), timestamped."""
         interval = 0.0
         if request.HasField("collection_interval"):
             d = request.collection_interval
@@ -329,6 +337,8 @@ class DevicePluginServicer(device_pb2_grpc.DevicePluginServicer):  # type: ignor
             state.sleep(context, max(0.0, interval - (time.monotonic() - t0)))
 
     def Reserve(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        """ContainerReservation for IDs of the latest fingerprint (:func:`devices.reserve`);
+        INVALID_ARGUMENT for none or an unknown ID."""
         state = self.state
         snap = state.snapshot  # one reference read: the latest fingerprint, never a half-built one
         try:
