@@ -102,12 +102,10 @@ class MpsCollector:
             snapshot.mps.extend(MpsDaemonReading(resource=r.name, up=False, reason=str(exc))
                                 for r in self.settings.resources)
             return
-        index_to_uuid = {g.index: g.uuid for g in gpus}
         for daemon, status in zip(mgr.daemons(), mgr.status_all().values(), strict=True):
             snapshot.mps.append(MpsDaemonReading(
                 resource=daemon.resource.name, up=status.healthy, reason=status.reason,
                 servers=len(status.servers), clients=sum(len(c) for c in status.clients.values()),
                 active_thread_ratio=(status.active_thread_percentage / 100.0
                                      if status.active_thread_percentage is not None else None),
-                pinned_memory_limit_bytes=tuple((index_to_uuid.get(i, str(i)), v)
-                                                for i, v in sorted(status.pinned_limits_bytes.items()))))
+                pinned_memory_limit_bytes=tuple(sorted(status.pinned_limits_bytes.items()))))

@@ -118,9 +118,9 @@ class DaemonStatus:
     PIDs (``get_server_list``; empty before the first client connects); ``clients``: server PID →
     client PIDs in the host PID namespace (``get_client_list <pid>``); ``active_thread_percentage``:
     the default percentage (``get_default_active_thread_percentage``), None when unknown;
-    ``pinned_limits_bytes``: GPU index → default pinned-memory limit in bytes
-    (``get_default_device_pinned_mem_limit <index>``), None when the daemon reports none; an index
-    whose query failed is absent.
+    ``pinned_limits_bytes``: GPU UUID → default pinned-memory limit in bytes
+    (``get_default_device_pinned_mem_limit <ordinal>``, see :meth:`Daemon.start` for the ordinal),
+    None when the daemon reports none; a GPU whose query failed is absent.
     """
 
     healthy: bool
@@ -128,7 +128,7 @@ class DaemonStatus:
     servers: list[int] = field(default_factory=list)
     clients: dict[int, list[int]] = field(default_factory=dict)
     active_thread_percentage: float | None = None
-    pinned_limits_bytes: dict[int, int | None] = field(default_factory=dict)
+    pinned_limits_bytes: dict[str, int | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -659,7 +659,7 @@ class Daemon:
         reasons: list[str] = []
         servers: list[int] = []
         clients: dict[int, list[int]] = {}
-        pinned: dict[int, int | None] = {}
+        pinned: dict[str, int | None] = {}
         percentage: float | None = None
         wedged = False
 
@@ -690,10 +690,10 @@ class Daemon:
             reply = ask(f"get_client_list {server}")
             if reply is not None:
                 clients[server] = parse_client_list(reply)
-        for gpu in self.devices:
-            reply = ask(f"get_default_device_pinned_mem_limit {gpu.index}")
+        for ordinal, gpu in enumerate(self.devices):
+            reply = ask(f"get_default_device_pinned_mem_limit {ordinal}")
             if reply is not None:
-                pinned[gpu.index] = parse_pinned_limit(reply)
+                pinned[gpu.uuid] = parse_pinned_limit(reply)
         if wedged:
             reasons.append("remaining commands skipped")
         return DaemonStatus(healthy=not reasons, reason="; ".join(reasons) or "ok", servers=servers,
@@ -708,12 +708,14 @@ class Daemon:
         "... not found"); refuse when a daemon already answers in the pipe dir, else remove a stale
         pipe dir; the opt-in compute-mode switch; create the pipe, log and shm dirs (MpsError naming
         the dir when that fails); run ``<binary> -d`` with :meth:`env_vars` within the timeout and
-        wait for its ``control`` socket; then ``set_default_device_pinned_mem_limit <index> <MiB>M``
-        per GPU index (the daemon ignored limits set by UUID) and
+        wait for its ``control`` socket; then ``set_default_device_pinned_mem_limit <ordinal> <MiB>M``
+        per GPU (the daemon ignored limits set by UUID) and
         ``set_default_active_thread_percentage <100 // replicas>``, whose reply must be a number.
-        The index is :attr:`MpsGpu.index` (NVML's), as measured on a one-GPU host where it is 0;
-        NVIDIA documents that an MPS server renumbers the devices ``CUDA_VISIBLE_DEVICES`` leaves
-        visible from 0, and whether the daemon's ``<dev>`` follows that is not yet measured.
+        The ordinal is the GPU's position in the daemon's ``CUDA_VISIBLE_DEVICES`` (the resource's
+        device order), not NVML's index: NVIDIA's MPS documentation (appendix "Environment
+        Variables", ``CUDA_VISIBLE_DEVICES``) says devices visible to the daemon are renumbered from 0
+        by the MPS server. On the one-GPU H200 host of spec/mps.md both numbers are 0; a multi-GPU
+        host is needed to measure it (docs/gpu-check.md).
         Any failure undoes what was done (quit, reap, dirs removed, compute modes restored) and
         raises MpsError.
         """
@@ -814,8 +816,8 @@ class Daemon:
 
     def _configure(self) -> None:
         replicas = self.resource.replicas
-        for gpu in self.devices:
-            self.echo_pipe_to_control(f"set_default_device_pinned_mem_limit {gpu.index} "
+        for ordinal, gpu in enumerate(self.devices):
+            self.echo_pipe_to_control(f"set_default_device_pinned_mem_limit {ordinal} "
                                       f"{pinned_limit_mib(gpu, replicas)}M")
         command = f"set_default_active_thread_percentage {active_thread_percentage(replicas)}"
         reply = self.echo_pipe_to_control(command)
@@ -827,12 +829,14 @@ class Daemon:
     def stop(self) -> list[str]:
         """Stop the daemon and clean up; never raises. Returns the problems met (also logged), [] when clean.
 
-        ``quit`` within the timeout (a failure is reported, cleanup goes on); wait for the daemon to
-        exit and reap it if it is our child (it was seen lingering as a zombie of its starter); if it
-        still runs and its command line is the control binary's, SIGTERM then SIGKILL it (its pipe
-        dir is about to go, nothing could reach it after); remove the ``.started`` marker, the log
-        dir and the pipe dir (NVIDIA's plugin leaves a stale one) and the resource's directories
-        left empty; restore compute modes an opt-in changed (spec/mps.md, "Stop").
+        ``quit -t <ceil(timeout)>`` (spec/mps.md: ``quit`` accepts ``-t <seconds>``, the time its MPS
+        servers get to exit), answered within timeout plus that grace (a failure is reported, cleanup
+        goes on); wait for the daemon to exit and reap it if it is our child (it was seen lingering
+        as a zombie of its starter); if it still runs and its command line is the control binary's,
+        SIGTERM then SIGKILL it (its pipe dir is about to go, nothing could reach it after); remove
+        the ``.started`` marker, the log dir and the pipe dir (NVIDIA's plugin leaves a stale one) and
+        the resource's directories left empty; restore compute modes an opt-in changed (spec/mps.md,
+        "Stop").
         """
         with self._lock:
             problems = self._stop_locked()
@@ -849,8 +853,9 @@ class Daemon:
             return [str(exc), *problems]
         pid = self.pid()
         if pipe_dir.is_dir() and (pid is not None or (pipe_dir / CONTROL_FILE).exists()):
+            grace = max(1, math.ceil(self.timeout))  # servers get this long to exit before the daemon ends them
             try:
-                self.echo_pipe_to_control("quit")
+                self.echo_pipe_to_control(f"quit -t {grace}", timeout=self.timeout + grace)
             except MpsError as exc:
                 problems.append(f"{exc} (cleaning up anyway)")
         if pid is not None and not _wait_gone(pid, self.timeout):

@@ -170,7 +170,7 @@ def make_daemon(root: Path) -> Iterator[Callable[..., Daemon]]:
 # start, configure, health
 
 
-def test_start_uses_minimal_env_and_configures_by_index(make_daemon: Callable[..., Daemon], root: Path) -> None:
+def test_start_uses_minimal_env_and_configures_by_ordinal(make_daemon: Callable[..., Daemon], root: Path) -> None:
     daemon = make_daemon(MpsResource("nvidia.com/gpu", 4, (UUID1, UUID0)))
     daemon.start()
     expected = {
@@ -186,9 +186,10 @@ def test_start_uses_minimal_env_and_configures_by_index(make_daemon: Callable[..
 
     mib = H200_BYTES // 4 // 1024 // 1024
     assert mib == 35942
+    # ordinals follow CUDA_VISIBLE_DEVICES (UUID1 is the daemon's device 0), not NVML's indices
     assert control_commands(daemon) == [
-        f"set_default_device_pinned_mem_limit 1 {mib}M",
         f"set_default_device_pinned_mem_limit 0 {mib}M",
+        f"set_default_device_pinned_mem_limit 1 {mib}M",
         "set_default_active_thread_percentage 25",
     ]
     names = {p.name for p in daemon.pipe_dir.iterdir()}
@@ -228,7 +229,7 @@ def test_status_lists_servers_and_clients(make_daemon: Callable[..., Daemon]) ->
     daemon.start()
     before = daemon.status()
     assert before == DaemonStatus(healthy=True, reason="ok", servers=[], clients={}, active_thread_percentage=25.0,
-                                  pinned_limits_bytes={0: 35942 * 2**20, 1: 35942 * 2**20})
+                                  pinned_limits_bytes={UUID0: 35942 * 2**20, UUID1: 35942 * 2**20})
     (daemon.pipe_dir / "double.clients").write_text(json.dumps({"490": [473], "531": [514, 515], "600": []}))
     status = daemon.status()
     assert status.healthy, status.reason
@@ -267,7 +268,7 @@ def test_hang_honours_the_timeout(make_daemon: Callable[..., Daemon], root: Path
     assert time.monotonic() - start < 0.3 + 1.0
 
     problems = daemon.stop()  # quit hangs too: the daemon is terminated, everything is removed
-    assert any("'quit' did not answer" in p for p in problems)
+    assert any("'quit -t" in p and "did not answer" in p for p in problems)
     assert any("terminating it" in p for p in problems)
     assert gone(pid)
     assert not daemon.pipe_dir.exists() and not daemon.log_dir.exists()
@@ -333,18 +334,21 @@ def test_quit_is_sent_and_logged(make_daemon: Callable[..., Daemon]) -> None:
     daemon = make_daemon()
     daemon.start()
     log_text: list[str] = []
+    sent: list[str] = []
     real = daemon.echo_pipe_to_control
 
     def spy(command: str, timeout: float | None = None) -> str:
         reply = real(command, timeout)
-        if command == "quit":
+        if command.startswith("quit"):
+            sent.append(command)
             log_text.extend((daemon.log_dir / "control.log").read_text().splitlines())
         return reply
 
     daemon.echo_pipe_to_control = spy  # type: ignore[method-assign]
     assert daemon.stop() == []
     texts = [p.text for p in map(parse_log_line, log_text) if p is not None]
-    assert "Cmd:quit" in texts and texts[-1] == "Exit with status 0"
+    assert sent == ["quit -t 2"]  # servers get ceil(timeout) seconds to exit (TIMEOUT = 2.0)
+    assert any(t.startswith("Cmd:quit") for t in texts) and texts[-1] == "Exit with status 0"
 
 
 def test_failed_quit_still_cleans_up(make_daemon: Callable[..., Daemon], root: Path) -> None:
@@ -354,7 +358,7 @@ def test_failed_quit_still_cleans_up(make_daemon: Callable[..., Daemon], root: P
     assert pid is not None
     (daemon.pipe_dir / "double.fail_quit").touch()
     problems = daemon.stop()
-    assert any("'quit' failed with exit status 1" in p and "cleaning up anyway" in p for p in problems)
+    assert any("'quit -t 1' failed with exit status 1" in p and "cleaning up anyway" in p for p in problems)
     assert any("terminating it" in p for p in problems)
     assert gone(pid)
     assert our_zombies() == []
@@ -600,9 +604,9 @@ def test_manager_start_all_status_all_stop_all(root: Path) -> None:
         manager.start_all()
         statuses = manager.status_all()
         assert statuses["nvidia.com/gpu"].active_thread_percentage == 50.0
-        assert statuses["nvidia.com/gpu"].pinned_limits_bytes == {0: H200_BYTES // 2 // 2**20 * 2**20}
+        assert statuses["nvidia.com/gpu"].pinned_limits_bytes == {UUID0: H200_BYTES // 2 // 2**20 * 2**20}
         assert statuses["nvidia.com/gpu.shared"].active_thread_percentage == 25.0
-        assert set(statuses["nvidia.com/gpu.shared"].pinned_limits_bytes) == {1, 2}
+        assert set(statuses["nvidia.com/gpu.shared"].pinned_limits_bytes) == {UUID1, UUID2}
         assert all(s.healthy for s in statuses.values())
         pids = [d.pid() for d in manager.daemons()]
     finally:

@@ -52,7 +52,7 @@ def test_start_status_dump_stop(host: tuple[Path, dict[str, str]], tmp_path: Pat
     (row,) = json.loads(status.stdout)
     assert (row["resource"], row["devices"], row["replicas"], row["healthy"]) == ("nvidia.com/gpu", [H200], 4, True)
     assert row["active_thread_percentage"] == 25.0  # 100 // replicas
-    assert row["pinned_memory_limit_bytes"] == {"0": 143771 * 2**20 // 4 // 2**20 * 2**20}
+    assert row["pinned_memory_limit_bytes"] == {H200: 143771 * 2**20 // 4 // 2**20 * 2**20}
     assert row["servers"] == [777]
     assert row["clients"] == [{"server": 777, "pid": 4242, "container": f"/system.slice/docker-{CID}.scope"},
                               {"server": 777, "pid": 4343, "container": ""}]  # 4343: not in a container
