@@ -47,7 +47,7 @@ _LXC_PAYLOAD_RE = re.compile(r"lxc\.payload\.(.+)")
 _NSPAWN_RE = re.compile(r"systemd-nspawn@(.+)\.service")
 _POD_CGROUPFS_RE = re.compile(rf"pod({_POD_UID})")
 _POD_SLICE_RE = re.compile(rf"kubepods(?:-[a-z]+)*-pod({_POD_UID})\.slice")
-_SYSTEMD_ESCAPE_RE = re.compile(r"\\x([0-9a-fA-F]{2})")
+_SYSTEMD_ESCAPE_RE = re.compile(r"(?:\\x[0-9a-fA-F]{2})+")
 _DELETED_SUFFIX = " (deleted)"
 
 
@@ -80,8 +80,14 @@ def _pod_uid(ancestors: list[str]) -> str:
 
 
 def _systemd_unescape(text: str) -> str:
-    """Undo systemd unit-name escaping (``\\x2d`` -> ``-``), as ``systemd-escape --unescape``."""
-    return _SYSTEMD_ESCAPE_RE.sub(lambda m: chr(int(m.group(1), 16)), text)
+    """Undo systemd unit-name escaping (``\\x2d`` -> ``-``), as ``systemd-escape --unescape``.
+
+    systemd escapes each byte of a UTF-8 character on its own (``¡`` is ``\\xc2\\xa1``), so a run
+    of escapes is turned back into bytes and decoded as one; bytes that are not UTF-8 keep their
+    ``\\xNN`` spelling.
+    """
+    return _SYSTEMD_ESCAPE_RE.sub(
+        lambda m: bytes.fromhex(m.group(0).replace("\\x", "")).decode("utf-8", "backslashreplace"), text)
 
 
 def _runtime_scope(comp: str, ancestors: list[str]) -> ContainerIdentity | None:
