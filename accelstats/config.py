@@ -219,10 +219,7 @@ def _mps(where: str, folder: Path, table: dict[str, Any]) -> MpsSettings:
             raise ConfigError(f"{where}: key 'mps.timeout': must be a finite number > 0, got {table['timeout']!r}")
         out["timeout"] = seconds
     if "exclusive_process" in table:
-        if _expect(where, "mps.exclusive_process", table["exclusive_process"], bool):
-            raise ConfigError(f"{where}: key 'mps.exclusive_process': setting EXCLUSIVE_PROCESS compute mode is "
-                              "not implemented yet; set it with nvidia-smi -c if you need it")
-        out["exclusive_process"] = False
+        out["exclusive_process"] = _expect(where, "mps.exclusive_process", table["exclusive_process"], bool)
     resources = []
     names: set[str] = set()
     for i, item in enumerate(_expect(where, "mps.resources", table.get("resources", []), list)):
