@@ -143,6 +143,9 @@ GPU_SAMPLED: tuple[Family, ...] = (
     _gpu("accelstats_gpu_pcie_link_width", "Current PCIe link width (lanes).", _scalar("pcie_link_width")),
     _gpu("accelstats_gpu_pcie_replays_total", "PCIe replay counter.", _scalar("pcie_replays"),
          type_="counter"),
+    _gpu("accelstats_gpu_pcie_throughput_bytes_per_second",
+         "PCIe throughput by direction (rx: host to GPU, tx: GPU to host) over NVML's 20 ms window, "
+         "read in the background.", _pairs("pcie_throughput_bytes_per_second"), ("direction",)),
     _gpu("accelstats_gpu_xid_errors_total", "Critical XID errors NVML reported (event set), by XID.",
          _pairs("xid_errors"), ("xid",), "counter"),
     _gpu("accelstats_gpu_fan_speed_ratio", "Fan speed as a fraction of its maximum (0-1).",

@@ -13,6 +13,7 @@ settings as the command line::
     log_level = "info"
     nvml_retry_interval = 30.0         # seconds between NVML init attempts while unavailable
     nvml_deadline = 1.5                # seconds a collection waits for NVML before marking a GPU down
+    nvml_pcie_interval = 10.0          # seconds between background PCIe throughput reads; 0 = off
     collectors = ["nvidia", "files"]   # enabled collectors (default: those enabled by default)
 
     [file_devices]
@@ -96,6 +97,7 @@ class Settings:
     log_level: str = "info"
     nvml_retry_interval: float = 30.0
     nvml_deadline: float = 1.5
+    nvml_pcie_interval: float = 10.0  # 0: PCIe throughput not read (collectors/pcie.py)
     collectors: tuple[str, ...] | None = None  # None: each collector's default
     file_devices: FileDevicesSettings = field(default_factory=FileDevicesSettings)
     mps: MpsSettings = field(default_factory=MpsSettings)
@@ -148,7 +150,7 @@ def load_config(path: Path, base: Settings | None = None) -> Settings:
     where = str(path)
     folder = path.parent
     known = {"listen", "nvml_replay", "cgroup_root", "proc_root", "sysfs_root", "rootfs", "open_fd_scan", "log_level",
-             "nvml_retry_interval", "nvml_deadline", "collectors", "file_devices", "mps"}
+             "nvml_retry_interval", "nvml_deadline", "nvml_pcie_interval", "collectors", "file_devices", "mps"}
     changes: dict[str, Any] = {}
     for key, value in data.items():
         if key not in known:
@@ -173,6 +175,11 @@ def load_config(path: Path, base: Settings | None = None) -> Settings:
             seconds = float(_expect(where, key, value, (int, float)))
             if not math.isfinite(seconds) or seconds <= 0:
                 raise ConfigError(f"{where}: key {key!r}: must be a finite number > 0, got {value!r}")
+            changes[key] = seconds
+        elif key == "nvml_pcie_interval":
+            seconds = float(_expect(where, key, value, (int, float)))
+            if not math.isfinite(seconds) or seconds < 0:
+                raise ConfigError(f"{where}: key {key!r}: must be a finite number >= 0 (0 = off), got {value!r}")
             changes[key] = seconds
         elif key == "collectors":
             items = _expect(where, key, value, list)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from accelstats.cgroups import identify_with_root, parse_proc_cgroup
-from accelstats.config import MpsSettings
+from accelstats.config import MpsResourceSettings, MpsSettings
 from accelstats.fsread import read_small
 from collectors.model import DeviceSnapshot
 from collectors.mps import Manager, MpsError, MpsGpu, MpsResource, Root
@@ -32,30 +32,31 @@ def gpus_of(snapshot: DeviceSnapshot) -> list[MpsGpu]:
     return out
 
 
-def resolve(settings: MpsSettings, gpus: list[MpsGpu]) -> list[MpsResource]:
-    """``[mps]`` resources with their devices as UUIDs. Raises MpsError naming the resource when a
-    device (UUID or index) is not a GPU of this host."""
+def resolve_one(resource: MpsResourceSettings, gpus: list[MpsGpu]) -> MpsResource:
+    """One ``[mps]`` resource with its devices as UUIDs (``"all"``: every GPU, in NVML order). Raises
+    MpsError naming the resource when a device (UUID or index) is not a GPU of this host."""
+    if resource.devices == "all":
+        return MpsResource(name=resource.name, replicas=resource.replicas, devices=tuple(g.uuid for g in gpus))
     by_uuid = {g.uuid: g for g in gpus}
     by_index = {g.index: g for g in gpus}
-    out = []
-    for r in settings.resources:
-        if r.devices == "all":
-            uuids = tuple(g.uuid for g in gpus)
-        else:
-            found = []
-            for d in r.devices:
-                gpu = by_index.get(d) if isinstance(d, int) else by_uuid.get(d)
-                if gpu is None:
-                    raise MpsError(f"MPS resource {r.name!r}: device {d!r} is not a GPU of this host")
-                found.append(gpu.uuid)
-            uuids = tuple(found)
-        out.append(MpsResource(name=r.name, replicas=r.replicas, devices=uuids))
-    return out
+    found = []
+    for d in resource.devices:
+        gpu = by_index.get(d) if isinstance(d, int) else by_uuid.get(d)
+        if gpu is None:
+            raise MpsError(f"MPS resource {resource.name!r}: device {d!r} is not a GPU of this host")
+        found.append(gpu.uuid)
+    return MpsResource(name=resource.name, replicas=resource.replicas, devices=tuple(found))
+
+
+def resolve(settings: MpsSettings, gpus: list[MpsGpu]) -> list[MpsResource]:
+    """``[mps]`` resources with their devices as UUIDs (:func:`resolve_one` each). Raises MpsError."""
+    return [resolve_one(r, gpus) for r in settings.resources]
 
 
 def manager(settings: MpsSettings, gpus: list[MpsGpu], binary: str = "nvidia-cuda-mps-control") -> Manager:
     """The MPS Manager for ``settings`` on these GPUs (validation happens at start)."""
-    return Manager(resolve(settings, gpus), gpus, Root(settings.root), binary=binary, timeout=settings.timeout)
+    return Manager(resolve(settings, gpus), gpus, Root(settings.root), binary=binary, timeout=settings.timeout,
+                   exclusive_process=settings.exclusive_process)
 
 
 def client_containers(pids: list[int], proc_root: Path) -> dict[int, str]:

@@ -96,6 +96,8 @@ class DeviceSample:
     pcie_link_generation: int | None = None
     pcie_link_width: int | None = None
     pcie_replays: int | None = None
+    # (direction, bytes/s): "rx" host to GPU, "tx" GPU to host; read in the background (collectors/pcie.py)
+    pcie_throughput_bytes_per_second: tuple[tuple[str, float], ...] = ()
     fan_speed_ratio: float | None = None
     xid_errors: tuple[tuple[int, int], ...] = ()  # (xid, count) since start: NVML critical-XID events
     xid_critical: int | None = None  # the last XID that makes the GPU unfit for work (collectors/xid.py)

@@ -22,10 +22,11 @@ driver 580) unless it names NVIDIA's plugin.
   never raise on odd text (only on a non-``str`` argument).
 
 Compute mode: NVIDIA's plugin sets EXCLUSIVE_PROCESS on every GPU before starting; that is a
-host-wide change, so here it is an explicit opt-in (``set_exclusive_process``), off by default.
+host-wide change, so here it is an explicit opt-in (``exclusive_process``), off by default, set and
+restored through :mod:`collectors.computemode` (``nvidia-smi -c``).
 
 Nothing here imports ``accelstats`` (imports go one way) or NVML: the caller passes :class:`MpsGpu`
-values it read from NVML, and an NVML-backed ``set_exclusive_process`` when it opts in.
+values it read from NVML.
 """
 
 from __future__ import annotations
@@ -42,10 +43,13 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
+
+from collectors.computemode import STATE_FILE as COMPUTE_MODE_FILE
+from collectors.computemode import ComputeModeError, ComputeModeSwitch
 
 log = logging.getLogger(__name__)
 
@@ -102,11 +106,6 @@ class MpsGpu:
     mig_enabled: bool
 
 
-#: Opt-in compute-mode switch: called with each GPU before the daemon starts, it sets the GPU to
-#: EXCLUSIVE_PROCESS (e.g. ``nvmlDeviceSetComputeMode``) and returns a function restoring the
-#: previous mode, or None when the GPU was already exclusive (nothing to restore). It may raise any
-#: exception to refuse; the start then fails with :class:`MpsError`.
-ComputeModeSetter = Callable[[MpsGpu], Callable[[], None] | None]
 
 
 @dataclass(frozen=True)
@@ -471,20 +470,22 @@ class Daemon:
     ``gpus``: every GPU the caller knows (from NVML); :attr:`devices` are the resource's among them.
     ``binary``: the control binary, a path or a name looked up on the caller's ``PATH``.
     ``timeout``: seconds allowed for each run of the binary (AWS's ECS agent uses 3 s).
-    ``set_exclusive_process``: the opt-in compute-mode switch (:data:`ComputeModeSetter`); None
-    (default) leaves compute modes alone. The constructor never raises; :meth:`start` validates.
+    ``exclusive_process``: the opt-in switch to EXCLUSIVE_PROCESS compute mode before the start
+    (False, the default, leaves compute modes alone); ``nvidia_smi``: the tool that reads and sets
+    it (:class:`collectors.computemode.ComputeModeSwitch`). Whatever a start switched is restored
+    by :meth:`stop`, in this process or another. The constructor never raises; :meth:`start` validates.
     """
 
     def __init__(self, resource: MpsResource, gpus: Sequence[MpsGpu], root: Root, *,
                  binary: str = DEFAULT_BINARY, timeout: float = 3.0,
-                 set_exclusive_process: ComputeModeSetter | None = None) -> None:
+                 exclusive_process: bool = False, nvidia_smi: str = "nvidia-smi") -> None:
         self.resource = resource
         self.gpus = tuple(gpus)
         self.root = root
         self.binary = binary
         self.timeout = float(timeout)
-        self.set_exclusive_process = set_exclusive_process
-        self._restore: list[tuple[MpsGpu, Callable[[], None]]] = []
+        self.exclusive_process = exclusive_process
+        self.nvidia_smi = nvidia_smi
         self._binary_path: str | None = None  # resolved by start(), kept until stop() is done
         self._lock = threading.RLock()
 
@@ -531,6 +532,15 @@ class Daemon:
         except (OSError, MpsError):
             return None
         return int(text) if text.isascii() and text.isdigit() and int(text) > 0 else None
+
+    def running(self) -> bool:
+        """True when the pid file names a live process whose command line is the control binary's
+        (a recycled PID is not the daemon)."""
+        pid = self.pid()
+        if pid is None or not _alive(pid):
+            return False
+        names = {os.path.basename(self.binary), DEFAULT_BINARY}
+        return any(os.path.basename(arg) in names for arg in _cmdline(pid)[:2])
 
     # ---- environment and commands
 
@@ -730,15 +740,15 @@ class Daemon:
                 self._make_dirs(pipe_dir, log_dir, shm_dir)
             except BaseException:
                 problems: list[str] = []
-                self._cleanup_dirs(pipe_dir, log_dir, problems)
                 self._restore_compute_modes(problems)
+                self._cleanup_dirs(pipe_dir, log_dir, problems)
                 for problem in problems:
                     log.warning("%s (cleanup after a failed start)", problem)
                 raise
             self._binary_path = binary
             try:
                 self._launch(pipe_dir)
-                self._configure()
+                self.configure()
                 (pipe_dir / STARTED_MARKER).write_text(f"{time.time():.3f}\n", encoding="ascii")
             except BaseException as exc:
                 for problem in self._stop_locked():
@@ -767,27 +777,26 @@ class Daemon:
         except OSError as exc:
             raise MpsError(f"MPS resource {self.name!r}: cannot remove stale pipe dir {pipe_dir}: {exc}") from exc
 
+    def _compute_modes(self) -> ComputeModeSwitch:
+        return ComputeModeSwitch(self.root.resource_dir(self.name) / COMPUTE_MODE_FILE, self.nvidia_smi,
+                                 self.timeout)
+
     def _set_compute_modes(self) -> None:
-        setter = self.set_exclusive_process
-        if setter is None:
+        if not self.exclusive_process:
             return
-        for gpu in self.devices:
-            try:
-                restore = setter(gpu)
-            except Exception as exc:
-                raise MpsError(f"MPS resource {self.name!r}: cannot set EXCLUSIVE_PROCESS compute mode on GPU "
-                               f"{gpu.index} ({gpu.uuid}): {exc}") from exc
-            if restore is not None:
-                self._restore.append((gpu, restore))
+        try:
+            self._compute_modes().set_exclusive(self.resource.devices)
+        except ComputeModeError as exc:
+            raise MpsError(f"MPS resource {self.name!r}: {exc}") from exc
 
     def _restore_compute_modes(self, problems: list[str]) -> None:
-        while self._restore:
-            gpu, restore = self._restore.pop()
-            try:
-                restore()
-            except Exception as exc:  # noqa: BLE001 - reported; the other GPUs must still be restored
-                problems.append(f"MPS resource {self.name!r}: cannot restore the compute mode of GPU {gpu.index} "
-                                f"({gpu.uuid}): {exc!r}")
+        try:
+            switch = self._compute_modes()
+        except MpsError as exc:
+            problems.append(str(exc))
+            return
+        if switch.state_file.exists():
+            problems.extend(f"MPS resource {self.name!r}: {p}" for p in switch.restore())
 
     def _make_dirs(self, pipe_dir: Path, log_dir: Path, shm_dir: Path) -> None:
         for what, path in (("pipe dir", pipe_dir), ("log dir", log_dir), ("shm dir", shm_dir)):
@@ -814,7 +823,10 @@ class Daemon:
                                f"{pipe_dir / CONTROL_FILE} within {self.timeout:g} s")
             time.sleep(0.02)
 
-    def _configure(self) -> None:
+    def configure(self) -> None:
+        """Set the default pinned-memory limit per GPU and the active-thread percentage from the replica
+        count (see :meth:`start`); they apply to the MPS servers the daemon spawns from now on. MpsError
+        when a command fails or the percentage reply is not a number."""
         replicas = self.resource.replicas
         for ordinal, gpu in enumerate(self.devices):
             self.echo_pipe_to_control(f"set_default_device_pinned_mem_limit {ordinal} "
@@ -860,8 +872,8 @@ class Daemon:
                 problems.append(f"{exc} (cleaning up anyway)")
         if pid is not None and not _wait_gone(pid, self.timeout):
             self._terminate(pid, problems)
-        self._cleanup_dirs(pipe_dir, log_dir, problems)
         self._restore_compute_modes(problems)
+        self._cleanup_dirs(pipe_dir, log_dir, problems)
         self._binary_path = None
         return problems
 
@@ -905,7 +917,7 @@ class Daemon:
 class Manager:
     """The daemons the configuration asks for: one per resource, none when MPS is not configured.
 
-    ``daemon_kwargs`` go to every :class:`Daemon` (``binary``, ``timeout``, ``set_exclusive_process``).
+    ``daemon_kwargs`` go to every :class:`Daemon` (``binary``, ``timeout``, ``exclusive_process``, ``nvidia_smi``).
     Raises MpsError when two resources share a name or one's directories would nest in another's.
     """
 

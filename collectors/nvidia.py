@@ -11,7 +11,8 @@ stand-in :class:`collectors.nvml_replay.ReplayNVML`. Rules it follows (DESIGN.md
 * Handles and static facts (name, UUID, minor, max clocks) are read once per NVML session.
 * One device's error never blanks another: a device that stops answering gets ``up=False``.
 * Slow calls (total energy ~3 ms, BAR1 / ECC / PCIe replay ~0.1 ms, spec/nvml.md) are refreshed at
-  most every ``slow_interval`` seconds; PCIe throughput (~21 ms, blocking) is never called here.
+  most every ``slow_interval`` seconds; PCIe throughput (~21 ms, blocking) is read by the background
+  :class:`collectors.pcie.PcieSampler`, whose last reading the pass copies.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 from collectors.deadline import DeadlineWorker
 from collectors.model import Device, DeviceSample, DeviceSnapshot, NoDataError, ProcessType, ProcessUsage
 from collectors.nvml_call import DeviceLostError, NvmlCaller, NvmlUnavailableError, error_name
+from collectors.pcie import PcieSampler
 from collectors.xid import XidWatcher
 
 log = logging.getLogger(__name__)
@@ -115,13 +117,15 @@ class NvidiaBackend:
     the PCI scan looks (``/sys``); ``pci_scan=False`` skips it (the replay has no PCI devices).
     ``deadline``: seconds a collection waits for NVML (see :meth:`update`); ``retry_interval``:
     seconds between NVML init attempts while it is unavailable; ``slow_interval``: seconds between
-    reads of the slow values (energy, BAR1, ECC, remapped rows, PCIe replays).
+    reads of the slow values (energy, BAR1, ECC, remapped rows, PCIe replays); ``pcie_interval``:
+    seconds between background PCIe throughput rounds (0: not read; :mod:`collectors.pcie`).
     """
 
     name = "nvidia"
 
     def __init__(self, nvml: Any = None, *, sysfs_root: Path = Path("/sys"), pci_scan: bool | None = None,
-                 retry_interval: float = 30.0, slow_interval: float = 10.0, deadline: float = 1.5) -> None:
+                 retry_interval: float = 30.0, slow_interval: float = 10.0, deadline: float = 1.5,
+                 pcie_interval: float = 10.0) -> None:
         if nvml is None:
             import pynvml
 
@@ -148,6 +152,10 @@ class NvidiaBackend:
         self._pass: _Pass | None = None
         self._last_complete: _Pass | None = None
         self._stuck_logged = ""
+        # The first PCIe round is waited for during setup, within a third of the scrape's deadline.
+        self.pcie: PcieSampler | None = None
+        if pcie_interval > 0:
+            self.pcie = PcieSampler(self.call, nvml, pcie_interval, first_wait=min(0.5, deadline / 3))
 
     # -- session -----------------------------------------------------------------------------
     def setup(self) -> bool:
@@ -182,7 +190,13 @@ class NvidiaBackend:
         self.xid_watcher = XidWatcher(self.nvml, {s.device.uuid: s.handle for s in self._devices
                                                   if s.device.kind == "gpu"})
         self.xid_watcher.start()
+        if self.pcie is not None:
+            self.pcie.start(self._gpu_handles())
         return True
+
+    def _gpu_handles(self) -> dict[str, Any]:
+        """``{uuid: handle}`` of the physical GPUs (MIG instances share their parent's link)."""
+        return {s.device.uuid: s.handle for s in self._devices if s.device.kind == "gpu"}
 
     def _fail(self, reason: str) -> bool:
         self.status = reason
@@ -200,6 +214,11 @@ class NvidiaBackend:
         if self._worker.busy and threading.current_thread().name != self._worker.name:
             log.warning("NVML left initialised: a call has not returned")
             return
+        if self.pcie is not None:
+            self.pcie.stop()
+            if not self.pcie.wait_idle(0.1):  # a round ends after its current call (~21 ms)
+                log.warning("NVML left initialised: a PCIe throughput call has not returned")
+                return
         if self.xid_watcher is not None:
             self.xid_watcher.stop()
             self.xid_watcher = None
@@ -212,9 +231,12 @@ class NvidiaBackend:
                 log.debug("nvmlShutdown: %s", error_name(self.nvml, exc))
 
     def close(self) -> None:
-        """Shut NVML down and end the NVML worker thread: the backend is not used after this."""
+        """Shut NVML down and end the NVML worker and PCIe sampler threads: the backend is not used
+        after this."""
         self.shutdown()
         self._worker.stop()
+        if self.pcie is not None:
+            self.pcie.close()
 
     def _enumerate(self) -> Iterable[_DeviceState]:
         count = self.call("nvmlDeviceGetCount") or 0
@@ -395,6 +417,8 @@ class NvidiaBackend:
             merged.append(old if old is not None and old.up else state)
         merged.extend(known.values())
         self._devices = merged
+        if self.pcie is not None:
+            self.pcie.set_handles(self._gpu_handles())
 
     def sample(self, state: _DeviceState) -> DeviceSample:
         """Read one device now. Raises DeviceLostError / NvmlUnavailableError (see nvml_call)."""
@@ -460,6 +484,7 @@ class NvidiaBackend:
             pcie_link_generation=c("nvmlDeviceGetCurrPcieLinkGeneration", h),
             pcie_link_width=c("nvmlDeviceGetCurrPcieLinkWidth", h),
             pcie_replays=slow.get("pcie_replays"),
+            pcie_throughput_bytes_per_second=self.pcie.reading(dev.uuid) if self.pcie is not None else (),
             fan_speed_ratio=fan / 100.0 if fan is not None else None,
             processes=processes, process_types=process_types,
             xid_errors=self.xid_watcher.counts(dev.uuid) if self.xid_watcher is not None else (),

@@ -112,6 +112,8 @@ def test_mps_table(tmp_path: Path) -> None:
     assert (mps.root, mps.timeout, mps.exclusive_process) == (tmp_path / "mps", 2.0, False)
     assert [(r.name, r.replicas, r.devices) for r in mps.resources] == [
         ("nvidia.com/gpu", 4, "all"), ("small", 2, ("GPU-abc", 1))]
+    cfg.write_text("[mps]\nexclusive_process = true\n")
+    assert load_config(cfg).mps.exclusive_process is True  # the opt-in (spec/mps.md, "Compute mode")
 
 
 @pytest.mark.parametrize(("text", "message"), [
@@ -122,6 +124,7 @@ def test_mps_table(tmp_path: Path) -> None:
      r"resource 'a' is configured twice"),
     ("[mps]\ntimeout = 0\n", r"'mps.timeout': must be a finite number > 0"),
     ("[mps]\nroots = 1\n", r"unknown key 'mps.roots'"),
+    ('[mps]\nexclusive_process = "yes"\n', r"'mps.exclusive_process'"),
 ])
 def test_mps_table_errors_name_the_resource_and_rule(tmp_path: Path, text: str, message: str) -> None:
     cfg = tmp_path / "c.toml"

@@ -503,35 +503,68 @@ def test_already_running_and_stale_pipe_dir(make_daemon: Callable[..., Daemon], 
     second.assert_healthy()
 
 
-def test_compute_mode_opt_in(make_daemon: Callable[..., Daemon]) -> None:
-    calls: list[str] = []
+@pytest.fixture
+def smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., dict[str, Any]]:
+    """The nvidia-smi double's state file: ``smi(modes=…, refuse=…)`` writes it, ``smi()`` reads it."""
+    state = tmp_path / "smi.json"
+    monkeypatch.setenv("NVIDIA_SMI_DOUBLE_STATE", str(state))
 
-    def set_exclusive(gpu: MpsGpu) -> Callable[[], None] | None:
-        calls.append(f"set {gpu.index}")
-        if gpu.index == 1:
-            return None  # already exclusive: nothing to restore
-        return lambda: calls.append(f"restore {gpu.index}")
+    def access(**values: Any) -> dict[str, Any]:
+        if values:
+            state.write_text(json.dumps(values))
+        return dict(json.loads(state.read_text()))
+    return access
 
-    daemon = make_daemon(set_exclusive_process=set_exclusive)
+
+SMI = str(DOUBLE_DIR / "nvidia-smi")
+
+
+def test_compute_mode_opt_in_set_and_restored(make_daemon: Callable[..., Daemon], root: Path,
+                                              smi: Callable[..., dict[str, Any]]) -> None:
+    smi(modes={UUID0: "Default", UUID1: "Prohibited"})
+    daemon = make_daemon(exclusive_process=True, nvidia_smi=SMI)
     daemon.start()
-    assert calls == ["set 0", "set 1"]
+    assert smi()["modes"] == {UUID0: "Exclusive_Process", UUID1: "Exclusive_Process"}
+    record = root / "nvidia.com" / "gpu" / "compute-modes.json"
+    assert json.loads(record.read_text()) == {UUID0: "DEFAULT", UUID1: "PROHIBITED"}
+    # stopped by another process (accelstats mps stop): a fresh Daemon finds the record
+    assert make_daemon(exclusive_process=True, nvidia_smi=SMI).stop() == []
+    assert smi()["modes"] == {UUID0: "Default", UUID1: "Prohibited"}
+    assert not record.exists() and not (root / "nvidia.com").exists()
+
+
+def test_compute_mode_already_exclusive_is_not_touched(make_daemon: Callable[..., Daemon],
+                                                       smi: Callable[..., dict[str, Any]]) -> None:
+    smi(modes={UUID0: "Exclusive_Process", UUID1: "Exclusive_Process"})
+    daemon = make_daemon(exclusive_process=True, nvidia_smi=SMI)
+    daemon.start()
     assert daemon.stop() == []
-    assert calls == ["set 0", "set 1", "restore 0"]
-
-    def refuse(gpu: MpsGpu) -> Callable[[], None] | None:
-        if gpu.index == 1:
-            raise RuntimeError("NVML_ERROR_NO_PERMISSION")
-        calls.append(f"set {gpu.index}")
-        return lambda: calls.append(f"restore {gpu.index}")
-
-    calls.clear()
-    with pytest.raises(MpsError, match=r"EXCLUSIVE_PROCESS.*GPU 1 .*NVML_ERROR_NO_PERMISSION"):
-        make_daemon(set_exclusive_process=refuse).start()
-    assert calls == ["set 0", "restore 0"]
+    assert [c for c in smi()["calls"] if "-c" in c] == []  # read twice each, never set
 
 
-def test_compute_mode_left_alone_by_default(make_daemon: Callable[..., Daemon]) -> None:
-    assert make_daemon().set_exclusive_process is None
+def test_compute_mode_refused_undoes_everything(make_daemon: Callable[..., Daemon], root: Path,
+                                                smi: Callable[..., dict[str, Any]]) -> None:
+    smi(modes={UUID0: "Default", UUID1: "Default"}, refuse=[UUID1])
+    with pytest.raises(MpsError, match=rf"EXCLUSIVE_PROCESS on GPU {UUID1}.*Insufficient Permissions"):
+        make_daemon(exclusive_process=True, nvidia_smi=SMI).start()
+    assert smi()["modes"] == {UUID0: "Default", UUID1: "Default"}  # GPU 0 put back
+    assert serving(root) == [] and not (root / "nvidia.com").exists()
+
+
+def test_compute_mode_without_nvidia_smi(make_daemon: Callable[..., Daemon], root: Path) -> None:
+    with pytest.raises(MpsError, match="not found .*exclusive_process"):
+        make_daemon(exclusive_process=True, nvidia_smi=str(root / "no-nvidia-smi")).start()
+    assert serving(root) == []
+
+
+def test_compute_mode_left_alone_by_default(make_daemon: Callable[..., Daemon],
+                                            smi: Callable[..., dict[str, Any]]) -> None:
+    smi(modes={UUID0: "Default", UUID1: "Default"})
+    daemon = make_daemon(nvidia_smi=SMI)
+    assert daemon.exclusive_process is False
+    daemon.start()
+    assert daemon.stop() == []
+    assert smi().get("calls", []) == []  # nvidia-smi never ran
 
 
 # --------------------------------------------------------------------------------------------

@@ -102,3 +102,24 @@ def test_missing_daemon_binary_is_a_clear_error(tmp_path: Path, fixtures_dir: Pa
     env = {**os.environ, "PATH": "/nonexistent"}
     proc = run(env, "mps", "start", "--config", str(cfg))
     assert proc.returncode == 2 and "not found" in proc.stderr
+
+
+def test_exclusive_process_opt_in_is_set_by_start_and_restored_by_stop(tmp_path: Path, fixtures_dir: Path) -> None:
+    """``mps.exclusive_process = true``: ``mps start`` switches the GPU with nvidia-smi (here the double in
+    tests/mps_double), ``mps stop`` — another process — puts the recorded mode back."""
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'nvml_replay = "{fixtures_dir / "h200" / "nvidia-smi-q.xml"}"\n'
+                   f'[mps]\nroot = "{tmp_path / "mps"}"\nexclusive_process = true\n'
+                   '[[mps.resources]]\nname = "r"\nreplicas = 2\n')
+    state = tmp_path / "smi.json"
+    state.write_text(json.dumps({"modes": {H200: "Default"}}))
+    env = {**os.environ, "PATH": f"{DOUBLE}{os.pathsep}{os.environ['PATH']}", "NVIDIA_SMI_DOUBLE_STATE": str(state)}
+    try:
+        started = run(env, "mps", "start", "--config", str(cfg))
+        assert started.returncode == 0, started.stderr
+        assert json.loads(state.read_text())["modes"] == {H200: "Exclusive_Process"}
+    finally:
+        stopped = run(env, "mps", "stop", "--config", str(cfg))
+    assert stopped.returncode == 0, stopped.stderr
+    assert json.loads(state.read_text())["modes"] == {H200: "Default"}
+    assert not (tmp_path / "mps" / "r").exists()

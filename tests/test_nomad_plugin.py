@@ -393,7 +393,29 @@ def test_mps_replicas_are_offered_apart_from_whole_gpus_and_reserved_with_the_pi
                                                                    ("/dev/shm", str(root / "shm"))]
         assert res.devices[0].host_path == "/dev/nvidia0"
         assert (pipe / ".started").exists()
-    assert not pipe.exists()  # the plugin stopped the daemon it started
+        pid = (pipe / "nvidia-cuda-mps-control.pid").read_text().strip()
+    try:
+        # the plugin exited (an agent restart): the daemon keeps serving the tasks that use it ...
+        assert (pipe / ".started").exists() and Path(f"/proc/{pid}").exists()
+        with PluginProcess(binary(), env=env) as plugin:  # ... and the next plugin process adopts it
+            plugin.set_config(encode_for_spec(plugin.config_schema().spec, cfg))
+            fp = plugin.fingerprint().read(timeout=20)
+            assert [(d.ID, d.healthy) for g in fp.device_group for d in g.devices] == [
+                (f"{H200}::{n}", True) for n in range(4)]  # the same IDs, healthy
+            assert (pipe / "nvidia-cuda-mps-control.pid").read_text().strip() == pid  # not restarted
+    finally:
+        stopped = mps_stop(h200, root, "shared", env)
+    assert stopped.returncode == 0, stopped.stderr
+    assert not pipe.exists()  # `accelstats mps stop` is how an operator stops it for good
+
+
+def mps_stop(replay: Path, root: Path, resource: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``accelstats mps stop`` for one resource under ``root``: the daemons outlive the plugin."""
+    cfg = root.parent / "mps-stop.toml"
+    cfg.write_text(f'nvml_replay = "{replay}"\n[mps]\nroot = "{root}"\n'
+                   f'[[mps.resources]]\nname = "{resource}"\nreplicas = 2\n')
+    return subprocess.run([sys.executable, "-m", "accelstats", "mps", "stop", "--config", str(cfg)],
+                          env=env, capture_output=True, text=True, timeout=60, check=False)
 
 
 def test_mps_replicas_are_unhealthy_while_the_daemon_does_not_answer(tmp_path: Path, fixtures_dir: Path) -> None:
@@ -402,12 +424,17 @@ def test_mps_replicas_are_unhealthy_while_the_daemon_does_not_answer(tmp_path: P
     env = {**os.environ, "PATH": f"{Path(__file__).parent / 'mps_double'}{os.pathsep}{os.environ['PATH']}"}
     cfg = config(None, nvml_replay=str(h200),
                  mps={"root": str(root), "timeout": "500ms", "resource": [{"name": "shared", "replicas": 2}]})
-    with PluginProcess(binary(), env=env) as plugin:
-        plugin.set_config(encode_for_spec(plugin.config_schema().spec, cfg))
-        stream = plugin.fingerprint()
-        assert all(d.healthy for g in stream.read(timeout=20).device_group for d in g.devices)
-        (root / "shared" / "pipe" / "double.hang").write_text("")  # the daemon accepts, never answers
-        later = stream.read(timeout=20)
-        assert [(d.healthy, "not answering" in d.health_description) for g in later.device_group
-                for d in g.devices] == [(False, True), (False, True)]
-        (root / "shared" / "pipe" / "double.hang").unlink()
+    try:
+        with PluginProcess(binary(), env=env) as plugin:
+            plugin.set_config(encode_for_spec(plugin.config_schema().spec, cfg))
+            stream = plugin.fingerprint()
+            assert all(d.healthy for g in stream.read(timeout=20).device_group for d in g.devices)
+            (root / "shared" / "pipe" / "double.hang").write_text("")  # the daemon accepts, never answers
+            later = stream.read(timeout=20)
+            assert [(d.healthy, "running but not answering" in d.health_description) for g in later.device_group
+                    for d in g.devices] == [(False, True), (False, True)]  # wedged: unhealthy, not restarted
+            (root / "shared" / "pipe" / "double.hang").unlink()
+            again = stream.read(timeout=20)
+            assert all(d.healthy for g in again.device_group for d in g.devices)  # answers again: healthy
+    finally:
+        assert mps_stop(h200, root, "shared", env).returncode == 0

@@ -90,6 +90,7 @@ ATTRIBUTES: dict[str, tuple[str, str]] = {
 MPS_ATTRIBUTES: dict[str, tuple[str, str]] = {
     "root": ("string", '"/run/accelstats/mps"'),
     "timeout": ("string", '"3s"'),
+    "exclusive_process": ("bool", "false"),
 }
 FILE_DEVICE_ATTRIBUTES: dict[str, tuple[str, str]] = {
     "dir": ("string", '""'),
@@ -175,7 +176,8 @@ def decode(data: bytes) -> PluginConfig:
 
 
 def _mps(block: Any) -> MpsSettings:
-    """The ``mps { root, timeout, resource "…" { name, replicas, devices } }`` block (spec/mps.md)."""
+    """The ``mps { root, timeout, exclusive_process, resource "…" { name, replicas, devices } }`` block
+    (spec/mps.md)."""
     if not isinstance(block, dict):
         raise ConfigError("config: mps: expected a block")
     unknown = sorted(set(block) - {*MPS_ATTRIBUTES, "resource"})
@@ -189,6 +191,8 @@ def _mps(block: Any) -> MpsSettings:
         if not 0.1 <= timeout <= 600:
             raise ConfigError("config: mps.timeout: must be between 100ms and 10m")
         out["timeout"] = timeout
+    if block.get("exclusive_process") is not None:
+        out["exclusive_process"] = _bool(block["exclusive_process"], "mps.exclusive_process")
     resources = []
     items = block.get("resource") or []
     if not isinstance(items, list):

@@ -150,7 +150,7 @@ def fingerprint(device_pb2: Any, structs: Any, collection: Collection, config: P
             share = (mps or {}).get(d.uuid)
             if share is not None and d.kind == "gpu":
                 if healthy and not share.healthy:
-                    healthy, why = False, f"MPS control daemon of {share.resource!r} not answering: {share.reason}"
+                    healthy, why = False, f"MPS resource {share.resource!r}: {share.reason}"
                 mdevices, mattrs = groups.setdefault(("nvidia", "mps", d.name), ([], {}))
                 for n in range(share.replicas):
                     mdevices.append(device_pb2.DetectedDevice(
@@ -321,9 +321,13 @@ def reserve(device_pb2: Any, snap: Snapshot, ids: list[str], mig_caps: dict[tupl
     if gpus:
         uuids = [r.device.uuid if r.kind == "mps" and r.device is not None else i for i, r in gpus]
         res.envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(dict.fromkeys(uuids))
-        shares = list(dict.fromkeys(r.mps for _, r in gpus if r.mps is not None))
+        shares = list({r.mps.resource: r.mps for _, r in gpus if r.mps is not None}.values())
         if len(shares) > 1:
-            raise ReserveError("MPS replicas of different resources cannot be reserved together")
+            raise ReserveError("MPS replicas of different resources cannot be reserved together: "
+                               + ", ".join(sorted(repr(m.resource) for m in shares)))
+        if shares and any(r.kind != "mps" for _, r in gpus):
+            raise ReserveError("whole GPUs (or MIG instances) and MPS replicas cannot be reserved together: "
+                               "a task under MPS reaches only the GPUs of its resource's control daemon")
         if shares:
             res.envs["CUDA_MPS_PIPE_DIRECTORY"] = MPS_PIPE_IN_TASK
             res.mounts.append(device_pb2.Mount(task_path=MPS_PIPE_IN_TASK, host_path=shares[0].pipe_dir,

@@ -67,8 +67,7 @@ class DevicePluginState:
         self._metrics_listen = ""
         self._wakers: set[threading.Event] = set()
         self._last_gpus: list[Any] = []
-        self._mps: Any = None  # collectors.mps.Manager once the daemons were started or adopted
-        self._mps_started: list[Any] = []  # daemons this process started (stopped at close)
+        self._mps: Any = None  # accelstats.nomad.mpsshares.PluginMps once MPS is configured
 
     def set_config(self, data: bytes) -> None:
         """Apply SetConfig; idempotent (the same bytes twice change nothing). The new manager is built
@@ -100,7 +99,8 @@ class DevicePluginState:
             if old is not None:
                 old.destroy(timeout=0.5)
                 old.close()
-            self._stop_mps()  # a changed config gets its daemons anew at the next Fingerprint
+            if self._mps is not None:  # daemons of removed or changed resources stop; the others keep running
+                self._mps.reconfigure(cfg.mps)
             self.configured.set()
             self.wake_all()
 
@@ -156,54 +156,18 @@ class DevicePluginState:
         return snap
 
     def _mps_shares(self, collection: Collection) -> dict[str, devices.MpsShare]:
-        """GPU UUID → its MPS share. Daemons are started (or adopted, when one already answers in the
-        pipe directory: a restarted plugin) on the first Fingerprint — only the long-lived process C
-        calls it — and health-checked on every one after."""
-        mps_settings = self.config.mps
-        if not mps_settings.resources or collection.snapshot.nvml_status:
+        """GPU UUID → its MPS share (:class:`accelstats.nomad.mpsshares.PluginMps`: daemons started or
+        adopted on the first Fingerprint — only the long-lived process C calls it — health-checked and
+        retried on every one after, kept running when the plugin exits)."""
+        if not self.config.mps.resources or collection.snapshot.nvml_status:
             return {}
-        from accelstats.mpsctl import gpus_of, manager
-        from collectors.mps import MpsError
+        from accelstats.mpsctl import gpus_of
+        from accelstats.nomad.mpsshares import PluginMps
 
         if self._mps is None:
-            try:
-                self._mps = manager(mps_settings, gpus_of(collection.snapshot))
-            except MpsError as exc:
-                log.error("MPS not started: %s", exc)
-                return {}
-            for daemon in self._mps.daemons():
-                try:
-                    daemon.assert_healthy()  # already running (a previous plugin process): adopt it
-                except MpsError:
-                    try:
-                        daemon.start()
-                        self._mps_started.append(daemon)
-                    except MpsError as exc:
-                        log.error("MPS control daemon not started: %s", exc)
-        out: dict[str, devices.MpsShare] = {}
-        mib = 1 << 20
-        gpus = {g.uuid: g for g in gpus_of(collection.snapshot)}
-        for daemon in self._mps.daemons():
-            try:
-                daemon.assert_healthy()
-                healthy, reason = True, ""
-            except MpsError as exc:
-                healthy, reason = False, str(exc)
-            r = daemon.resource
-            for uuid in r.devices:
-                gpu = gpus.get(uuid)
-                pinned = (gpu.memory_total_bytes // r.replicas // mib * mib) if gpu is not None else None
-                out[uuid] = devices.MpsShare(resource=r.name, replicas=r.replicas, healthy=healthy, reason=reason,
-                                             pipe_dir=str(daemon.pipe_dir), shm_dir=str(daemon.shm_dir),
-                                             pinned_limit_bytes=pinned)
-        return out
-
-    def _stop_mps(self) -> None:
-        for daemon in reversed(self._mps_started):
-            problems = daemon.stop()
-            if problems:
-                log.warning("MPS daemon %s stopped with problems: %s", daemon.name, "; ".join(problems))
-        self._mps_started, self._mps = [], None
+            self._mps = PluginMps(self.config.mps)
+        shares: dict[str, devices.MpsShare] = self._mps.shares(gpus_of(collection.snapshot))
+        return shares
 
     def sleep(self, context: grpc.ServicerContext, seconds: float) -> None:
         """Wait ``seconds``, but wake at once when the RPC is cancelled, SetConfig changes the
@@ -227,10 +191,9 @@ class DevicePluginState:
             w.set()
 
     def close(self) -> None:
-        """Stop /metrics and shut NVML down (each bounded: the process must exit within 2 s)."""
-        self.wake_all()
-        if self._mps_started:
-            threading.Thread(target=self._stop_mps, daemon=True).start()  # bounded by the exit timer
+        """Stop /metrics and shut NVML down (each bounded: the process must exit within 2 s). MPS control
+        daemons are left running: tasks keep using them, and the next plugin process adopts them."""
+        self.wake_all()  # MPS daemons keep running for the tasks using them (docs/nomad.md, "MPS")
         if self._metrics_server is not None:
             threading.Thread(target=self._metrics_server.shutdown, daemon=True).start()
         if self.manager is not None:
