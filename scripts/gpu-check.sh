@@ -99,13 +99,30 @@ if command -v nvidia-cuda-mps-control >/dev/null && [ -n "$uuid0" ] && mkdir "$c
   timeout 60 $py -m accelstats dump --config "$OUT/mps.toml" > "$OUT/mps-dump.prom" 2>&1 || fail=1
   $py - "$OUT/mps-status.json" "$OUT/mps-dump.prom" "$mps_pid" "/system.slice/docker-$cid2.scope" >> "$OUT/gpu-check.md" <<'PYEOF' || fail=1
 import json, sys
+from prometheus_client.parser import text_string_to_metric_families
 status, dump, pid, cgroup = json.load(open(sys.argv[1])), open(sys.argv[2]).read(), int(sys.argv[3]), sys.argv[4]
 row = status[0]
 client = [c for c in row["clients"] if c["pid"] == pid]
-ok = row["healthy"] and client and client[0]["container"] == cgroup and 'accelstats_mps_clients{resource="check"}' in dump
-ok = ok and cgroup in dump  # the client's container has its accelstats_container_gpu_* series
-print(f"\n### MPS daemon and client\n\n- status: {json.dumps(row)[:1200]}\n- result: {'PASS' if ok else 'FAIL'}")
-sys.exit(0 if ok else 1)
+fams = {f.name: f for f in text_string_to_metric_families(dump)}
+def samples(name):
+    return [(s.labels, s.value) for s in fams[name].samples] if name in fams else []
+mps_clients = [v for l, v in samples("accelstats_mps_clients") if l.get("resource") == "check"]
+mps_up = [v for l, v in samples("accelstats_mps_daemon_up") if l.get("resource") == "check"]
+mem = [(l.get("attribution"), v) for l, v in samples("accelstats_container_gpu_memory_used_bytes") if l.get("id") == cgroup]
+procs = [v for l, v in samples("accelstats_container_gpu_processes") if l.get("id") == cgroup]
+checks = {
+    "daemon healthy (mps status)": bool(row["healthy"]),
+    "client pid listed with its container (mps status)": bool(client) and client[0]["container"] == cgroup,
+    "accelstats_mps_daemon_up == 1": mps_up == [1.0],
+    "accelstats_mps_clients == 1": mps_clients == [1.0],
+    "container memory attributed by process, > 0": any(a == "process" and v > 0 for a, v in mem),
+    "container has 1 GPU process": procs == [1.0],
+}
+print("\n### MPS daemon and client\n")
+for what, good in checks.items():
+    print(f"- {'PASS' if good else 'FAIL'}: {what}")
+print(f"- status: {json.dumps(row)[:1200]}\n- container memory series: {mem}")
+sys.exit(0 if all(checks.values()) else 1)
 PYEOF
   cleanup_mps; mps_pid=""
   [ -e "$mroot/check/pipe" ] && { echo "MPS pipe dir left behind" | tee -a "$OUT/gpu-check.md"; fail=1; }
