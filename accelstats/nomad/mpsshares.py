@@ -175,9 +175,12 @@ class PluginMps:
             daemon.start()
         except MpsError as exc:
             entry.next_start = time.monotonic() + self.retry_interval
-            entry.last_error = f"control daemon not started (next try in {self.retry_interval:g} s): {exc}"
-            log.error("MPS resource %r: %s", entry.settings.name, entry.last_error)
-            return False, entry.last_error
+            message = f"control daemon not started (next try in {self.retry_interval:g} s): {exc}"
+            # the same failure every 30 s is logged once at error level, then at debug level
+            log.log(logging.DEBUG if message == entry.last_error else logging.ERROR, "MPS resource %r: %s",
+                    entry.settings.name, message)
+            entry.last_error = message
+            return False, message
         entry.ensured, entry.last_error = True, ""
         return True, ""
 
