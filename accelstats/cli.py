@@ -19,7 +19,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from accelstats import __version__
+from accelstats import __version__, sdnotify
 from accelstats.config import (
     DEFAULT_CONFIG,
     DEFAULT_PORT,
@@ -140,23 +140,38 @@ def main() -> None:
               help="Run only these collectors (repeatable). "
               + "; ".join(f"{e.name}: {e.help}{' (default on)' if e.enabled_by_default else ''}"
                           for e in COLLECTORS))
+@click.option("--web-config", metavar="FILE", default=None,
+              help="exporter-toolkit web configuration (YAML): TLS, basic auth, headers; see docs/web-config.md "
+                   "[none: plain HTTP; \"\" overrides the config file's web_config].")
 @source_options
-def serve(listen: str | None, collectors: tuple[str, ...], **opts: Any) -> None:
+def serve(listen: str | None, collectors: tuple[str, ...], web_config: str | None, **opts: Any) -> None:
     """Serve /metrics, /healthz and / until SIGTERM or SIGINT."""
     from accelstats.exporter import serve as start_server
+    from accelstats.webconfig import WebConfigError, WebConfigSource
 
     settings = build_settings(listen=listen, collectors=collectors, **opts)
+    if web_config is not None:
+        settings = replace(settings, web_config=Path(web_config) if web_config else None)
+    web = None
+    if settings.web_config is not None:
+        try:
+            web = WebConfigSource(settings.web_config)
+        except WebConfigError as exc:
+            fail(str(exc))
     # Block SIGTERM/SIGINT before any thread starts (threads inherit the mask), then wait for one
     # with sigwait: no Python-level signal handler runs in the middle of other code.
     stop_signals = {signal.SIGTERM, signal.SIGINT}
     signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals | {signal.SIGHUP})
     manager = make_manager(settings)
     try:
-        server, thread = start_server(manager, settings.listen_host, settings.listen_port)
+        server, thread = start_server(manager, settings.listen_host, settings.listen_port, web)
     except OSError as exc:
         manager.destroy()
         fail(f"cannot listen on {settings.listen}: {exc.strerror or exc}")
-    log.info("accelstats %s serving http://%s/metrics", __version__, settings.listen)
+    scheme = "https" if web is not None and web.tls_enabled else "http"
+    auth = " with basic auth" if web is not None and web.initial.users else ""
+    log.info("accelstats %s serving %s://%s/metrics%s", __version__, scheme, settings.listen, auth)
+    sdnotify.ready(f"serving {scheme}://{settings.listen}/metrics{auth}")  # systemd Type=notify: bound
     manager.collect()  # start NVML now (under its deadline) so its state is logged at start-up
     while True:
         signum = signal.sigwait(stop_signals | {signal.SIGHUP})
@@ -164,6 +179,7 @@ def serve(listen: str | None, collectors: tuple[str, ...], **opts: Any) -> None:
             break
         log.info("SIGHUP ignored: restart the service to apply a changed configuration")
     log.info("received %s, shutting down", signal.Signals(signum).name)
+    sdnotify.stopping()
     server.shutdown()
     server.server_close()
     thread.join(timeout=5)

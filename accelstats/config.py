@@ -15,6 +15,7 @@ settings as the command line::
     nvml_deadline = 1.5                # seconds a collection waits for NVML before marking a GPU down
     nvml_pcie_interval = 10.0          # seconds between background PCIe throughput reads; 0 = off
     collectors = ["nvidia", "files"]   # enabled collectors (default: those enabled by default)
+    web_config = ""                    # exporter-toolkit web config (TLS, basic auth); "" = plain HTTP
 
     [file_devices]
     dir = ""                           # "" = no file devices
@@ -101,6 +102,7 @@ class Settings:
     collectors: tuple[str, ...] | None = None  # None: each collector's default
     file_devices: FileDevicesSettings = field(default_factory=FileDevicesSettings)
     mps: MpsSettings = field(default_factory=MpsSettings)
+    web_config: Path | None = None  # serve: exporter-toolkit web configuration file (accelstats/webconfig.py)
 
     @property
     def listen(self) -> str:
@@ -150,7 +152,8 @@ def load_config(path: Path, base: Settings | None = None) -> Settings:
     where = str(path)
     folder = path.parent
     known = {"listen", "nvml_replay", "cgroup_root", "proc_root", "sysfs_root", "rootfs", "open_fd_scan", "log_level",
-             "nvml_retry_interval", "nvml_deadline", "nvml_pcie_interval", "collectors", "file_devices", "mps"}
+             "nvml_retry_interval", "nvml_deadline", "nvml_pcie_interval", "collectors", "file_devices", "mps",
+             "web_config"}
     changes: dict[str, Any] = {}
     for key, value in data.items():
         if key not in known:
@@ -160,9 +163,9 @@ def load_config(path: Path, base: Settings | None = None) -> Settings:
                 _expect(where, key, value, str), f"{where}: key 'listen'")
         elif key == "open_fd_scan":
             changes[key] = _expect(where, key, value, bool)
-        elif key in ("nvml_replay", "cgroup_root", "proc_root", "sysfs_root", "rootfs"):
+        elif key in ("nvml_replay", "cgroup_root", "proc_root", "sysfs_root", "rootfs", "web_config"):
             p = _path(folder, _expect(where, key, value, str))
-            if p is None and key != "nvml_replay":
+            if p is None and key not in ("nvml_replay", "web_config"):
                 raise ConfigError(f"{where}: key {key!r}: must not be empty")
             changes[key] = p
         elif key == "log_level":

@@ -4,7 +4,8 @@
 scrapes) and renders it into metric families declared in :mod:`accelstats.catalog`; ``describe()``
 yields the same families without samples, so registering never touches NVML (client_python's
 custom-collector pattern; no global Gauges set from threads). ``serve`` answers ``/metrics``,
-``/healthz`` and a landing page at ``/`` from one threading WSGI server.
+``/healthz`` and a landing page at ``/`` from one threading WSGI server: plain HTTP, or with a web
+configuration file (``--web-config``, :mod:`accelstats.webconfig`) TLS, basic auth and extra headers.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import logging
 import platform
 import socket
 import socketserver
+import ssl
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -27,6 +29,8 @@ from accelstats import __version__, catalog
 from accelstats.catalog import Family
 from accelstats.containers import ContainerStats
 from accelstats.manager import AcceleratorManager, Collection
+from accelstats.webauth import BasicAuth
+from accelstats.webconfig import WebConfigError, WebConfigSource
 
 log = logging.getLogger(__name__)
 
@@ -202,12 +206,85 @@ def make_app(manager: AcceleratorManager) -> Callable[[dict[str, Any], StartResp
     return app
 
 
+HANDSHAKE_TIMEOUT = 10.0  # seconds a TLS client may take to send its hello and finish the handshake
+IO_TIMEOUT = 30.0  # seconds a request may stall on a socket read or write once it started
+_NOT_TLS = (b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
+            b"Client sent an HTTP request to an HTTPS server.\n")  # what Go's net/http answers
+
+
 class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
+    """One thread per connection. With ``web`` set and TLS enabled in it, the connection's own thread
+    (never the accept loop) runs the TLS handshake under ``handshake_timeout``, so a client that
+    stalls or speaks plain HTTP costs one short-lived thread and blocks nobody else."""
+
     daemon_threads = True
     allow_reuse_address = True
+    web: WebConfigSource | None = None
+    handshake_timeout = HANDSHAKE_TIMEOUT
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        if self.web is None or not self.web.tls_enabled:
+            super().finish_request(request, client_address)
+            return
+        conn = _tls_handshake(request, client_address, self.web, self.handshake_timeout)
+        if conn is None:
+            return  # process_request_thread closes the plain socket
+        try:
+            super().finish_request(conn, client_address)
+        finally:
+            self.shutdown_request(conn)
+
+
+def _tls_handshake(sock: socket.socket, peer: Any, web: WebConfigSource, timeout: float) -> ssl.SSLSocket | None:
+    """The TLS connection for ``sock``, or None (logged at debug level) when the client sent plain HTTP
+    (answered 400, as Go's net/http does), stalled past ``timeout`` or failed the handshake."""
+    sock.settimeout(timeout)
+    try:
+        first = sock.recv(1, socket.MSG_PEEK)
+        if not first:
+            return None
+        if first != b"\x16":  # every TLS connection starts with a handshake record (0x16)
+            if first.isalpha():  # a method name: plain HTTP
+                sock.sendall(_NOT_TLS)
+            log.debug("%s: not TLS (first byte %r), %s", peer, first, "answered 400" if first.isalpha() else "closed")
+            _drain(sock)
+            return None
+        _, ctx = web.current()
+        assert ctx is not None
+        conn = ctx.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+    except (OSError, WebConfigError) as exc:
+        log.debug("%s: connection dropped before TLS: %s", peer, exc)
+        return None
+    try:
+        conn.do_handshake()
+    except OSError as exc:  # ssl.SSLError and socket timeouts are OSErrors
+        log.debug("%s: TLS handshake failed: %s", peer, exc)
+        conn.close()
+        return None
+    return conn
+
+
+def _drain(sock: socket.socket, limit: int = 65536) -> None:
+    """Half-close, then read what the client still sends (up to ``limit`` bytes, until EOF or the
+    socket's timeout), so that closing does not reset the connection before it read our answer."""
+    sock.shutdown(socket.SHUT_WR)
+    sock.settimeout(min(sock.gettimeout() or 2.0, 2.0))
+    while limit > 0:
+        chunk = sock.recv(min(limit, 8192))
+        if not chunk:
+            return
+        limit -= len(chunk)
 
 
 class _QuietHandler(WSGIRequestHandler):
+    timeout = IO_TIMEOUT
+
+    def get_environ(self) -> dict[str, Any]:
+        environ = super().get_environ()
+        if isinstance(self.connection, ssl.SSLSocket):
+            environ["HTTPS"] = "on"  # wsgi.url_scheme https
+        return environ
+
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
 
@@ -224,15 +301,19 @@ class _DualStackServer(_V6Server):
         super().server_bind()
 
 
-def serve(manager: AcceleratorManager, host: str, port: int) -> tuple[WSGIServer, threading.Thread]:
+def serve(manager: AcceleratorManager, host: str, port: int,
+          web: WebConfigSource | None = None) -> tuple[WSGIServer, threading.Thread]:
     """Start serving on ``host:port`` in a daemon thread; ``host ""`` is every interface, IPv6 and
-    IPv4 (IPv4 only where the host has no IPv6).
+    IPv4 (IPv4 only where the host has no IPv6). ``web``: the ``--web-config`` file (TLS when it has
+    ``tls_server_config``; basic auth and headers through :class:`accelstats.webauth.BasicAuth`).
 
     Returns ``(server, thread)``; call ``server.shutdown()`` to stop. Raises OSError when the address
     cannot be bound (e.g. EADDRINUSE).
     """
     app = make_app(manager)
-    server: WSGIServer
+    if web is not None:
+        app = BasicAuth(app, web)
+    server: _ThreadingServer
     if host == "" and socket.has_ipv6:
         try:
             server = make_server("::", port, app, server_class=_DualStackServer, handler_class=_QuietHandler)
@@ -240,13 +321,14 @@ def serve(manager: AcceleratorManager, host: str, port: int) -> tuple[WSGIServer
             if exc.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
                 raise
         else:
-            return server, _start(server)
+            return server, _start(server, web)
     server_class = _V6Server if ":" in host else _ThreadingServer
     server = make_server(host or "0.0.0.0", port, app, server_class=server_class, handler_class=_QuietHandler)
-    return server, _start(server)
+    return server, _start(server, web)
 
 
-def _start(server: WSGIServer) -> threading.Thread:
+def _start(server: _ThreadingServer, web: WebConfigSource | None) -> threading.Thread:
+    server.web = web
     thread = threading.Thread(target=server.serve_forever, name="accelstats-http", daemon=True)
     thread.start()
     return thread

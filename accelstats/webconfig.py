@@ -35,6 +35,7 @@ import os
 import re
 import ssl
 import threading
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -288,7 +289,13 @@ def build_ssl_context(config: WebConfig) -> ssl.SSLContext:
             reason = "no such file" if not path.exists() else "not readable"
             raise p.error(k + key, f"{path}: {reason}")
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version, ctx.maximum_version = tls.min_version, tls.max_version
+    if tls.min_version < ssl.TLSVersion.TLSv1_2:
+        log.warning("web config %s: tls_server_config.min_version: set below TLS12, but %s refuses TLS 1.0 and 1.1 "
+                    "at its default security level (OpenSSL 3): clients still need TLS 1.2", config.path,
+                    ssl.OPENSSL_VERSION)
+    with warnings.catch_warnings():  # ssl's DeprecationWarning for TLSv1/TLSv1_1: the log line above says it
+        warnings.simplefilter("ignore", DeprecationWarning)
+        ctx.minimum_version, ctx.maximum_version = tls.min_version, tls.max_version
     try:
         ssl.create_default_context(cafile=str(tls.cert_file))  # parses the certificate(s) alone
     except (ssl.SSLError, ValueError) as exc:
