@@ -320,10 +320,14 @@ class NvidiaBackend:
             snapshot.source = self.source
             current = self._pass
             if current is None or current.done:
-                current = _Pass()
-                self._pass = current
-                self._worker.run(lambda: self._run_pass(current), self.deadline)
-            self._fill(snapshot, current)
+                fresh = _Pass()
+                # A pass is marked done a moment before its worker is free: then no new pass starts,
+                # and this collection gets the one that just ended (never a pass that will not run).
+                done = self._worker.start(lambda: self._run_pass(fresh))
+                if done is not None:
+                    self._pass = current = fresh
+                    done.wait(self.deadline)
+            self._fill(snapshot, current or _Pass())
 
     def _run_pass(self, p: _Pass) -> None:
         """One NVML pass (on the worker thread): retry setup if due, refresh if a device is down,

@@ -434,3 +434,32 @@ type = "compute"
     b.setup()
     s = snapshot(b).samples[H200_UUID]
     assert sorted((p.pid, p.type) for p in s.processes or ()) == [(473, "mps"), (490, "compute")]
+
+
+def test_a_scrape_arriving_as_a_late_pass_finishes_does_not_wedge_the_backend(
+        h200: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: a pass marks itself done a moment before its worker is free again. A scrape in that
+    moment used to create a new pass the worker refused to start; that pass never ran, never ended,
+    and every later scrape answered "NVML did not answer" forever. Here the moment is stretched to
+    0.4 s (a pass that sleeps after its work) and the scrape lands in it."""
+    b = backend(h200, deadline=0.1, pcie_interval=0)
+    real = b._run_pass
+    slow = threading.Event()
+
+    def pass_then_linger(p: object) -> None:
+        real(p)  # type: ignore[arg-type]
+        if slow.is_set():
+            time.sleep(0.4)  # done, but the worker is still busy (as between p.done and done.set())
+
+    monkeypatch.setattr(b, "_run_pass", pass_then_linger)
+    assert b.setup()
+    assert [d.uuid for d in snapshot(b).devices] == [H200_UUID]
+    slow.set()
+    snapshot(b)  # this pass lingers past the 0.1 s deadline
+    time.sleep(0.15)  # now inside the lingering moment: the pass is done, the worker busy
+    during = snapshot(b)
+    slow.clear()
+    time.sleep(0.4)  # the worker is free again
+    after = snapshot(b)
+    assert [d.uuid for d in during.devices] == [H200_UUID]  # the finished pass's readings
+    assert [d.uuid for d in after.devices] == [H200_UUID] and after.samples[H200_UUID].up
