@@ -44,6 +44,11 @@ NumberMode = Literal["cty", "float", "string"]
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
+MAX_DIGITS = 4000
+"""Numbers are refused (ConfigError) beyond 10^4000 or below 10^-4000 in magnitude: go-cty would spell
+them as thousands of digits, and Python refuses int conversions of more than 4300 digits."""
+MAX_NESTING = 200
+"""Deepest nesting of HCL literals, type expressions and packed values (ConfigError beyond)."""
 
 
 class ConfigError(ValueError):
@@ -66,13 +71,27 @@ def _to_decimal(value: int | float | Decimal) -> Decimal:
 
 def _decimal_text(d: Decimal) -> str:
     """``big.Float.Text('f', -1)``: plain positional notation, shortest form (no exponent, no
-    trailing zeros)."""
+    trailing zeros), every digit kept (``normalize()`` would round to the context's 28)."""
     if d == 0:
         return "0"
-    text = format(d.normalize(), "f")
+    text = format(d, "f")
     if "." in text:
         text = text.rstrip("0").rstrip(".")
     return text
+
+
+def _check_magnitude(d: Decimal) -> Decimal:
+    """``d`` when finite and within 10^±:data:`MAX_DIGITS`; raises ConfigError otherwise."""
+    if d.is_finite() and d != 0 and abs(d.adjusted()) > MAX_DIGITS:
+        raise ConfigError(f"number {d:.3e} has more than {MAX_DIGITS} digits")
+    return d
+
+
+def _exact(d: Decimal) -> int | Decimal:
+    """An HCL/JSON number as this module holds it: an int when integral, else the exact Decimal.
+    Raises ConfigError beyond :data:`MAX_DIGITS` digits."""
+    _check_magnitude(d)
+    return int(d) if d == d.to_integral_value() else d
 
 
 def encode_number(value: int | float | Decimal, mode: NumberMode = "cty") -> int | float | str:
@@ -89,10 +108,10 @@ def encode_number(value: int | float | Decimal, mode: NumberMode = "cty") -> int
         if value.is_nan():
             raise ConfigError("NaN is not a cty number")
         return float(value)
-    d = _to_decimal(value)
+    d = _check_magnitude(_to_decimal(value))
     if mode == "string":
         return _decimal_text(d)
-    if d == d.to_integral_value() and INT64_MIN <= int(d) <= INT64_MAX:
+    if d == d.to_integral_value() and INT64_MIN <= d <= INT64_MAX:
         return int(d)
     if mode == "float":
         return float(d)
@@ -108,26 +127,37 @@ def encode_number(value: int | float | Decimal, mode: NumberMode = "cty") -> int
 # --------------------------------------------------------------------------- packing
 
 
-def _normalize(value: Any, mode: NumberMode, path: str) -> Any:
-    if value is None or isinstance(value, (bool, str)):
+def _normalize(value: Any, mode: NumberMode, path: str, depth: int = 0) -> Any:
+    where = path or "config"
+    if depth > MAX_NESTING:
+        raise ConfigError(f"{where}: nested deeper than {MAX_NESTING} levels")
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigError(f"{where}: string {value[:100]!r} is not valid Unicode (a lone surrogate)") from None
+        return value
+    if value is None or isinstance(value, bool):
         return value
     if isinstance(value, (int, float, Decimal)):
         try:
             return encode_number(value, mode)
         except ConfigError as exc:
-            raise ConfigError(f"{path or 'config'}: {exc}") from None
+            raise ConfigError(f"{where}: {exc}") from None
     if isinstance(value, Mapping):
-        out: dict[str, Any] = {}
-        for key in sorted(value):
+        for key in value:
             if not isinstance(key, str):
-                raise ConfigError(f"{path or 'config'}: map key {key!r} is not a string")
-            out[key] = _normalize(value[key], mode, f"{path}.{key}" if path else key)
-        return out
+                raise ConfigError(f"{where}: map key {key!r} is not a string")
+        return {key: _normalize(value[key], mode, f"{path}.{key}" if path else key, depth + 1) for key in sorted(value)}
     if isinstance(value, (list, tuple)):
-        return [_normalize(v, mode, f"{path}[{i}]") for i, v in enumerate(value)]
+        return [_normalize(v, mode, f"{path}[{i}]", depth + 1) for i, v in enumerate(value)]
     if isinstance(value, (set, frozenset)):
-        return [_normalize(v, mode, f"{path}[{i}]") for i, v in enumerate(sorted(value))]
-    raise ConfigError(f"{path or 'config'}: {type(value).__name__} has no cty equivalent")
+        try:
+            items = sorted(value)
+        except TypeError:
+            raise ConfigError(f"{where}: a set's elements must all have one type") from None
+        return [_normalize(v, mode, f"{path}[{i}]", depth + 1) for i, v in enumerate(items)]
+    raise ConfigError(f"{where}: {type(value).__name__} has no cty equivalent")
 
 
 def pack(value: Any, *, number_mode: NumberMode = "cty") -> bytes:
@@ -187,6 +217,7 @@ class _HclParser:
     def __init__(self, text: str) -> None:
         self.text = text
         self.pos = 0
+        self.depth = 0
 
     def error(self, msg: str) -> ConfigError:
         return ConfigError(f"HCL literal {self.text!r}: {msg} at offset {self.pos}")
@@ -219,6 +250,14 @@ class _HclParser:
         return value
 
     def expr(self) -> Any:
+        self.depth += 1
+        if self.depth > MAX_NESTING:
+            raise self.error(f"expression nested deeper than {MAX_NESTING} levels")
+        value = self.operand()
+        self.depth -= 1
+        return value
+
+    def operand(self) -> Any:
         self.skip()
         ch = self.peek()
         if ch == "-":
@@ -249,9 +288,12 @@ class _HclParser:
             return self.object()
         m = _NUMBER.match(self.text, self.pos)
         if m:
+            try:
+                value = _exact(Decimal(m.group(0)))
+            except ConfigError as exc:
+                raise self.error(str(exc)) from None
             self.pos = m.end()
-            d = Decimal(m.group(0))
-            return int(d) if d == d.to_integral_value() else d
+            return value
         m = _IDENT.match(self.text, self.pos)
         if m:
             self.pos = m.end()
@@ -372,16 +414,26 @@ _ANY = CtyType("any")
 
 
 def parse_type(text: str) -> CtyType:
-    """Parse a type expression as ``typeexpr.TypeConstraint`` does for the common cases."""
+    """Parse a type expression as ``typeexpr.TypeConstraint`` does for the common cases. Raises
+    ConfigError for anything else, and beyond :data:`MAX_NESTING` levels."""
     s = "".join(text.split())
-    if s in ("string", "number", "bool", "any"):
-        return CtyType(s)
-    for kind in ("list", "set", "map"):
-        if s.startswith(kind + "(") and s.endswith(")"):
-            return CtyType(kind, parse_type(s[len(kind) + 1 : -1]))
-    if s.startswith(("object(", "tuple(")) and s.endswith(")"):
-        return _ANY
-    raise ConfigError(f"unsupported type expression {text!r}")
+    kinds: list[str] = []  # the collection kinds from the outside in
+    while len(kinds) <= MAX_NESTING:
+        if s in ("string", "number", "bool", "any"):
+            ty = CtyType(s)
+        elif s.startswith(("object(", "tuple(")) and s.endswith(")"):
+            ty = _ANY
+        else:
+            kind = next((k for k in ("list", "set", "map") if s.startswith(k + "(") and s.endswith(")")), None)
+            if kind is None:
+                raise ConfigError(f"unsupported type expression {text[:200]!r}")
+            kinds.append(kind)
+            s = s[len(kind) + 1 : -1]
+            continue
+        for kind in reversed(kinds):
+            ty = CtyType(kind, ty)
+        return ty
+    raise ConfigError(f"type expression {text[:200]!r} nested deeper than {MAX_NESTING} levels")
 
 
 _NUMBER_TEXT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
@@ -399,7 +451,13 @@ def convert(value: Any, ty: CtyType, where: str) -> Any:
         if isinstance(value, bool):
             return "true" if value else "false"
         if isinstance(value, (int, float, Decimal)):
-            return _decimal_text(_to_decimal(value))
+            d = _to_decimal(value)
+            if not d.is_finite():  # Nomad's JSON round trip cannot carry NaN or infinities
+                raise ConfigError(f"{where}: a string is required, {value} has no decimal spelling")
+            try:
+                return _decimal_text(_check_magnitude(d))
+            except ConfigError as exc:
+                raise ConfigError(f"{where}: {exc}") from None
         raise ConfigError(f"{where}: a string is required")
     if ty.kind == "number":
         if isinstance(value, bool):
@@ -407,8 +465,10 @@ def convert(value: Any, ty: CtyType, where: str) -> Any:
         if isinstance(value, (int, float, Decimal)):
             return value
         if isinstance(value, str) and _NUMBER_TEXT.fullmatch(value):
-            d = Decimal(value)
-            return int(d) if d == d.to_integral_value() else d
+            try:
+                return _exact(Decimal(value))
+            except ConfigError as exc:
+                raise ConfigError(f"{where}: {exc}") from None
         raise ConfigError(f"{where}: a number is required")
     if ty.kind == "bool":
         if isinstance(value, bool):
