@@ -552,7 +552,7 @@ def test_compute_mode_refused_undoes_everything(make_daemon: Callable[..., Daemo
 
 
 def test_compute_mode_without_nvidia_smi(make_daemon: Callable[..., Daemon], root: Path) -> None:
-    with pytest.raises(MpsError, match="not found .*exclusive_process"):
+    with pytest.raises(MpsError, match=r"not found .*exclusive_process"):
         make_daemon(exclusive_process=True, nvidia_smi=str(root / "no-nvidia-smi")).start()
     assert serving(root) == []
 
