@@ -265,6 +265,12 @@ def test_a_renamed_family_would_fail() -> None:
     assert "no label ['sensor']" in _check_selectors("t", 'accelstats_gpu_power_watts{sensor="gpu"}')[0]
 
 
+def test_planned_families_are_in_the_spec(shared_dir: Path) -> None:
+    """PLANNED may only hold families the published contract promises (spec/metrics.md)."""
+    spec = (shared_dir / "spec" / "metrics.md").read_text()
+    assert all(f"`{name}" in spec for name in PLANNED), PLANNED
+
+
 def test_provisioning_points_at_the_dashboards() -> None:
     provider = (GRAFANA / "provisioning" / "dashboards.yml").read_text()
     assert re.search(r"^apiVersion: 1$", provider, re.M)
