@@ -40,14 +40,23 @@ RUNC_DEFAULTS = ["c 1:3 rwm", "c 1:5 rwm", "c 1:7 rwm", "c 1:8 rwm", "c 1:9 rwm"
                  "c 136:* rwm", "c 10:200 rwm", "c 195:255 rw"]
 
 
-def build_host(root: Path, capture: Path, gpus: int, containers: int) -> Settings:
-    """Write a replay scenario of ``gpus`` GPUs and a v1 devices tree of ``containers`` containers."""
+def write_scenario(path: Path, capture: Path, gpus: int) -> Path:
+    """Write a replay scenario of ``gpus`` copies of ``capture`` (NVML indices and minors 0..gpus-1,
+    fresh UUIDs) to ``path``; returns ``path``."""
     lines = []
     for i in range(gpus):
         lines += ["[[gpu]]", f'capture = "{capture}"', f"index = {i}", f"minor = {i}",
                   f'uuid = "GPU-{i:08x}-0000-4000-8000-{secrets.token_hex(6)}"', ""]
-    scenario = root / "scenario.toml"
-    scenario.write_text("\n".join(lines))
+    path.write_text("\n".join(lines))
+    return path
+
+
+def build_host(root: Path, capture: Path | None, gpus: int, containers: int) -> Settings:
+    """Write a replay scenario of ``gpus`` GPUs and a v1 devices tree of ``containers`` containers.
+
+    ``capture`` None writes no scenario (``nvml_replay`` None: live NVML, whose GPUs must have the
+    minors 0..gpus-1 for the grants to match)."""
+    scenario = write_scenario(root / "scenario.toml", capture, gpus) if capture is not None else None
     devices = root / "cgroup" / "devices"
     devices.mkdir(parents=True)
     (devices / "devices.list").write_text("a *:* rwm\n")
@@ -149,8 +158,8 @@ def time_scrapes(settings: Settings, scrapes: int) -> dict[str, float]:
     manager.collect()
     fd_scans_last = (scanner.scans - fd_scans_before) if scanner is not None else 0
     manager.destroy()
-    return {"p50": _pct(full, 50), "p99": _pct(full, 99), "collect": _pct(collect, 50),
-            "render": _pct(render_ms, 50), "encode": _pct(encode, 50), "bytes": size,
+    return {"p50": percentile(full, 50), "p99": percentile(full, 99), "collect": percentile(collect, 50),
+            "render": percentile(render_ms, 50), "encode": percentile(encode, 50), "bytes": size,
             "samples": sum(len(f.samples) for f in families), "fd_scans_last": fd_scans_last,
             "containers_with_gpu": sum(1 for c in collection.containers if c.accelerators)}
 
@@ -175,10 +184,29 @@ def _times(n: int, fn: Callable[[], object]) -> list[float]:
     return out
 
 
-def _pct(sorted_ms: list[float], pct: int) -> float:
+def percentile(sorted_ms: list[float], pct: int) -> float:
+    """The ``pct`` percentile of an ascending list (50: the median; else the nearest rank below)."""
     if pct == 50:
         return statistics.median(sorted_ms)
     return sorted_ms[min(len(sorted_ms) - 1, int(len(sorted_ms) * pct / 100))]
+
+
+def machine() -> str:
+    """One line naming the date, host, CPU model, CPU count and Python version."""
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:  # not Linux: platform's answer below
+        cpuinfo = ""
+    names = [line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")]
+    model = names[0] if names else (platform.processor() or platform.machine())
+    return (f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')} {platform.node()} {model} cpus={os.cpu_count()} "
+            f"python={platform.python_version()}")
+
+
+def loadavg() -> str:
+    """``load average: 1m 5m 15m`` (os.getloadavg): says whether other work shared the machine."""
+    one, five, fifteen = os.getloadavg()
+    return f"load average: {one:.2f} {five:.2f} {fifteen:.2f}"
 
 
 def default_shared() -> Path:
