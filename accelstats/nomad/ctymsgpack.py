@@ -553,12 +553,12 @@ def _decode(spec: Any, body: Mapping[str, Any], where: str, check: bool) -> Any:
         return convert(body[attr.name], parse_type(attr.type) if attr.type else _ANY, prefix + attr.name)
     if kind == "block_value":
         blk = spec.block_value
-        if blk.name not in body:
+        items = _blocks(body[blk.name], prefix + blk.name) if blk.name in body else []
+        if not items:  # absent, or an empty list of blocks
             if check and blk.required:
                 raise ConfigError(f'{prefix}{blk.name}: missing {blk.name} block; a block of type "{blk.name}" '
                                   "is required here")
             return None
-        items = _blocks(body[blk.name], prefix + blk.name)
         if len(items) > 1:
             raise ConfigError(f"{prefix}{blk.name}: duplicate {blk.name} block; only one is allowed")
         return _decode(blk.nested, items[0], prefix + blk.name, check)
@@ -595,11 +595,11 @@ def _decode(spec: Any, body: Mapping[str, Any], where: str, check: bool) -> Any:
         return walk(raw, list(blk.labels) or ["label"], prefix + blk.name)
     if kind == "block_attrs":
         blk = spec.block_attrs
-        if blk.name not in body:
+        items = _blocks(body[blk.name], prefix + blk.name) if blk.name in body else []
+        if not items:  # absent, or an empty list of blocks
             if check and blk.required:
                 raise ConfigError(f"{prefix}{blk.name}: missing {blk.name} block")
             return None
-        items = _blocks(body[blk.name], prefix + blk.name)
         if len(items) > 1:
             raise ConfigError(f"{prefix}{blk.name}: duplicate {blk.name} block")
         return convert(dict(items[0]), CtyType("map", parse_type(blk.type) if blk.type else _ANY), prefix + blk.name)
