@@ -18,7 +18,7 @@ import os
 from hypothesis import HealthCheck, settings
 
 PROFILE_ENV = "ACCELSTATS_FUZZ_PROFILE"
-CI_EXAMPLES = 300
+CI_EXAMPLES = 200
 LONG_EXAMPLES = 100_000
 
 settings.register_profile(

@@ -232,6 +232,17 @@ def test_parse_literal_limits() -> None:
 
 # ---------------------------------------------------------------------------- types and schemas
 
+
+def test_an_empty_list_of_blocks_is_an_absent_block() -> None:
+    """Regression (found by fuzzing): ``{"blk": []}`` for a Block or BlockAttrs spec raised IndexError;
+    no block is an absent block (null, or "missing … block" when required)."""
+    value = decode_config(EVERY_KIND, {"blk": [], "battrs": []})
+    assert value["blk"] is None and value["battrs"] is None
+    required = _object(blk=hclspec_pb2.Spec(block_value=hclspec_pb2.Block(name="blk", required=True, nested=_object())))
+    with pytest.raises(ConfigError, match="missing blk block"):
+        decode_config(required, {"blk": []})
+
+
 types = st.recursive(st.sampled_from([CtyType("string"), CtyType("number"), CtyType("bool"), CtyType("any")]),
                      lambda inner: st.builds(CtyType, st.sampled_from(["list", "set", "map"]), inner), max_leaves=3)
 
@@ -331,6 +342,7 @@ def agent_configs(draw: st.DrawFn, spec: Any) -> Any:
 @given(st.sampled_from(sorted(SCHEMAS)).flatmap(lambda name: st.tuples(st.just(name), agent_configs(SCHEMAS[name]))))
 @example(("every kind", {"bmap": {"x": {"y": {"w": "1e999999999"}}}}))
 @example(("plugin", {"mps": {"resource": [{"name": "a", "replicas": "1e999999999"}]}}))
+@example(("every kind", {"blk": [], "battrs": []}))
 def test_decode_and_encode_for_spec_raise_only_config_error(case: tuple[str, Any]) -> None:
     name, user = case
     spec = SCHEMAS[name]

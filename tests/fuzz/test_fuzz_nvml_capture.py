@@ -100,7 +100,7 @@ def byte_mutations(draw: st.DrawFn) -> bytes:
     return data
 
 
-@fuzz_settings(ci_examples=150)
+@fuzz_settings(ci_examples=120)
 @given(st.one_of(st.binary(), byte_mutations()))
 @example(b"")
 @example(b"<nvidia_smi_log/>")
@@ -159,7 +159,7 @@ def element_mutations(draw: st.DrawFn) -> bytes:
     return ET.tostring(root, encoding="utf-8")
 
 
-@fuzz_settings(ci_examples=150)
+@fuzz_settings(ci_examples=120)
 @given(element_mutations())
 def test_mutated_elements_raise_only_capture_error(data: bytes) -> None:
     capture = parsed_or_refused(data)
@@ -192,7 +192,7 @@ def with_cell(path: str, text: str) -> bytes:
     return ET.tostring(root, encoding="utf-8")
 
 
-@fuzz_settings(ci_examples=150)
+@fuzz_settings(ci_examples=120)
 @given(st.sampled_from(sorted(CELLS)), st.one_of(st.integers(0, 2**32 + 5), st.integers(-(2**65), 2**65)))
 @example("temp_gpu_c", -36)
 @example("memory_total_bytes", (2**64 - 1) >> 20)
@@ -234,7 +234,7 @@ def test_uuid_rules_are_capture_errors(uuid: str) -> None:
     assert parsed_or_refused(data) is None
 
 
-@fuzz_settings(ci_examples=150)
+@fuzz_settings(ci_examples=120)
 @given(st.decimals(min_value=0, max_value=Decimal(U32) / 1000, places=2), st.sampled_from(["W", " W"]))
 def test_watts_read_back_as_milliwatts(watts: Decimal, space: str) -> None:
     """Every power reading NVML can answer (milliwatts in an unsigned int) reads back exactly."""
