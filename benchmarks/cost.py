@@ -27,8 +27,8 @@ then measures accelstats' own Python work against an almost free floor. ``--live
 NVML (pynvml) of this host: the run for the H200 machine, where the target is accelstats / floor
 ≤ 2 (p50) for 1 GPU x 10 containers; cases with more GPUs than the host has are not measured.
 
-Usage: ``python3 benchmarks/cost.py [--live] [--rounds 200] [--shared DIR]``. Exit status 1 when
-``--live`` and the target is missed. Figures go to docs/performance.md.
+Usage: ``python3 benchmarks/cost.py [--live] [--rounds 200] [--pause S] [--shared DIR]``. Exit status
+1 when ``--live`` and the target is missed, 2 when ``--live`` finds no NVML. Figures go to docs/performance.md.
 """
 
 from __future__ import annotations
@@ -239,7 +239,11 @@ def main() -> int:
     if args.live:
         import pynvml
 
-        host_gpus = gpu_count(pynvml)
+        try:
+            host_gpus = gpu_count(pynvml)
+        except pynvml.NVMLError as exc:
+            print(f"cost.py: error: --live needs NVML: nvmlInit failed: {exc}", file=sys.stderr)
+            return 2
     verdict = 0
     for gpus, containers in CASES:
         title = f"{gpus} GPU{'s' if gpus > 1 else ''} x {containers} containers"

@@ -153,6 +153,13 @@ print("- Reserve:", json.dumps(msgs.get("Reserve"))[:800])
 sys.exit(0 if r["ok"] and msgs.get("Fingerprint", {}).get("device_group") else 1)
 PYEOF
 
+step "issue 7: scrape cost on live NVML: accelstats vs the NVML floor vs nvidia-smi (target: accelstats / floor <= 2)"
+# 1 GPU x 10 synthetic containers; 100 interleaved rounds, 0.25 s apart (about a minute); exit 1 = target missed
+timeout 300 $py "$OLDPWD/benchmarks/cost.py" --live --rounds 100 > "$OUT/cost.txt" 2>&1 || fail=1
+{ printf '\n### Scrape cost on live NVML (benchmarks/cost.py --live --rounds 100)\n\n```\n'; cat "$OUT/cost.txt"; printf '```\n'; } \
+  >> "$OUT/gpu-check.md"
+tail -n 20 "$OUT/cost.txt"
+
 if command -v promtool >/dev/null; then
   step "promtool check metrics"; promtool check metrics < "$OUT/dump.prom" || fail=1
 fi
