@@ -9,6 +9,8 @@ connection after its response; no ``Accept-Encoding``, so bodies are plain text)
 
 Printed: requests, errors (any non-200, timeout, connection error, or a body shorter than its
 Content-Length or not ending in a newline), p50/p99/max latency (connect to last byte), scrapes/s,
+the TCP connect time alone (p99, and how many took ≥ 0.9 s: Linux retransmits a dropped SYN after
+1 s, so those met a full listen backlog),
 the CPU the exporter process and this client process took (psutil, in cores), the exporter's RSS,
 threads and fds, and the collections the scrapes were served from.
 
@@ -115,6 +117,7 @@ class ScrapeResult:
     seconds: float
     size: int = 0
     collection: tuple[bytes, ...] | None = None
+    connect: float = 0.0  # seconds of the TCP connect alone
 
 
 def collection_key(body: bytes) -> tuple[bytes, ...] | None:
@@ -143,13 +146,16 @@ def http_scrape(host: str, port: int, timeout: float) -> ScrapeResult:
     """``GET /metrics`` on a new connection (``Connection: close``); never raises."""
     t0 = time.perf_counter()
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    connect = 0.0
     try:
+        conn.connect()
+        connect = time.perf_counter() - t0
         conn.request("GET", "/metrics", headers={"Connection": "close"})
         resp = conn.getresponse()
         body = resp.read()
         status, length = resp.status, resp.getheader("Content-Length")
     except (OSError, http.client.HTTPException) as exc:  # timeouts are OSError; IncompleteRead is HTTPException
-        return ScrapeResult(f"{type(exc).__name__}: {exc}"[:200], time.perf_counter() - t0)
+        return ScrapeResult(f"{type(exc).__name__}: {exc}"[:200], time.perf_counter() - t0, connect=connect)
     finally:
         conn.close()
     seconds = time.perf_counter() - t0
@@ -157,7 +163,7 @@ def http_scrape(host: str, port: int, timeout: float) -> ScrapeResult:
     key = collection_key(body) if not error else None
     if not error and key is None:
         error = "no accelstats_scrape_collector_duration_seconds in the body"
-    return ScrapeResult(error, seconds, len(body), key)
+    return ScrapeResult(error, seconds, len(body), key, connect)
 
 
 def run_clients(scrape: Callable[[], ScrapeResult], clients: int, seconds: float) -> tuple[list[ScrapeResult], float]:
@@ -283,7 +289,9 @@ def summarize(results: Sequence[ScrapeResult], wall: float) -> dict[str, Any]:
             "first_error": next((r.error for r in results if r.error), ""),
             "p50": percentile(ok, 50) if ok else float("nan"), "p99": percentile(ok, 99) if ok else float("nan"),
             "max": ok[-1] if ok else float("nan"), "rate": len(ok) / wall, "collections": len(collections),
-            "bytes": max((r.size for r in results), default=0)}
+            "bytes": max((r.size for r in results), default=0),
+            "connect_p99": percentile(sorted(r.connect * 1000 for r in results), 99) if results else float("nan"),
+            "slow_connects": sum(1 for r in results if r.connect >= 0.9)}
 
 
 def check_in_process(settings: Settings, clients: int, seconds: float) -> tuple[int, int, int]:
@@ -369,6 +377,8 @@ def main() -> int:
                   f"{' first: ' + s['first_error'] if s['errors'] else ''}")
             print(f"latency ms: p50 {s['p50']:.1f}, p99 {s['p99']:.1f}, max {s['max']:.1f}; "
                   f"{s['rate']:.2f} scrapes/s over {wall:.1f} s; body {s['bytes']} bytes")
+            print(f"TCP connect: p99 {s['connect_p99']:.1f} ms; {s['slow_connects']} took >= 0.9 s (a SYN "
+                  "retransmitted: the listen backlog was full)")
             ratio = (s["requests"] - s["errors"]) / max(1, s["collections"])
             print(f"collections {s['collections']} for {s['requests'] - s['errors']} scrapes "
                   f"({ratio:.2f} scrapes per collection)")
