@@ -20,8 +20,10 @@ walk, an fd directory of another user) is skipped and counted in :attr:`Attribut
 from __future__ import annotations
 
 import logging
+import os
 from collections import Counter
 from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
 
 from accelstats.cgroups import (
@@ -104,15 +106,29 @@ class Attributor:
         view.pid_cgroups = {pid: aliases.get(path, path) for pid, path in view.pid_cgroups.items()}
         targets += self._unlisted(view.pid_cgroups.values(), {c.path for c in found.containers})
         view.index_processes(path for path, _, _ in targets)
+        # Containers the walk listed and whose cgroup is removed before they are read stopped during
+        # the collection: counted once as cgroup_vanished and not listed. ``gone``: those the PID
+        # listing found removed (counted there).
+        walked = {c.directory for c in found.containers}
+        gone: set[Path] = set()
         if self.scanner is not None:
-            view.open_minors = self._open_minors([d for _, d, _ in targets])
+            view.open_minors = self._open_minors([d for _, d, _ in targets], walked, gone)
 
         out = []
         for path, directory, identity in targets:
+            if directory in gone:
+                continue  # the container stopped during the collection: it is not listed
             stats = ContainerStats(cgroup=path, identity=identity,
                                    metadata=ContainerMetadata(name=identity.name if identity else ""))
+            vanished: list[bool] = []
             ContainerCollector(directory, path, view, devices_list=self.devices_list, on_skipped=on_skipped,
-                               on_unreadable=self._devices_list_unreadable).update_stats(stats)
+                               on_unreadable=self._devices_list_unreadable,
+                               on_vanished=partial(vanished.append, True)).update_stats(stats)
+            if vanished and directory in walked:
+                self.skipped["cgroup_vanished"] += 1
+                continue
+            if vanished:  # a GPU process's cgroup the walk never saw: listed, its devices.list unread
+                self._devices_list_unreadable()
             if stats.accelerators and identity is not None:  # state files only for containers that matter
                 stats.metadata = self.metadata.lookup(identity)
             out.append(stats)
@@ -155,13 +171,17 @@ class Attributor:
                 log.warning("mig-minors: skipped unknown line %r", line[:200])
         return MigMap(caps_major=major, caps=caps)
 
-    def _open_minors(self, directories: list[Path]) -> Callable[[Path], frozenset[int]]:
-        """One fd scan for the PIDs of every container (cached by PID + start time), then a lookup."""
+    def _open_minors(self, directories: list[Path], walked: set[Path],
+                     gone: set[Path]) -> Callable[[Path], frozenset[int]]:
+        """One fd scan for the PIDs of every container (cached by PID + start time), then a lookup.
+        Directories of ``walked`` removed since the walk are added to ``gone`` (counted here)."""
         assert self.scanner is not None
         pids_of: dict[Path, list[int]] = {}
         for directory in directories:
             pids, vanished = pids_in_cgroup(directory)
             self.skipped["cgroup_vanished"] += vanished
+            if vanished and directory in walked and not os.path.isdir(directory):
+                gone.add(directory)
             pids_of[directory] = pids
         before = self.scanner.unreadable
         held = self.scanner.scan(pid for pids in pids_of.values() for pid in pids)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -214,7 +215,10 @@ class ContainerCollector:
     ``devices.list``; v2: in the unified hierarchy); ``cgroup``: its path as ``/proc/<pid>/cgroup``
     names it; ``devices_list``: whether to attribute by ``devices.list`` (v1) or only by evidence
     (v2). A process counts for the container when its cgroup is the container's or below it.
-    ``on_skipped(cgroup, lines)`` is told the malformed ``devices.list`` lines.
+    ``on_skipped(cgroup, lines)`` is told the malformed ``devices.list`` lines; ``on_unreadable()``
+    that ``devices.list`` could not be read while the cgroup exists (permissions, a FIFO planted in a
+    mounted tree), ``on_vanished()`` that it could not because the cgroup was removed meanwhile (the
+    container stopped during the collection: normal, not a fault of the host).
 
     Attribution, in order (each device once, first reason wins):
 
@@ -227,9 +231,11 @@ class ContainerCollector:
 
     def __init__(self, directory: Path, cgroup: str, view: HostView, *, devices_list: bool,
                  on_skipped: Callable[[str, tuple[str, ...]], None] | None = None,
-                 on_unreadable: Callable[[], None] | None = None) -> None:
+                 on_unreadable: Callable[[], None] | None = None,
+                 on_vanished: Callable[[], None] | None = None) -> None:
         self.directory = directory
         self.on_unreadable = on_unreadable
+        self.on_vanished = on_vanished
         self.cgroup = cgroup
         self.view = view
         self.devices_list = devices_list
@@ -244,6 +250,11 @@ class ContainerCollector:
         if self.devices_list:
             text = read_devices_list_text(self.directory)
             if text is None:
+                if not os.path.isdir(self.directory):
+                    stats.reason = f"{self.directory} does not exist (removed during the collection?)"
+                    if self.on_vanished is not None:
+                        self.on_vanished()
+                    return
                 stats.reason = f"devices.list not readable in {self.directory}"
                 if self.on_unreadable is not None:
                     self.on_unreadable()
