@@ -218,6 +218,7 @@ class NvidiaBackend:
             self.pcie.stop()
             if not self.pcie.wait_idle(0.1):  # a round ends after its current call (~21 ms)
                 log.warning("NVML left initialised: a PCIe throughput call has not returned")
+                self.pcie.resume()  # NVML stays up: so does the sampler (its stuck round is not doubled)
                 return
         if self.xid_watcher is not None:
             self.xid_watcher.stop()

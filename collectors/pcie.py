@@ -100,7 +100,12 @@ class PcieSampler:
         elif not done.wait(self.first_wait):
             log.info("PCIe throughput: the first round did not end within %gs; values follow when it does",
                      self.first_wait)
+        self.resume()
+
+    def resume(self) -> None:
+        """Start the timer thread again after :meth:`stop` (no first round; the GPUs are kept)."""
         with self._lock:
+            self._stop.clear()
             if self._timer is None or not self._timer.is_alive():
                 self._timer = threading.Thread(target=self._loop, name="accelstats-pcie", daemon=True)
                 self._timer.start()

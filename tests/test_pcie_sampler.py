@@ -244,3 +244,28 @@ def test_replay_pcie_throughput_unit_is_kb_per_second(h200: Path) -> None:
     h = replay.nvmlDeviceGetHandleByIndex(0)
     assert replay.nvmlDeviceGetPcieThroughput(h, replay.NVML_PCIE_UTIL_TX_BYTES) == 884
     assert replay.nvmlDeviceGetPcieThroughput(h, replay.NVML_PCIE_UTIL_RX_BYTES) == 422
+
+
+def test_shutdown_during_a_hung_pcie_call_leaves_nvml_and_the_sampler_running(tmp_path: Path, h200: Path) -> None:
+    """nvmlShutdown under a running call is undefined: shutdown() backs off, and the sampler's timer
+    goes on (NVML stays initialised), so values come back once the call returns."""
+    path = scenario(tmp_path, h200, """
+[[gpu]]
+capture = "CAPTURE"
+[[fault]]
+call = "nvmlDeviceGetPcieThroughput"
+hang_seconds = 1.0
+after_calls = 2
+times = 1
+""")
+    b = NvidiaBackend(ReplayNVML.from_path(path), pcie_interval=0.1)
+    assert b.pcie is not None
+    try:
+        snapshot(b)
+        wait_for(lambda: b.pcie is not None and b.pcie.busy)
+        b.shutdown()
+        assert b.devices() != []  # not shut down: handles kept
+        assert "accelstats-pcie" in {t.name for t in b.pcie.threads}  # the timer runs again
+        wait_for(lambda: pcie(snapshot(b)) == {"tx": 905216.0, "rx": 432128.0}, timeout=4.0)
+    finally:
+        b.close()
