@@ -122,3 +122,25 @@ def test_unrestricted_cgroup_is_attributed_by_its_processes(tmp_path: Path, fixt
         "GPU-00000000-0000-4000-8000-000000000001", "process", 1048576, 1)
     assert by_id[DOCKER_B].accelerators == []
     assert "none of its processes is on a GPU" in by_id[DOCKER_B].reason
+
+
+
+def test_nvml_pcie_interval_reaches_the_sampler(tmp_path: Path, fixtures_dir: Path) -> None:
+    """``nvml_pcie_interval`` (config key) sets the PCIe sampler's period; 0 turns it off."""
+    from collectors.nvidia import NvidiaBackend
+
+    def sampler_interval(interval: float) -> float | None:
+        settings = Settings(cgroup_root=tmp_path, proc_root=tmp_path, collectors=("nvidia",),
+                            nvml_pcie_interval=interval)
+        manager = AcceleratorManager(settings, ReplayNVML.from_path(fixtures_dir / "h200" / "nvidia-smi-q.xml"))
+        manager.setup()
+        try:
+            (nvidia,) = manager.collectors
+            assert isinstance(nvidia, NvidiaBackend)
+            return nvidia.pcie.interval if nvidia.pcie is not None else None
+        finally:
+            manager.destroy(timeout=0.5)
+            manager.close()
+
+    assert sampler_interval(0) is None
+    assert sampler_interval(2.5) == 2.5
