@@ -10,7 +10,9 @@ connection after its response; no ``Accept-Encoding``, so bodies are plain text)
 Printed: requests, errors (any non-200, timeout, connection error, or a body shorter than its
 Content-Length or not ending in a newline), p50/p99/max latency (connect to last byte), scrapes/s,
 the TCP connect time alone (p99, and how many took ≥ 0.9 s: Linux retransmits a dropped SYN after
-1 s, so those met a full listen backlog),
+1 s, so those met a full listen backlog), how many 200 answers reported a GPU down or a collector
+failed (``accelstats_gpu_up 0``, ``accelstats_scrape_collector_success 0``: e.g. NVML past its 1.5 s
+deadline while the process was busy),
 the CPU the exporter process and this client process took (psutil, in cores), the exporter's RSS,
 threads and fds, and the collections the scrapes were served from.
 
@@ -61,6 +63,9 @@ from collectors.nvml_replay import ReplayNVML
 REPO = Path(__file__).resolve().parents[1]
 DURATION_FAMILY = b"# TYPE accelstats_scrape_collector_duration_seconds gauge\n"
 DURATION_SAMPLE = re.compile(rb'accelstats_scrape_collector_duration_seconds\{collector="([a-z_]+)"\} (\S+)\n')
+UP_FAMILY = b"# TYPE accelstats_gpu_up gauge\n"
+SUCCESS_FAMILY = b"# TYPE accelstats_scrape_collector_success gauge\n"
+DOWN_SAMPLE = re.compile(rb"^accelstats_(?:gpu_up|scrape_collector_success)\{[^}\n]*\} 0\.0$", re.MULTILINE)
 
 
 class RecordingNVML:
@@ -118,6 +123,7 @@ class ScrapeResult:
     size: int = 0
     collection: tuple[bytes, ...] | None = None
     connect: float = 0.0  # seconds of the TCP connect alone
+    degraded: bool = False  # a GPU reported down or a collector failed (see :func:`degraded`)
 
 
 def collection_key(body: bytes) -> tuple[bytes, ...] | None:
@@ -128,6 +134,17 @@ def collection_key(body: bytes) -> tuple[bytes, ...] | None:
         return None
     values = DURATION_SAMPLE.findall(body, at, at + 4096)
     return tuple(v for _, v in values) or None
+
+
+def degraded(body: bytes) -> bool:
+    """True when the exposition reports a GPU down (``accelstats_gpu_up 0``: lost, or NVML past its
+    deadline) or a collector failed (``accelstats_scrape_collector_success 0``): a 200 that is
+    not the whole truth. Looks only at those two families' first 16 KiB."""
+    for family in (UP_FAMILY, SUCCESS_FAMILY):
+        at = body.find(family)
+        if at >= 0 and DOWN_SAMPLE.search(body, at, at + 16384):
+            return True
+    return False
 
 
 def check_body(status: int, length: str | None, body: bytes) -> str:
@@ -163,7 +180,7 @@ def http_scrape(host: str, port: int, timeout: float) -> ScrapeResult:
     key = collection_key(body) if not error else None
     if not error and key is None:
         error = "no accelstats_scrape_collector_duration_seconds in the body"
-    return ScrapeResult(error, seconds, len(body), key, connect)
+    return ScrapeResult(error, seconds, len(body), key, connect, not error and degraded(body))
 
 
 def run_clients(scrape: Callable[[], ScrapeResult], clients: int, seconds: float) -> tuple[list[ScrapeResult], float]:
@@ -291,7 +308,8 @@ def summarize(results: Sequence[ScrapeResult], wall: float) -> dict[str, Any]:
             "max": ok[-1] if ok else float("nan"), "rate": len(ok) / wall, "collections": len(collections),
             "bytes": max((r.size for r in results), default=0),
             "connect_p99": percentile(sorted(r.connect * 1000 for r in results), 99) if results else float("nan"),
-            "slow_connects": sum(1 for r in results if r.connect >= 0.9)}
+            "slow_connects": sum(1 for r in results if r.connect >= 0.9),
+            "degraded": sum(1 for r in results if r.degraded)}
 
 
 def check_in_process(settings: Settings, clients: int, seconds: float) -> tuple[int, int, int]:
@@ -381,7 +399,8 @@ def main() -> int:
                   "retransmitted: the listen backlog was full)")
             ratio = (s["requests"] - s["errors"]) / max(1, s["collections"])
             print(f"collections {s['collections']} for {s['requests'] - s['errors']} scrapes "
-                  f"({ratio:.2f} scrapes per collection)")
+                  f"({ratio:.2f} scrapes per collection); {s['degraded']} answers reported a GPU down or a "
+                  "collector failed")
             print(f"CPU: exporter {cpu_s:.1f} s = {cpu_s / wall:.2f} cores, scrapers (this process) {cpu_c:.1f} s = "
                   f"{cpu_c / wall:.2f} cores")
             print(f"exporter: threads max {max(watch.threads, default=0)}, RSS max "
