@@ -213,12 +213,12 @@ def run_reserve_storm(binary: str, capture: Path, threads: int, seconds: float) 
         gpus = sorted(d.ID for g in first.device_group for d in g.devices)
         stats = plugin.stats(1.0)
         stats.read(timeout=30)
-        p = psutil.Process(plugin.pid)
+        p, me = psutil.Process(plugin.pid), psutil.Process()
         with StreamCounter(fingerprint, validate_fingerprint) as fp, StreamCounter(stats, validate_stats) as st:
-            cpu0, t0 = sum(p.cpu_times()[:2]), time.monotonic()
+            cpu0, mine0, t0 = sum(p.cpu_times()[:2]), sum(me.cpu_times()[:2]), time.monotonic()
             r = reserve_storm(plugin, [gpus[:1], gpus[2:5], gpus], threads, seconds)
             t1 = time.monotonic()
-            cpu = sum(p.cpu_times()[:2]) - cpu0
+            cpu, mine = sum(p.cpu_times()[:2]) - cpu0, sum(me.cpu_times()[:2]) - mine0
         every = sorted(x for v in r.latencies.values() for x in v)
         print(f"Reserve storm: {threads} threads x {r.seconds:.1f} s, {len(gpus)} replayed GPUs: {r.total} Reserves = "
               f"{r.total / r.seconds:.0f}/s; wrong answers {len(r.wrong)}{': ' + r.wrong[0] if r.wrong else ''}")
@@ -233,7 +233,8 @@ def run_reserve_storm(binary: str, capture: Path, threads: int, seconds: float) 
         print(f"  meanwhile: Fingerprint {fp.between(t0, t1)} messages (period 1 s), Stats {st.between(t0, t1)} "
               f"(interval 1 s), problems {fp.problems + st.problems}, stream failures "
               f"{[f for f in (fp.failure, st.failure) if f]}")
-        print(f"  plugin CPU {cpu:.1f} s = {cpu / (t1 - t0):.2f} cores; health afterwards {plugin.health()}; "
+        print(f"  CPU: plugin {cpu:.1f} s = {cpu / (t1 - t0):.2f} cores, the Reserve threads (this process) "
+              f"{mine:.1f} s = {mine / (t1 - t0):.2f} cores; health afterwards {plugin.health()}; "
               f"hclog problems {plugin.hclog_problems()}")
 
 
