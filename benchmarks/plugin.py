@@ -102,7 +102,7 @@ def check_reserve(kind: str, ids: Sequence[str], call: Callable[[], Any]) -> str
     try:
         res = call()
     except grpc.RpcError as err:
-        code, details = err.code().name, err.details()  # type: ignore[attr-defined]
+        code, details = err.code().name, err.details()
         expected = {"unknown": f'unknown device "{ids[0]}"' if ids else "", "empty": "no device IDs"}.get(kind)
         if expected is None:
             return f"valid {list(ids)}: {code}: {details}"
