@@ -219,6 +219,9 @@ class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
 
     daemon_threads = True
     allow_reuse_address = True
+    # listen() backlog: socketserver's default of 5 overflowed with 50 concurrent scrapers (SYNs dropped,
+    # clients retrying after 1, 3, 7 s; benchmarks/load.py). The kernel caps it at net.core.somaxconn.
+    request_queue_size = socket.SOMAXCONN
     web: WebConfigSource | None = None
     handshake_timeout = HANDSHAKE_TIMEOUT
 
