@@ -31,3 +31,40 @@ def test_listen_backlog_holds_a_burst_of_scrapers(tmp_path: Path) -> None:
         server.server_close()
         manager.destroy(timeout=0.5)
         manager.close()
+
+
+def test_scrapes_sharing_a_collection_share_one_encoded_body(tmp_path: Path, fixtures_dir: Path) -> None:
+    """Concurrent scrapes get one collection (AcceleratorManager.collect); the body is encoded once per
+    collection and format, gzip on request, OpenMetrics when asked for."""
+    import gzip
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from accelstats.exporter import SharedExposition
+    from collectors.nvml_replay import ReplayNVML
+
+    manager = AcceleratorManager(Settings(cgroup_root=tmp_path, proc_root=tmp_path, collectors=("nvidia",)),
+                                 ReplayNVML.from_path(fixtures_dir / "h200" / "nvidia-smi-q.xml"))
+    manager.setup()
+    try:
+        first = manager.collect()
+        collections = iter([first, first, first, first, manager.collect()])
+        manager.collect = lambda: next(collections)  # type: ignore[method-assign]
+        shared = SharedExposition(manager)
+        plain, headers = shared.body("", "")
+        assert dict(headers)["Content-Type"].startswith("text/plain; version=")
+        assert "Content-Encoding" not in dict(headers)
+        names = {f.name for f in text_string_to_metric_families(plain.decode())}
+        assert {"accelstats_gpu_info", "accelstats_gpu_up", "accelstats_gpu_power_watts"} <= names
+        zipped, headers = shared.body("", "gzip")
+        assert dict(headers)["Content-Encoding"] == "gzip" and gzip.decompress(zipped) == plain
+        openmetrics, headers = shared.body("application/openmetrics-text; version=1.0.0", "")
+        assert dict(headers)["Content-Type"].startswith("application/openmetrics-text")
+        assert openmetrics.endswith(b"# EOF\n")
+        assert shared.body("", "")[0] is plain  # the same collection: the same bytes, not encoded again
+        assert shared.encodings == 2  # text once, OpenMetrics once, for four scrapes
+        shared.body("", "")  # a newer collection is encoded anew
+        assert shared.encodings == 3
+    finally:
+        manager.destroy(timeout=0.5)
+        manager.close()
