@@ -3,6 +3,7 @@
 | check | why |
 |---|---|
 | the committed JSON is what ``grafana/generate.py`` writes | the generator is the source; hand edits would be lost |
+| a row wider than the grid is refused by ``grafana/panels.py`` | the SDK's layout would run it past column 24 |
 | valid JSON, schemaVersion, unique uid and title | Grafana refuses or merges dashboards otherwise |
 | panel ids unique, panels inside the 24-column grid and not overlapping | Grafana re-lays out or drops them |
 | every panel has a known unit (``fieldConfig.defaults.unit``) and a description | issue 6 |
@@ -12,6 +13,10 @@
 
 ``PENDING``: families of spec/metrics.md not in the catalog yet that a panel already shows (PCIe
 throughput); computed from the catalog, so it empties itself when the family lands.
+
+The generator builds the dashboards with grafana-foundation-sdk (the ``test`` extra; Python 3.11+):
+without it the two generator checks skip, except under ``CI=true`` on Python 3.11+, where they fail.
+The other checks read the committed JSON and need nothing installed.
 
 The expressions are run against a real Prometheus in ``test_e2e_prometheus.py``.
 """
@@ -28,6 +33,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from conftest import in_ci
 
 from accelstats import catalog
 
@@ -52,8 +58,22 @@ PENDING = PLANNED - set(FAMILIES)
 SCRAPE_LABELS = ("instance", "job")  # added by Prometheus to every scraped series
 
 
+def require_sdk() -> None:
+    """Skip (fail under CI on Python 3.11+) when grafana-foundation-sdk, which generate.py builds with, is
+    missing. The SDK needs Python 3.11+ (its wheel's Requires-Python), so the `test` extra installs it
+    only there: on 3.10 the check skips even under CI."""
+    if importlib.util.find_spec("grafana_foundation_sdk") is not None:
+        return
+    reason = ("grafana-foundation-sdk is not installed: grafana/generate.py builds the dashboards with it "
+              "(pip install -e '.[test]'; Python 3.11+)")
+    if in_ci() and sys.version_info >= (3, 11):
+        pytest.fail(f"{reason}; CI=true and Python 3.11+, so the `test` extra must provide it")
+    pytest.skip(reason)
+
+
 def load_generator() -> ModuleType:
-    """grafana/generate.py as a module (it imports its sibling builder.py)."""
+    """grafana/generate.py as a module (it imports its sibling panels.py and grafana-foundation-sdk)."""
+    require_sdk()
     sys.path.insert(0, str(GRAFANA))
     try:
         spec = importlib.util.spec_from_file_location("accelstats_grafana_generate", GRAFANA / "generate.py")
@@ -140,6 +160,22 @@ def test_the_three_dashboards_are_there_and_up_to_date() -> None:
     assert [p.name for p in FILES] == sorted(rendered), "a JSON file in grafana/dashboards the generator does not write"
     stale = [name for name, text in rendered.items() if (DASHBOARD_DIR / name).read_text() != text]
     assert not stale, f"run python3 grafana/generate.py: {stale} differ from what it writes"
+
+
+def test_a_row_wider_than_the_grid_is_refused() -> None:
+    """The SDK lays panels out left to right and wraps only after a full 24-column line, so 16 + 12
+    would put the second panel at x = 16 .. 28; panels.dashboard refuses that instead of writing it."""
+    generator = load_generator()  # it imports ts, query and dashboard from grafana/panels.py
+    ts, query, dashboard = generator.ts, generator.query, generator.dashboard
+
+    def row(first_width: int) -> tuple[str, list[Any]]:
+        return ("r", [ts("a", "panel a of the row", "short", [query("up")], first_width),
+                      ts("b", "panel b of the row", "short", [query("up")], 12)])
+
+    with pytest.raises(ValueError, match=r"t / b: x 16 \+ width 12 runs past the 24-column grid"):
+        dashboard(uid="u", title="t", description="d", tags=[], variables=[], rows=[row(16)])
+    fits = dashboard(uid="u", title="t", description="d", tags=[], variables=[], rows=[row(12)])
+    assert [(p.grid_pos.x, p.grid_pos.y, p.id_val) for p in fits.panels] == [(0, 0, 1), (0, 1, 2), (12, 1, 3)]
 
 
 def test_uids_and_titles_are_unique() -> None:
