@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
 
+from accelstats.cgroupns import CgroupNamespace
 from accelstats.cgroups import (
     CgroupLayout,
     ContainerIdentity,
@@ -75,6 +76,7 @@ class Attributor:
         self.metadata = MetadataReader(rootfs)
         self.skipped: Counter[str] = Counter({r: 0 for r in SKIP_REASONS})
         self._cgroupns_logged = False
+        self.namespace = CgroupNamespace(self.hierarchy, proc_root, self.controller) if self.hierarchy else None
         self._mig_lines_seen: set[str] = set()
 
     def attribute(self, snapshot: DeviceSnapshot,
@@ -90,12 +92,14 @@ class Attributor:
         self.skipped["cgroup_unreadable"] += found.stats.skipped_unreadable
         self.skipped["cgroup_too_deep"] += found.stats.skipped_too_deep
         gpu_pids = {p.pid for s in snapshot.samples.values() for p in s.processes or ()}
-        view.pid_cgroups, skipped = cgroup_of_pids(gpu_pids, self.proc_root, self.controller)
+        view.pid_cgroups, skipped = cgroup_of_pids(gpu_pids, self.proc_root, self.controller, self.namespace)
         self.skipped.update(skipped)
         if skipped["foreign_cgroupns"] and not self._cgroupns_logged:
             self._cgroupns_logged = True
             log.warning("process cgroup paths start with /..: accelstats runs in a cgroup namespace of its own "
-                        "and cannot attribute host processes; run it in the host's (docker --cgroupns=host)")
+                        "and could not place it in the host's hierarchy (%s); mount the host's cgroup tree "
+                        "(--cgroup-root) or run in the host's cgroup namespace (docker --cgroupns=host)",
+                        self.namespace.reason if self.namespace else "no hierarchy")
         view.mig = self._mig_map(snapshot)
 
         targets: list[tuple[str, Path, ContainerIdentity | None]] = [

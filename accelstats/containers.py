@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from accelstats.cgroupns import CgroupNamespace
 from accelstats.cgroups import (
     ContainerIdentity,
     GpuGrant,
@@ -113,7 +114,8 @@ class NoopCollector:
         stats.reason = stats.reason or self.reason
 
 
-def cgroup_of_pids(pids: Iterable[int], proc_root: Path, controller: str) -> tuple[dict[int, str], Counter[str]]:
+def cgroup_of_pids(pids: Iterable[int], proc_root: Path, controller: str,
+                   namespace: CgroupNamespace | None = None) -> tuple[dict[int, str], Counter[str]]:
     """``({pid: cgroup path}, skipped)`` from ``<proc_root>/<pid>/cgroup``: the ``controller`` line
     (``"devices"`` on v1, falling back to the v2 ``0::`` line; ``""`` for v2).
 
@@ -121,8 +123,9 @@ def cgroup_of_pids(pids: Iterable[int], proc_root: Path, controller: str) -> tup
     this read: normal, spec/cgroups.md §4), ``pid_unreadable`` (no permission: the exporter lacks
     the host PID namespace or privileges; also a file without a usable line), ``bad_cgroup_path``
     (``..``, NUL, absurd depth: see :func:`usable_cgroup_path`), ``foreign_cgroupns`` (the path
-    starts with ``/..``: this process runs in a cgroup namespace of its own, so host paths cannot be
-    resolved — run it with the host's cgroup namespace, e.g. ``--cgroupns=host``).
+    starts with ``/..``: this process runs in a cgroup namespace of its own, and ``namespace``
+    (:class:`accelstats.cgroupns.CgroupNamespace`) could not place it in the host's hierarchy).
+    With ``namespace`` given, paths relative to a private cgroup namespace are resolved to host paths.
     """
     found = {}
     skipped: Counter[str] = Counter()
@@ -137,9 +140,12 @@ def cgroup_of_pids(pids: Iterable[int], proc_root: Path, controller: str) -> tup
         if path is None:
             skipped["pid_unreadable"] += 1
             continue
-        if path.startswith("/.."):
-            skipped["foreign_cgroupns"] += 1
-            continue
+        if path.startswith("/..") or (namespace is not None and namespace.private):
+            resolved = namespace.resolve(path) if namespace is not None else None
+            if resolved is None:
+                skipped["foreign_cgroupns"] += 1
+                continue
+            path = resolved
         if not usable_cgroup_path(path):
             skipped["bad_cgroup_path"] += 1
             continue

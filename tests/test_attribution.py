@@ -291,6 +291,25 @@ def test_paths_from_another_cgroup_namespace_are_skipped_and_counted(tmp_path: P
     assert c.attribution_skipped["foreign_cgroupns"] == 1
 
 
+@pytest.mark.parametrize("own", ["/", "/init"])  # the exporter at its namespace root, or in a child of it
+def test_paths_from_our_own_private_cgroup_namespace_are_resolved(tmp_path: Path, h200: Path, own: str) -> None:
+    """A DaemonSet exporter in a private cgroup namespace (cgroup v2 default) reads other pods' paths as
+    ``/../../…``; its own cgroup, found in the mounted host tree by its PID, places them (accelstats/cgroupns.py)."""
+    ours = "/kubepods.slice/kubepods-pod0.slice/cri-containerd-" + C2 + ".scope"
+    theirs = "/kubepods.slice/kubepods-pod1.slice/cri-containerd-" + C1 + ".scope"
+    host = Host(tmp_path, h200)
+    host.container(ours + (own if own != "/" else ""), [4242])
+    host.container(theirs, [1201])
+    (host.proc / "4242").mkdir(parents=True, exist_ok=True)
+    (host.proc / "4242" / "cgroup").write_text(f"0::{own}\n")
+    (host.proc / "self").symlink_to("4242")
+    host.process(1201, "/../../kubepods-pod1.slice/cri-containerd-" + C1 + ".scope", gpu=0)
+    host.process(1202, "/../../../../system.slice/x.scope/../../..", gpu=1)  # climbs above the host's root
+    c = host.collect()
+    assert table(rows(c)[theirs]) == [(GPU0, "process", GIB, 1)]
+    assert c.attribution_skipped["foreign_cgroupns"] == 1  # only the path that climbs out
+
+
 def test_unknown_mig_minors_lines_are_counted_once(tmp_path: Path, fixtures_dir: Path) -> None:
     a100 = fixtures_dir / "public" / "a100-sxm4-v12.xml"
     host = Host(tmp_path, a100, v2=False, gpus=[])
