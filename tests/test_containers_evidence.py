@@ -104,3 +104,35 @@ def test_open_device_node_is_attributed_by_open_fd(
     # both are reported, each with how it was found.
     v1 = containers_json(replay)
     assert devices(v1[ctr.cgroups_path]) == [(GPU0, "devices_cgroup", 0), (GPU1, "open_fd", 0)]
+
+
+def test_an_exporter_in_a_private_cgroup_namespace_resolves_host_paths(
+        runc_container: RuncFactory, tmp_path: Path, fixtures_dir: Path) -> None:
+    """The exporter runs in a cgroup namespace of its own (``unshare --cgroup``, as a cgroup v2 container
+    gets by default): the container's process reads as ``/../…``; accelstats/cgroupns.py places it."""
+    a = runc_container(ContainerSpec("a", docker_systemd_path(), devices=[("c", 195, 0, "rw")]))
+    replay = scenario(tmp_path, fixtures_dir, {GPU0: [(a.pid, 1 * GIB)]})
+    own = Path(UNIFIED) / f"accelstats-test-ns-{os.getpid()}"
+    own.mkdir()
+    try:
+        code = ("import os, sys, subprocess; "
+                "open(sys.argv[1] + '/cgroup.procs', 'w').write(str(os.getpid())); "
+                "os.execvp('unshare', ['unshare', '--cgroup', *sys.argv[2:]])")
+        proc = subprocess.run([sys.executable, "-c", code, str(own), sys.executable, "-c",
+                               "import sys; print(open(f'/proc/{sys.argv[1]}/cgroup').read()); "
+                               "from accelstats.cli import main; sys.argv = ['accelstats', *sys.argv[2:]]; main()",
+                               str(a.pid), "containers", "--json", "--nvml-replay", str(replay),
+                               "--cgroup-root", UNIFIED],
+                              capture_output=True, text=True, timeout=60, check=False, cwd=Path(__file__).parents[1])
+        assert proc.returncode == 0, proc.stderr
+        seen, _, rows = proc.stdout.partition("\n\n")
+        assert "0::/../" in seen  # the container's process, as the exporter's namespace shows it
+        found = {str(r["cgroup"]): r for r in json.loads(rows)}
+        assert devices(found[a.cgroups_path]) == [(GPU0, "process", 1 * GIB)]
+    finally:
+        for _ in range(50):
+            try:
+                own.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
