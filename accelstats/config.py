@@ -117,7 +117,7 @@ def parse_listen(value: str, where: str = "--listen") -> tuple[str, int]:
     Raises ConfigError naming ``where`` when the port is missing or not in 1-65535.
     """
     host, sep, port_s = value.rpartition(":")
-    if not sep or not port_s.isdigit() or not 0 < int(port_s) < 65536:
+    if not sep or not (port_s.isascii() and port_s.isdigit() and len(port_s) <= 5) or not 0 < int(port_s) < 65536:
         raise ConfigError(f"{where}: expected HOST:PORT with a port in 1-65535, got {value!r}")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]

@@ -159,7 +159,7 @@ def _pid_lines(text: str) -> list[int]:
     pids = []
     for line in text.splitlines():
         word = line.strip()
-        if word.isascii() and word.isdigit() and int(word) > 0:
+        if word.isascii() and word.isdigit() and len(word) <= 10 and int(word) > 0:  # a PID: at most 2^22
             pids.append(int(word))
     return pids
 
@@ -188,14 +188,15 @@ def parse_percentage(text: str) -> float | None:
     non-``str``.
     """
     word = _check_str(text, "parse_percentage").strip()
-    if not re.fullmatch(r"[+]?(\d+(\.\d*)?|\.\d+)", word):
+    if not re.fullmatch(r"[+]?(\d+(\.\d*)?|\.\d+)", word, re.ASCII):
         return None
     value = float(word)
     return value if math.isfinite(value) and 0.0 <= value <= 100.0 else None
 
 
 _SIZE_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-_SIZE_RE = re.compile(r"(\d+)\s*([KMGT])(?:i?B)?", re.IGNORECASE)
+# ASCII: with IGNORECASE alone, "K" would also match the Kelvin sign U+212A (found by fuzzing)
+_SIZE_RE = re.compile(r"(\d{1,18})\s*([KMGT])(?:i?B)?", re.IGNORECASE | re.ASCII)
 
 
 def parse_pinned_limit(text: str) -> int | None:
@@ -213,7 +214,7 @@ def parse_pinned_limit(text: str) -> int | None:
 
 
 _LOG_RE = re.compile(
-    r"\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}\.\d{3}) +([A-Za-z]+) +(\d+)\] ?(.*?)[\r\n]*")
+    r"\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}\.\d{3}) +([A-Za-z]+) +(\d{1,10})\] ?(.*?)[\r\n]*", re.ASCII)
 
 
 def parse_log_line(line: str) -> MpsLogLine | None:

@@ -135,12 +135,13 @@ def decode(data: bytes) -> PluginConfig:
         return PluginConfig()
     try:
         raw = msgpack.unpackb(data, raw=False, strict_map_key=False)
-    except (ValueError, msgpack.UnpackException) as exc:
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:  # TypeError: a map key that is a map or array
         raise ConfigError(f"config: not msgpack: {exc}") from exc
     if raw is None:
         return PluginConfig()
     if not isinstance(raw, dict):
         raise ConfigError(f"config: expected a map, got {type(raw).__name__}")
+    _string_keys(raw, "config")
     unknown = sorted(set(raw) - set(ATTRIBUTES) - {"file_devices", "mps"})
     if unknown:
         known = ", ".join(sorted([*ATTRIBUTES, "file_devices", "mps"]))
@@ -180,6 +181,7 @@ def _mps(block: Any) -> MpsSettings:
     (spec/mps.md)."""
     if not isinstance(block, dict):
         raise ConfigError("config: mps: expected a block")
+    _string_keys(block, "config: mps")
     unknown = sorted(set(block) - {*MPS_ATTRIBUTES, "resource"})
     if unknown:
         raise ConfigError(f"config: mps.{unknown[0][:100]}: unknown key")
@@ -201,12 +203,13 @@ def _mps(block: Any) -> MpsSettings:
         where = f"mps.resource[{i}]"
         if not isinstance(item, dict):
             raise ConfigError(f"config: {where}: expected a block")
+        _string_keys(item, f"config: {where}")
         name = _str(item.get("name"), f"{where}.name") if item.get("name") is not None else ""
         parts = name.split("/")
         if not name or ".." in parts or "" in parts:
             raise ConfigError(f"config: {where}.name: {name[:100]!r} is not a usable resource name")
         replicas = item.get("replicas")
-        if isinstance(replicas, str) and replicas.isdigit():
+        if isinstance(replicas, str) and _decimal(replicas):
             replicas = int(replicas)  # go-cty may send a number as a decimal string
         if isinstance(replicas, float) and replicas.is_integer():
             replicas = int(replicas)
@@ -215,7 +218,7 @@ def _mps(block: Any) -> MpsSettings:
         devices = item.get("devices") or []
         if not isinstance(devices, list) or not all(isinstance(d, str) for d in devices):
             raise ConfigError(f"config: mps resource {name!r}: devices must be a list of GPU UUIDs or indices")
-        resolved: tuple[str | int, ...] = tuple(int(d) if d.isdigit() else d for d in devices)
+        resolved: tuple[str | int, ...] = tuple(int(d) if _decimal(d) else d for d in devices)
         resources.append(MpsResourceSettings(name=name, replicas=replicas, devices=resolved or "all"))
     out["resources"] = tuple(resources)
     return MpsSettings(**out)
@@ -224,6 +227,7 @@ def _mps(block: Any) -> MpsSettings:
 def _file_devices(block: Any) -> FileDevicesConfig:
     if not isinstance(block, dict):
         raise ConfigError("config: file_devices: expected a block")
+    _string_keys(block, "config: file_devices")
     unknown = sorted(set(block) - set(FILE_DEVICE_ATTRIBUTES))
     if unknown:
         raise ConfigError(f"config: file_devices.{unknown[0][:100]}: unknown key")
@@ -247,6 +251,18 @@ def _file_devices(block: Any) -> FileDevicesConfig:
         out["unhealthy_perm"] = check_perm(_str(block["unhealthy_perm"], "file_devices.unhealthy_perm"),
                                            "config: file_devices.unhealthy_perm")
     return FileDevicesConfig(**out)
+
+
+def _string_keys(block: dict[Any, Any], where: str) -> None:
+    """HCL attribute names are strings; a map key of another type (found by fuzzing) is refused."""
+    for key in block:
+        if not isinstance(key, str):
+            raise ConfigError(f"{where}: keys must be strings, got {type(key).__name__} {str(key)[:100]!r}")
+
+
+def _decimal(text: str) -> bool:
+    """An ASCII decimal of at most 9 digits (str.isdigit() accepts '²', and int() refuses 4301+ digits)."""
+    return text.isascii() and text.isdigit() and len(text) <= 9
 
 
 def _str(value: Any, key: str) -> str:
