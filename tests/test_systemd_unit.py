@@ -392,13 +392,22 @@ def test_readme_install_serves_tls_in_the_sandbox(run_dir: Path) -> None:
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
         notify.bind(str(run_dir / "notify"))
         notify.settimeout(60)
+        # The sandbox has a fresh /tmp (PrivateTmp): a checkout under /tmp (a CI clone) is not visible in
+        # it, so the replay capture is copied under /run and the installed package runs from there.
+        replay = run_dir / REPLAY.name
+        shutil.copyfile(REPLAY, replay)
         server = subprocess.Popen(
             sandboxed(["-m", "accelstats", "serve", "--config", str(config), "--listen", f"127.0.0.1:{port}",
-                       "--nvml-replay", str(REPLAY)]),
-            env={**os.environ, "NOTIFY_SOCKET": str(run_dir / "notify")}, cwd=REPO_ROOT,
+                       "--nvml-replay", str(replay)]),
+            env={**os.environ, "NOTIFY_SOCKET": str(run_dir / "notify")}, cwd=run_dir,
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
-            ready = notify.recv(4096)
+            try:
+                ready = notify.recv(4096)
+            except TimeoutError:
+                server.kill()
+                said = server.communicate(timeout=10)[1]
+                raise AssertionError(f"no READY=1 within 60 s; serve said: {said}") from None
             right = https_get(port, etc / "tls.crt", "prometheus", "s3cret")
             wrong = https_get(port, etc / "tls.crt", "prometheus", "not-the-password")
             server.send_signal(signal.SIGTERM)
