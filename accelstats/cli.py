@@ -292,20 +292,34 @@ def mps() -> None:
     """Start, stop and watch NVIDIA MPS control daemons ([mps] in the config file)."""
 
 
-def _mps_manager(opts: dict[str, Any]) -> tuple[Any, Settings]:
-    from accelstats.mpsctl import gpus_of, manager
+def _mps_manager(opts: dict[str, Any], strict: bool = True) -> tuple[Any, Settings, dict[str, str]]:
+    """(Manager, settings, {resource: why its devices are not resolved}). ``strict`` (start): NVML must
+    answer and every device resolve. Not strict (stop, status): the daemons are reached through the
+    pipe directories alone, so a GPU that fell off the bus or a driver that is down blocks neither."""
+    from accelstats.mpsctl import gpus_of, lenient_manager, manager
     from collectors.mps import MpsError
 
     settings = build_settings(**opts)
     if not settings.mps.resources:
         fail("no MPS resources configured ([[mps.resources]] in the config file)")
     collection = _collect(**opts)
-    if collection.snapshot.nvml_status:
-        fail(f"NVIDIA GPUs not available: {collection.snapshot.nvml_status}")
+    nvml_down = collection.snapshot.nvml_status
+    if strict and nvml_down:
+        fail(f"NVIDIA GPUs not available: {nvml_down}")
+    gpus = [] if nvml_down else gpus_of(collection.snapshot)
     try:
-        return manager(settings.mps, gpus_of(collection.snapshot)), settings
+        if strict:
+            return manager(settings.mps, gpus), settings, {}
+        mgr, problems = lenient_manager(settings.mps, gpus)
     except MpsError as exc:
         fail(str(exc))
+    if nvml_down:
+        click.echo(f"accelstats: warning: NVIDIA GPUs not available ({nvml_down}): devices not resolved; "
+                   "reaching the daemons through their pipe directories alone", err=True)
+    for name, why in problems.items():
+        click.echo(f"accelstats: warning: MPS resource {name!r}: devices not resolved ({why}); "
+                   "reaching its daemon through the pipe directory alone", err=True)
+    return mgr, settings, problems
 
 
 @mps.command("start")
@@ -314,7 +328,7 @@ def mps_start(**opts: Any) -> None:
     """Start one control daemon per configured resource (all or none)."""
     from collectors.mps import MpsError
 
-    mgr, _ = _mps_manager(opts)
+    mgr, _, _ = _mps_manager(opts)
     try:
         mgr.start_all()
     except MpsError as exc:
@@ -327,11 +341,12 @@ def mps_start(**opts: Any) -> None:
 @source_options
 def mps_stop(**opts: Any) -> None:
     """Stop every configured control daemon and clean up its directories."""
-    mgr, _ = _mps_manager(opts)
+    mgr, _, _ = _mps_manager(opts, strict=False)
+    running = [d.name for d in mgr.daemons() if d.running() or d.pipe_dir.exists()]
     problems = {name: p for name, p in mgr.stop_all().items() if p}
     for name, p in problems.items():
         click.echo(f"accelstats: warning: MPS resource {name!r}: {'; '.join(p)}", err=True)
-    click.echo(f"stopped {len(mgr.daemons())} MPS control daemon(s)")
+    click.echo(f"stopped {len(running)} MPS control daemon(s)" + (f": {', '.join(running)}" if running else ""))
     if problems:
         sys.exit(1)
 
@@ -340,10 +355,11 @@ def mps_stop(**opts: Any) -> None:
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
 @source_options
 def mps_status(as_json: bool, **opts: Any) -> None:
-    """Each daemon's health, servers, clients (with their containers) and settings."""
+    """Each daemon's health, servers, clients (with their containers) and settings; exit status 1 when
+    a daemon is unhealthy (as ``systemctl status`` does for a failed unit)."""
     from accelstats.mpsctl import client_containers
 
-    mgr, settings = _mps_manager(opts)
+    mgr, settings, _ = _mps_manager(opts, strict=False)
     rows = []
     for daemon, status in zip(mgr.daemons(), mgr.status_all().values(), strict=True):
         pids = [c for clients in status.clients.values() for c in clients]
@@ -357,9 +373,10 @@ def mps_status(as_json: bool, **opts: Any) -> None:
             "active_thread_percentage": status.active_thread_percentage,
             "pinned_memory_limit_bytes": {str(k): v for k, v in status.pinned_limits_bytes.items()},
         })
+    unhealthy = any(not r["healthy"] for r in rows)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
-        return
+        sys.exit(1 if unhealthy else 0)
     click.echo(f"{'RESOURCE':24} {'HEALTHY':8} {'SERVERS':10} {'CLIENTS':8} THREADS%  PIPE DIR")
     for r in rows:
         click.echo(f"{r['resource'][:24]:24} {'yes' if r['healthy'] else 'NO':8} "
@@ -370,6 +387,9 @@ def mps_status(as_json: bool, **opts: Any) -> None:
             click.echo(f"  reason: {r['reason']}")
         for c in r["clients"]:
             click.echo(f"  client {c['pid']} (server {c['server']}) {c['container'] or '(host)'}")
+        for uuid, limit in r["pinned_memory_limit_bytes"].items():
+            click.echo(f"  pinned memory limit {uuid}: {limit if limit is not None else 'none'}")
+    sys.exit(1 if unhealthy else 0)
 
 
 if __name__ == "__main__":  # pragma: no cover

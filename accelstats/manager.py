@@ -117,11 +117,12 @@ class AcceleratorManager:
                 self._lock.release()
 
     def close(self) -> None:
-        """After :meth:`destroy`, also end the collectors' threads (the NVML worker): for a manager
+        """After :meth:`destroy`, also end the collectors' threads (NVML's, MPS's): for a manager
         that is replaced (the Nomad plugin's SetConfig), not for one that may collect again."""
         for c in self.collectors:
-            if isinstance(c, NvidiaBackend):
-                c.close()
+            close = getattr(c, "close", None)  # NvidiaBackend, MpsCollector: their worker threads
+            if callable(close):
+                close()
 
     def __enter__(self) -> AcceleratorManager:
         self.setup()

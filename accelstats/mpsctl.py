@@ -9,13 +9,17 @@ and :func:`client_containers` names the container of each MPS client PID (``/pro
 
 from __future__ import annotations
 
+import threading
+import time
+from functools import partial
 from pathlib import Path
 
 from accelstats.cgroups import identify_with_root, parse_proc_cgroup
 from accelstats.config import MpsResourceSettings, MpsSettings
 from accelstats.fsread import read_small
+from collectors.deadline import DeadlineWorker
 from collectors.model import DeviceSnapshot
-from collectors.mps import Manager, MpsError, MpsGpu, MpsResource, Root
+from collectors.mps import Daemon, DaemonStatus, Manager, MpsError, MpsGpu, MpsResource, Root
 
 
 def gpus_of(snapshot: DeviceSnapshot) -> list[MpsGpu]:
@@ -59,6 +63,26 @@ def manager(settings: MpsSettings, gpus: list[MpsGpu], binary: str = "nvidia-cud
                    exclusive_process=settings.exclusive_process)
 
 
+def lenient_manager(settings: MpsSettings, gpus: list[MpsGpu],
+                    binary: str = "nvidia-cuda-mps-control") -> tuple[Manager, dict[str, str]]:
+    """A Manager for *watching and stopping*: every resource, its devices resolved where they can be.
+
+    A resource whose devices cannot be resolved (NVML not answering: ``gpus`` empty; a listed GPU
+    gone) gets no devices, so its daemon can still be asked and stopped (neither needs them; only the
+    pinned-limit queries do); ``{resource name: why}`` says which. Raises MpsError only for names
+    that clash (:class:`collectors.mps.Manager`).
+    """
+    resources, problems = [], {}
+    for r in settings.resources:
+        try:
+            resources.append(resolve_one(r, gpus))
+        except MpsError as exc:
+            problems[r.name] = str(exc)
+            resources.append(MpsResource(name=r.name, replicas=r.replicas, devices=()))
+    return Manager(resources, gpus, Root(settings.root), binary=binary, timeout=settings.timeout,
+                   exclusive_process=settings.exclusive_process), problems
+
+
 def client_containers(pids: list[int], proc_root: Path) -> dict[int, str]:
     """``{client pid: container cgroup path}`` for MPS client PIDs that belong to a container
     (host processes and vanished PIDs are left out)."""
@@ -75,38 +99,74 @@ def client_containers(pids: list[int], proc_root: Path) -> dict[int, str]:
     return out
 
 
+STATUS_DEADLINE = 1.0  # seconds a collection waits for the daemons' answers (each resource asked in parallel)
+
+
 class MpsCollector:
     """The ``mps`` collector: watches the configured control daemons (started by ``accelstats mps
     start``, the Nomad plugin, or anyone else using the same root) on every collection.
 
-    Runs after the ``nvidia`` collector of the same collection and uses its GPUs; a resource whose
-    devices are not GPUs of this host is reported down with the reason. Each status costs a few
-    short control commands (each with the configured timeout).
+    Each resource is asked on a worker thread of its own (:class:`collectors.deadline.DeadlineWorker`),
+    all in parallel, and a collection waits for them at most ``deadline`` seconds: a daemon that
+    accepts and never answers costs the scrape that long, not its control timeout per command, and
+    it never holds up the other resources. A resource whose status is still pending is reported down
+    with that reason (its worker finishes on its own; no second query starts meanwhile). Daemons are
+    watched even when NVML is not answering (their devices then are not resolved: no pinned limits).
     """
 
     name = "mps"
 
-    def __init__(self, settings: MpsSettings, binary: str = "nvidia-cuda-mps-control") -> None:
+    def __init__(self, settings: MpsSettings, binary: str = "nvidia-cuda-mps-control",
+                 deadline: float = STATUS_DEADLINE) -> None:
         self.settings = settings
         self.binary = binary
+        self.deadline = deadline
+        self._workers: dict[str, DeadlineWorker] = {}
+        self._results: dict[str, tuple[object, DaemonStatus]] = {}
+
+    def _ask(self, daemon: Daemon, token: object) -> None:
+        self._results[daemon.name] = (token, daemon.status())
 
     def update(self, snapshot: DeviceSnapshot) -> None:
         """Add one :class:`collectors.model.MpsDaemonReading` per configured resource to ``snapshot.mps``."""
-        from collectors.model import MpsDaemonReading, NoDataError
+        from collectors.model import MpsDaemonReading
 
         gpus = gpus_of(snapshot)
-        if not gpus:
-            raise NoDataError("no GPUs to run MPS on in this collection")
         try:
-            mgr = manager(self.settings, gpus, self.binary)
+            mgr, problems = lenient_manager(self.settings, gpus, self.binary)
         except MpsError as exc:
             snapshot.mps.extend(MpsDaemonReading(resource=r.name, up=False, reason=str(exc))
                                 for r in self.settings.resources)
             return
-        for daemon, status in zip(mgr.daemons(), mgr.status_all().values(), strict=True):
+        started: dict[str, tuple[object, threading.Event | None]] = {}
+        for daemon in mgr.daemons():
+            worker = self._workers.get(daemon.name)
+            if worker is None:
+                worker = self._workers[daemon.name] = DeadlineWorker(f"accelstats-mps-{len(self._workers)}")
+            token = object()
+            started[daemon.name] = (token, worker.start(partial(self._ask, daemon, token)))
+        end = time.monotonic() + self.deadline
+        for _, done in started.values():
+            if done is not None:
+                done.wait(max(0.0, end - time.monotonic()))
+        for daemon in mgr.daemons():
+            token, done = started[daemon.name]
+            result = self._results.get(daemon.name)
+            if done is None or not done.is_set() or result is None or result[0] is not token:
+                snapshot.mps.append(MpsDaemonReading(
+                    resource=daemon.name, up=False,
+                    reason=f"no answer within {self.deadline:g} s (the control daemon may be wedged)"))
+                continue
+            status = result[1]
+            reason = "; ".join(r for r in (status.reason, problems.get(daemon.name, "")) if r)
             snapshot.mps.append(MpsDaemonReading(
-                resource=daemon.resource.name, up=status.healthy, reason=status.reason,
+                resource=daemon.name, up=status.healthy, reason=reason,
                 servers=len(status.servers), clients=sum(len(c) for c in status.clients.values()),
                 active_thread_ratio=(status.active_thread_percentage / 100.0
                                      if status.active_thread_percentage is not None else None),
                 pinned_memory_limit_bytes=tuple(sorted(status.pinned_limits_bytes.items()))))
+
+    def close(self) -> None:
+        """End the worker threads (a query stuck past its timeout ends with its own child process)."""
+        for worker in self._workers.values():
+            worker.stop()

@@ -761,17 +761,19 @@ class Daemon:
                      ",".join(self.resource.devices))
 
     def _clear_stale(self, pipe_dir: Path) -> None:
+        """Remove a pipe dir no live daemon serves. A live control daemon there is never replaced: one
+        that answers is refused as already running; one that does not answer is refused too, because
+        removing its pipe dir would orphan it and its MPS server (nothing could reach or stop them)."""
         if not (pipe_dir.exists() or pipe_dir.is_symlink()):
             return
-        pid = self.pid()
-        if pid is not None and _alive(pid):
+        if self.running():
             try:
                 self.assert_healthy()
-            except MpsError:
-                pass
-            else:
-                raise MpsError(f"MPS resource {self.name!r}: a control daemon (pid {pid}) already answers in "
-                               f"{pipe_dir}; stop it first")
+            except MpsError as exc:
+                raise MpsError(f"MPS resource {self.name!r}: a control daemon (pid {self.pid()}) runs in {pipe_dir} "
+                               f"but does not answer ({exc}); stop it first (accelstats mps stop)") from exc
+            raise MpsError(f"MPS resource {self.name!r}: a control daemon (pid {self.pid()}) already answers in "
+                           f"{pipe_dir}; stop it first")
         log.info("MPS resource %r: removing stale pipe dir %s", self.name, pipe_dir)
         try:
             _remove_path(pipe_dir)

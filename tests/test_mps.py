@@ -503,6 +503,20 @@ def test_already_running_and_stale_pipe_dir(make_daemon: Callable[..., Daemon], 
     second.assert_healthy()
 
 
+def test_a_wedged_daemon_is_never_replaced_by_a_start(make_daemon: Callable[..., Daemon], root: Path) -> None:
+    """Removing the pipe dir of a daemon that runs but does not answer would orphan it and its server
+    (the real binary is not known to quit when its pipe dir goes, as the double does): start refuses."""
+    first = make_daemon(timeout=0.5)
+    first.start()
+    pid = first.pid()
+    (first.pipe_dir / "double.hang").touch()
+    with pytest.raises(MpsError, match=r"runs in .* but does not answer.*stop it first"):
+        make_daemon(timeout=0.5).start()
+    assert first.pid() == pid and first.running() and (first.pipe_dir / "control").exists()  # untouched
+    (first.pipe_dir / "double.hang").unlink()
+    assert first.stop() == []
+
+
 @pytest.fixture
 def smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., dict[str, Any]]:
     """The nvidia-smi double's state file: ``smi(modes=…, refuse=…)`` writes it, ``smi()`` reads it."""

@@ -123,3 +123,37 @@ def test_exclusive_process_opt_in_is_set_by_start_and_restored_by_stop(tmp_path:
     assert stopped.returncode == 0, stopped.stderr
     assert json.loads(state.read_text())["modes"] == {H200: "Default"}
     assert not (tmp_path / "mps" / "r").exists()
+
+
+def test_stop_and_status_work_while_nvml_is_down_or_a_gpu_is_gone(host: tuple[Path, dict[str, str]],
+                                                                  tmp_path: Path, fixtures_dir: Path) -> None:
+    """The operator stops a daemon when a GPU fell off the bus or the driver is down: stop and status reach
+    it through the pipe directory alone (start still needs NVML, to validate)."""
+    cfg, env = host
+    assert run(env, "mps", "start", "--config", str(cfg)).returncode == 0
+    pipe = tmp_path / "mps" / "nvidia.com" / "gpu" / "pipe"
+    down = tmp_path / "down.toml"
+    down.write_text(f'[[gpu]]\ncapture = "{fixtures_dir / "h200" / "nvidia-smi-q.xml"}"\n'
+                    '[[fault]]\ncall = "nvmlInit"\nerror = "DRIVER_NOT_LOADED"\n')
+    first, rest = cfg.read_text().split("\n", 1)
+    assert first.startswith("nvml_replay = ")
+    nvml_down = tmp_path / "down-config.toml"
+    nvml_down.write_text(f'nvml_replay = "{down}"\n{rest}')
+    assert run(env, "mps", "start", "--config", str(nvml_down)).returncode == 2  # start validates: NVML needed
+    status = run(env, "mps", "status", "--json", "--config", str(nvml_down))
+    assert status.returncode == 0, status.stderr
+    assert "devices not resolved" in status.stderr
+    (row,) = json.loads(status.stdout)
+    assert row["healthy"] and row["devices"] == [] and row["pinned_memory_limit_bytes"] == {}
+    stopped = run(env, "mps", "stop", "--config", str(nvml_down))
+    assert stopped.returncode == 0, stopped.stderr
+    assert "stopped 1 MPS control daemon(s): nvidia.com/gpu" in stopped.stdout
+    assert not pipe.exists()
+    again = run(env, "mps", "stop", "--config", str(nvml_down))
+    assert "stopped 0 MPS control daemon(s)" in again.stdout  # nothing ran: it says so
+
+
+def test_status_exits_1_when_a_daemon_is_down(host: tuple[Path, dict[str, str]]) -> None:
+    cfg, env = host
+    status = run(env, "mps", "status", "--config", str(cfg))  # never started
+    assert status.returncode == 1 and "NO" in status.stdout and "reason:" in status.stdout
