@@ -95,6 +95,7 @@ class Settings:
     sysfs_root: Path = Path("/sys")
     rootfs: Path = Path("/")
     open_fd_scan: bool = True
+    attribution: bool = True  # tie devices to containers (the Nomad plugin turns it off without metrics_listen)
     log_level: str = "info"
     nvml_retry_interval: float = 30.0
     nvml_deadline: float = 1.5

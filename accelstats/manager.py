@@ -99,8 +99,9 @@ class AcceleratorManager:
                 check()
             self.collectors.append(collector)
         self.layout = detect_layout(self.settings.cgroup_root, self.settings.proc_root)
-        self._attributor = Attributor(self.layout, self.settings.proc_root, self.settings.rootfs,
-                                      open_fds=self.settings.open_fd_scan)
+        if self.settings.attribution:  # off in a Nomad plugin without /metrics: Fingerprint/Stats need no containers
+            self._attributor = Attributor(self.layout, self.settings.proc_root, self.settings.rootfs,
+                                          open_fds=self.settings.open_fd_scan)
         log.info("cgroup mode %s (devices %s, unified %s)", self.layout.mode.value, self.layout.devices_root,
                  self.layout.unified_root)
 

@@ -543,6 +543,22 @@ class Daemon:
         names = {os.path.basename(self.binary), DEFAULT_BINARY}
         return any(os.path.basename(arg) in names for arg in _cmdline(pid)[:2])
 
+    def visible_devices(self) -> tuple[str, ...] | None:
+        """The running daemon's ``CUDA_VISIBLE_DEVICES`` (``/proc/<pid>/environ``), split on commas; None
+        when no daemon runs or its environment cannot be read."""
+        pid = self.pid()
+        if pid is None or not self.running():
+            return None
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            return None
+        for var in environ.split(b"\0"):
+            if var.startswith(b"CUDA_VISIBLE_DEVICES="):
+                value = var.split(b"=", 1)[1].decode("utf-8", "replace")
+                return tuple(v for v in value.split(",") if v)
+        return ()
+
     # ---- environment and commands
 
     def resolve_binary(self) -> str:

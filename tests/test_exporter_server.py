@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
 from pathlib import Path
 
@@ -11,6 +12,13 @@ import pytest
 from accelstats.config import Settings
 from accelstats.exporter import serve
 from accelstats.manager import AcceleratorManager
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 @pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")

@@ -73,6 +73,15 @@ def test_a_restarted_plugin_adopts_the_running_daemon_and_reapplies_the_limits(r
     earlier.stop()
 
 
+def test_a_running_daemon_for_other_gpus_is_not_adopted(root: Path) -> None:
+    earlier = daemon_of(root, "shared", 2, (UUID1, UUID0))  # started for two GPUs
+    earlier.start()
+    share = plugin_mps(settings(root, MpsResourceSettings("shared", 2, (0,)))).shares(GPUS)[UUID0]
+    assert not share.healthy and f"runs for GPUs {UUID1},{UUID0}, not {UUID0}" in share.reason
+    assert earlier.running()  # left alone: tasks may use it
+    earlier.stop()
+
+
 def test_a_daemon_that_died_is_started_again_after_the_retry_interval(root: Path) -> None:
     mps = plugin_mps(settings(root, MpsResourceSettings("shared", 2, (0,))), retry=0.5)
     assert mps.shares(GPUS)[UUID0].healthy
@@ -164,7 +173,7 @@ def _snapshot() -> devices.Snapshot:
 
 def test_reserve_replicas_of_one_resource_on_two_gpus() -> None:
     res = devices.reserve(device_pb2, _snapshot(), [f"{UUID0}::0", f"{UUID1}::0"], {}, dev_root="/nonexistent")
-    assert res.envs["NVIDIA_VISIBLE_DEVICES"] == f"{UUID0},{UUID1}"
+    assert res.envs["NVIDIA_VISIBLE_DEVICES"] == res.envs["CUDA_VISIBLE_DEVICES"] == f"{UUID0},{UUID1}"
     assert [m.host_path for m in res.mounts] == ["/run/a/pipe", "/run/shm"]
 
 
@@ -176,3 +185,24 @@ def test_reserve_refuses_mixes_that_cannot_work(ids: list[str], message: str) ->
     with pytest.raises(devices.ReserveError) as err:
         devices.reserve(device_pb2, _snapshot(), ids, {}, dev_root="/nonexistent")
     assert message in str(err.value)
+
+
+# --------------------------------------------------------------------------------------------
+# the cgroup walk is for /metrics only
+
+
+@pytest.mark.parametrize("walks", [False, True])
+def test_the_plugin_walks_cgroups_only_when_it_serves_metrics(fixtures_dir: Path, walks: bool) -> None:
+    """Fingerprint, Stats and Reserve use no container data; a plugin over 10 000 containers spent a third
+    of a core on the walk (issue 7 review). Counted by the collector results, not timed."""
+    from faultmatrix_util import Plugin
+    from test_exporter_server import free_port
+
+    metrics_listen = f"127.0.0.1:{free_port()}" if walks else ""
+    cfg = {"nvml_replay": str(fixtures_dir / "h200" / "nvidia-smi-q.xml"), "metrics_listen": metrics_listen}
+    with Plugin(cfg) as plugin:
+        collection = plugin.state.collect()
+        assert collection is not None
+        ran = [r.name for r in collection.snapshot.collector_results]
+        assert ("attribution" in ran) is walks, ran
+        assert plugin.fingerprint()  # the GPUs are offered either way

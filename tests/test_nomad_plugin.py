@@ -388,7 +388,8 @@ def test_mps_replicas_are_offered_apart_from_whole_gpus_and_reserved_with_the_pi
         res = plugin.reserve([f"{H200}::1", f"{H200}::2"], timeout=10).container_res
         assert validate_reserve(plugin.reserve([f"{H200}::0"], timeout=10)) == []
         pipe = root / "shared" / "pipe"
-        assert dict(res.envs) == {"NVIDIA_VISIBLE_DEVICES": H200, "CUDA_MPS_PIPE_DIRECTORY": "/run/nvidia-mps"}
+        assert dict(res.envs) == {"NVIDIA_VISIBLE_DEVICES": H200, "CUDA_MPS_PIPE_DIRECTORY": "/run/nvidia-mps",
+                                  "CUDA_VISIBLE_DEVICES": H200}  # the server has every GPU of the resource
         assert [(m.task_path, m.host_path) for m in res.mounts] == [("/run/nvidia-mps", str(pipe)),
                                                                    ("/dev/shm", str(root / "shm"))]
         assert res.devices[0].host_path == "/dev/nvidia0"

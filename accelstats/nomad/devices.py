@@ -302,7 +302,8 @@ def reserve(device_pb2: Any, snap: Snapshot, ids: list[str], mig_caps: dict[tupl
     """ContainerReservation for ``ids`` of the latest fingerprint ``snap`` (never touches the
     filesystem with an ID: IDs are looked up, not joined into paths).
 
-    GPUs and MIG instances: env ``NVIDIA_VISIBLE_DEVICES`` (UUIDs in request order) and device specs
+    GPUs and MIG instances: env ``NVIDIA_VISIBLE_DEVICES`` (UUIDs in request order; MPS replicas also
+    ``CUDA_VISIBLE_DEVICES`` and ``CUDA_MPS_PIPE_DIRECTORY``, the pipe and shm mounts) and device specs
     for ``/dev/nvidia<minor>``, ``nvidiactl``, ``nvidia-uvm``, ``nvidia-uvm-tools`` and a MIG
     instance's ``nvidia-caps`` nodes (``mig_caps[(parent minor, gi, ci)]`` = cap minors), so ``exec``
     and ``docker`` without the NVIDIA runtime work too. File devices: a mount at
@@ -330,6 +331,9 @@ def reserve(device_pb2: Any, snap: Snapshot, ids: list[str], mig_caps: dict[tupl
                                "a task under MPS reaches only the GPUs of its resource's control daemon")
         if shares:
             res.envs["CUDA_MPS_PIPE_DIRECTORY"] = MPS_PIPE_IN_TASK
+            # The MPS server has every GPU of its resource; CUDA_VISIBLE_DEVICES (UUIDs: NVIDIA's MPS docs
+            # advise them, indices are renumbered by the server) keeps the task to the GPUs it reserved.
+            res.envs["CUDA_VISIBLE_DEVICES"] = res.envs["NVIDIA_VISIBLE_DEVICES"]
             res.mounts.append(device_pb2.Mount(task_path=MPS_PIPE_IN_TASK, host_path=shares[0].pipe_dir,
                                                read_only=False))
             res.mounts.append(device_pb2.Mount(task_path="/dev/shm", host_path=shares[0].shm_dir, read_only=False))

@@ -165,6 +165,11 @@ class PluginMps:
             answer_error = str(exc)
         else:
             if not entry.ensured:
+                visible = daemon.visible_devices()
+                if visible is not None and visible != daemon.resource.devices:
+                    have, want = ",".join(visible) or "(all)", ",".join(daemon.resource.devices)
+                    return False, (f"the control daemon (pid {daemon.pid()}) runs for GPUs {have}, not {want}; "
+                                   "stop it (accelstats mps stop) to have it started for this configuration")
                 self._adopt(entry, daemon)
             return True, ""
         if daemon.running():

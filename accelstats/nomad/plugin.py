@@ -85,7 +85,9 @@ class DevicePluginState:
                 file_devices=FileDevicesSettings(
                     dir=cfg.file_devices.dir, unhealthy_perm=cfg.file_devices.unhealthy_perm,
                     vendor=cfg.file_devices.vendor, type=cfg.file_devices.type, name=cfg.file_devices.name),
-                open_fd_scan=False)
+                open_fd_scan=False,
+                # Fingerprint, Stats and Reserve use no container data: the cgroup walk runs only for /metrics
+                attribution=bool(cfg.metrics_listen))
             manager = _manager(settings)
             try:
                 self._serve_metrics(cfg.metrics_listen)
