@@ -5,21 +5,16 @@ NVIDIA's Kubernetes device plugin runs one ``nvidia-cuda-mps-control`` daemon pe
 it did not start. Every fact below comes from ``spec/mps.md`` ("Facts", measured on an H200 with
 driver 580) unless it names NVIDIA's plugin.
 
-* :class:`Root` lays out the directories: ``<root>/<resource>/pipe``, ``<root>/<resource>/log`` and
-  one ``<root>/shm`` for all resources (spec/mps.md, "Interface").
-* :func:`validate` checks a resource against the GPUs the caller knows (from NVML): replicas ≥ 2,
-  at most 48 per GPU from compute capability 7.0 on and 16 before (NVIDIA's plugin caps Volta at 16
-  by mistake), no MIG-enabled GPU, every device known.
+* :class:`Root` (directory layout) and :func:`validate` (replicas, MIG, known devices) live in
+  :mod:`collectors.mpsrules`; the reply and log parsers in :mod:`collectors.mpsreplies`; process
+  helpers in :mod:`collectors.mpsproc`. All are re-exported here.
 * :class:`Daemon` starts one daemon with an explicit minimal environment (``CUDA_VISIBLE_DEVICES`` is
   the resource's GPU UUIDs, where NVIDIA's plugin lets every daemon see every GPU), configures the
-  pinned-memory limit per GPU **index** and the active-thread percentage, talks to it through the
+  pinned-memory limit per GPU (by the daemon's device ordinal) and the active-thread percentage, talks to it through the
   control binary's stdin/stdout **always with a timeout** (NVIDIA's plugin has none), checks its
   health, reads its servers and clients, and stops it: ``quit``, reap a zombie, remove the
   ``.started`` marker, the log dir and the (otherwise stale) pipe dir, restore the compute mode.
 * :class:`Manager` starts and stops all the configured daemons, all or nothing.
-* The pure parsers (:func:`parse_server_list`, :func:`parse_client_list`, :func:`parse_percentage`,
-  :func:`parse_pinned_limit`, :func:`parse_log_line`) read the daemon's replies and log lines; they
-  never raise on odd text (only on a non-``str`` argument).
 
 Compute mode: NVIDIA's plugin sets EXCLUSIVE_PROCESS on every GPU before starting; that is a
 host-wide change, so here it is an explicit opt-in (``exclusive_process``), off by default, set and
@@ -27,32 +22,73 @@ restored through :mod:`collectors.computemode` (``nvidia-smi -c``).
 
 Nothing here imports ``accelstats`` (imports go one way) or NVML: the caller passes :class:`MpsGpu`
 values it read from NVML.
+
+This module stays above the ~400-line guide on purpose: :class:`Daemon` is one lifecycle (start,
+configure, talk, watch, stop, clean up after every failure on the way) whose steps undo each other,
+and reads best in one place.
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import logging
 import math
 import os
-import re
 import shutil
 import signal
 import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from collectors.computemode import STATE_FILE as COMPUTE_MODE_FILE
 from collectors.computemode import ComputeModeError, ComputeModeSwitch
+from collectors.mpsproc import (
+    KILL_WAIT_S,
+    alive,
+    cmdline,
+    kill_group,
+    read_text,
+    reap,
+    remove_empty_parents,
+    remove_path,
+    wait_gone,
+)
+from collectors.mpsreplies import (
+    MpsLogLine,
+    parse_client_list,
+    parse_log_line,
+    parse_percentage,
+    parse_pinned_limit,
+    parse_server_list,
+)
+from collectors.mpsrules import (
+    MAX_REPLICAS_PRE_VOLTA,
+    MAX_REPLICAS_VOLTA_ON,
+    MIN_REPLICAS,
+    MpsError,
+    MpsGpu,
+    MpsResource,
+    Root,
+    active_thread_percentage,
+    max_replicas,
+    pinned_limit_mib,
+    resource_gpus,
+    validate,
+)
+
+__all__ = [  # the MPS interface of spec/mps.md, with the rules and parsers it is built on
+    "DEFAULT_BINARY", "MAX_REPLICAS_PRE_VOLTA", "MAX_REPLICAS_VOLTA_ON", "MIN_REPLICAS", "Daemon", "DaemonStatus",
+    "Manager", "MpsError", "MpsGpu", "MpsLogLine", "MpsResource", "Root", "active_thread_percentage",
+    "max_replicas", "parse_client_list", "parse_log_line", "parse_percentage", "parse_pinned_limit",
+    "parse_server_list", "pinned_limit_mib", "validate",
+]
 
 log = logging.getLogger(__name__)
-
 DEFAULT_BINARY = "nvidia-cuda-mps-control"
 #: PATH given to the daemon after the control binary's own directory: the usual system
 #: directories, nothing from the caller's environment.
@@ -63,50 +99,6 @@ PID_FILE = "nvidia-cuda-mps-control.pid"
 CONTROL_FILE = "control"
 #: Written in the pipe dir once a start (launch and configuration) has completed (NVIDIA's plugin).
 STARTED_MARKER = ".started"
-MIN_REPLICAS = 2
-MAX_REPLICAS_VOLTA_ON = 48  # per GPU, compute capability >= 7.0
-MAX_REPLICAS_PRE_VOLTA = 16  # per GPU, compute capability < 7.0
-_MIB = 1024 * 1024
-_KILL_WAIT_S = 1.0  # after SIGKILL, how long to wait for a process to be gone
-
-class MpsError(Exception):
-    """An MPS resource is invalid, or its daemon could not be started, reached or configured.
-
-    The message names the resource and what failed (the command, the directory, the rule).
-    """
-
-
-@dataclass(frozen=True)
-class MpsResource:
-    """One MPS-shared resource.
-
-    ``name``: the resource name, e.g. ``nvidia.com/gpu`` (``/`` makes nested directories under the
-    root; see :class:`Root`). ``replicas``: how many clients share each GPU (2..48, 2..16 before
-    compute capability 7.0). ``devices``: the GPU UUIDs (``GPU-…``) the daemon serves, in order.
-    """
-
-    name: str
-    replicas: int
-    devices: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class MpsGpu:
-    """A GPU as the caller knows it from NVML.
-
-    ``uuid``: ``GPU-…``; ``index``: the NVML index, used by the daemon's per-device commands (it
-    ignored limits set by UUID); ``memory_total_bytes``: total framebuffer memory in bytes;
-    ``compute_capability``: ``"major.minor"`` such as ``"9.0"``; ``mig_enabled``: MIG mode is on.
-    """
-
-    uuid: str
-    index: int
-    memory_total_bytes: int
-    compute_capability: str
-    mig_enabled: bool
-
-
-
 
 @dataclass(frozen=True)
 class DaemonStatus:
@@ -128,337 +120,6 @@ class DaemonStatus:
     clients: dict[int, list[int]] = field(default_factory=dict)
     active_thread_percentage: float | None = None
     pinned_limits_bytes: dict[str, int | None] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class MpsLogLine:
-    """One line of ``control.log`` / ``server.log``: ``[YYYY-MM-DD HH:MM:SS.mmm <Source> <pid>] <text>``.
-
-    ``timestamp``: naive, in the host's local time as the daemon wrote it (the line has no zone);
-    ``source``: ``Control``, ``Server`` or ``Other`` (seen in the H200 captures); ``pid``: the writing
-    process; ``text``: the rest of the line, without the trailing newline.
-    """
-
-    timestamp: dt.datetime
-    source: str
-    pid: int
-    text: str
-
-
-# --------------------------------------------------------------------------------------------
-# pure parsers
-
-
-def _check_str(text: object, what: str) -> str:
-    if not isinstance(text, str):
-        raise TypeError(f"{what} expects str, got {type(text).__name__}")
-    return text
-
-
-def _pid_lines(text: str) -> list[int]:
-    pids = []
-    for line in text.splitlines():
-        word = line.strip()
-        if word.isascii() and word.isdigit() and len(word) <= 10 and int(word) > 0:  # a PID: at most 2^22
-            pids.append(int(word))
-    return pids
-
-
-def parse_server_list(text: str) -> list[int]:
-    """PIDs from a ``get_server_list`` reply: one per line (``"490"``), empty before any client.
-
-    Lines that are not a positive decimal PID are skipped. Raises TypeError only for a non-``str``.
-    """
-    return _pid_lines(_check_str(text, "parse_server_list"))
-
-
-def parse_client_list(text: str) -> list[int]:
-    """Client PIDs (host PID namespace) from a ``get_client_list <server pid>`` reply, one per line.
-
-    Empty when the server has no client (measured after the only client exited). Lines that are not
-    a positive decimal PID are skipped. Raises TypeError only for a non-``str``.
-    """
-    return _pid_lines(_check_str(text, "parse_client_list"))
-
-
-def parse_percentage(text: str) -> float | None:
-    """The active-thread percentage from a reply such as ``"100.0"`` or ``"25.0"``.
-
-    None unless the stripped reply is one finite number in 0..100. Raises TypeError only for a
-    non-``str``.
-    """
-    word = _check_str(text, "parse_percentage").strip()
-    if not re.fullmatch(r"[+]?(\d+(\.\d*)?|\.\d+)", word, re.ASCII):
-        return None
-    value = float(word)
-    return value if math.isfinite(value) and 0.0 <= value <= 100.0 else None
-
-
-_SIZE_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-# ASCII: with IGNORECASE alone, "K" would also match the Kelvin sign U+212A (found by fuzzing)
-_SIZE_RE = re.compile(r"(\d{1,18})\s*([KMGT])(?:i?B)?", re.IGNORECASE | re.ASCII)
-
-
-def parse_pinned_limit(text: str) -> int | None:
-    """Bytes from a ``get_default_device_pinned_mem_limit <index>`` reply.
-
-    The daemon takes and shows an integer with a binary qualifier (``4096M``; some drivers show a
-    limit of 1 GiB or more as whole GiB, ``70G``); ``K``/``T`` and a ``B``/``iB`` suffix are accepted
-    too. None for an empty reply (no limit set, as measured) or anything else (a bare number has no
-    documented unit). Raises TypeError only for a non-``str``.
-    """
-    match = _SIZE_RE.fullmatch(_check_str(text, "parse_pinned_limit").strip())
-    if match is None:
-        return None
-    return int(match.group(1)) * _SIZE_UNITS[match.group(2).upper()]
-
-
-_LOG_RE = re.compile(
-    r"\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}\.\d{3}) +([A-Za-z]+) +(\d{1,10})\] ?(.*?)[\r\n]*", re.ASCII)
-
-
-def parse_log_line(line: str) -> MpsLogLine | None:
-    """Parse one MPS log line, e.g. ``[2026-11-30 10:58:36.064 Control   500] Starting control daemon…``.
-
-    None for a line of another shape or with an impossible date. Raises TypeError only for a
-    non-``str``.
-    """
-    match = _LOG_RE.fullmatch(_check_str(line, "parse_log_line"))
-    if match is None:
-        return None
-    stamp, source, pid, text = match.groups()
-    try:
-        timestamp = dt.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S.%f")
-    except ValueError:
-        return None
-    return MpsLogLine(timestamp=timestamp, source=source, pid=int(pid), text=text)
-
-
-# --------------------------------------------------------------------------------------------
-# validation
-
-
-def _parse_compute_capability(gpu: MpsGpu, resource: str | None) -> tuple[int, int]:
-    match = re.fullmatch(r"(\d+)\.(\d+)", str(gpu.compute_capability).strip())
-    if match is None:
-        where = f"MPS resource {resource!r}: " if resource is not None else "MPS: "
-        raise MpsError(f"{where}GPU {gpu.uuid} has an unreadable compute capability "
-                       f"{gpu.compute_capability!r} (expected 'major.minor', e.g. '9.0')")
-    return int(match.group(1)), int(match.group(2))
-
-
-def max_replicas(gpu: MpsGpu) -> int:
-    """The most MPS clients a GPU takes: 48 from compute capability 7.0 (Volta) on, 16 before.
-
-    Raises MpsError when the compute capability is not ``"major.minor"``.
-    """
-    major, _ = _parse_compute_capability(gpu, None)
-    return MAX_REPLICAS_VOLTA_ON if major >= 7 else MAX_REPLICAS_PRE_VOLTA
-
-
-def pinned_limit_mib(gpu: MpsGpu, replicas: int) -> int:
-    """The per-client pinned-memory limit in MiB: total bytes // replicas // 2**20 (spec/mps.md)."""
-    return gpu.memory_total_bytes // replicas // _MIB
-
-
-def active_thread_percentage(replicas: int) -> int:
-    """The default active-thread percentage for ``replicas`` clients: 100 // replicas (spec/mps.md)."""
-    return 100 // replicas
-
-
-def _resource_gpus(resource: MpsResource, gpus: Iterable[MpsGpu]) -> tuple[MpsGpu, ...]:
-    by_uuid = {gpu.uuid: gpu for gpu in gpus}
-    return tuple(by_uuid[uuid] for uuid in resource.devices if uuid in by_uuid)
-
-
-def validate(resource: MpsResource, gpus: Sequence[MpsGpu]) -> None:
-    """Check ``resource`` against the GPUs the caller knows; raise MpsError naming it and the rule.
-
-    Rules (spec/mps.md, "Configure"): at least one device, no device listed twice, every device one
-    of ``gpus`` (by UUID), no MIG-enabled GPU (MPS is not allowed there), ``replicas`` an int ≥ 2 and
-    at most 48 per GPU from compute capability 7.0 on, 16 before (NVIDIA's plugin wrongly caps Volta
-    at 16), and a memory size that leaves every replica at least 1 MiB of pinned memory.
-    """
-    name = resource.name
-    if not resource.devices:
-        raise MpsError(f"MPS resource {name!r}: no devices (at least one GPU UUID is needed)")
-    seen: set[str] = set()
-    for uuid in resource.devices:
-        if uuid in seen:
-            raise MpsError(f"MPS resource {name!r}: device {uuid} is listed twice")
-        seen.add(uuid)
-    known = {gpu.uuid: gpu for gpu in gpus}
-    unknown = [uuid for uuid in resource.devices if uuid not in known]
-    if unknown:
-        raise MpsError(f"MPS resource {name!r}: unknown device(s) {', '.join(unknown)} "
-                       f"(not among the {len(known)} GPU(s) found)")
-    replicas = resource.replicas
-    if not isinstance(replicas, int) or isinstance(replicas, bool):
-        raise MpsError(f"MPS resource {name!r}: replicas must be an integer, got {replicas!r}")
-    if replicas < MIN_REPLICAS:
-        raise MpsError(f"MPS resource {name!r}: replicas must be at least {MIN_REPLICAS}, got {replicas}")
-    for uuid in resource.devices:
-        gpu = known[uuid]
-        if gpu.mig_enabled:
-            raise MpsError(f"MPS resource {name!r}: GPU {gpu.index} ({uuid}) has MIG enabled; "
-                           "MPS is not allowed on MIG-enabled GPUs")
-        major, minor = _parse_compute_capability(gpu, name)
-        limit = MAX_REPLICAS_VOLTA_ON if major >= 7 else MAX_REPLICAS_PRE_VOLTA
-        if replicas > limit:
-            raise MpsError(f"MPS resource {name!r}: replicas {replicas} exceeds the maximum of {limit} per GPU "
-                           f"for GPU {gpu.index} ({uuid}, compute capability {major}.{minor})")
-        if pinned_limit_mib(gpu, replicas) < 1:
-            raise MpsError(f"MPS resource {name!r}: GPU {gpu.index} ({uuid}) has {gpu.memory_total_bytes} bytes, "
-                           f"too little for {replicas} replicas of at least 1 MiB")
-
-
-# --------------------------------------------------------------------------------------------
-# directories
-
-
-class Root:
-    """The MPS root directory (made absolute: the daemon changes directory when it daemonises).
-
-    ``pipe_dir(r)`` = ``<root>/<r>/pipe``, ``log_dir(r)`` = ``<root>/<r>/log``, ``shm_dir()`` =
-    ``<root>/shm`` (one for all resources; clients mount it at ``/dev/shm``). A resource name may
-    contain ``/`` (``nvidia.com/gpu`` → nested directories) but no empty, ``.`` or ``..`` part, no
-    leading ``/``, no NUL, and may not start with ``shm`` (that directory is shared): MpsError.
-    """
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(os.path.abspath(os.fspath(path)))
-
-    def __repr__(self) -> str:
-        return f"Root({str(self.path)!r})"
-
-    def resource_dir(self, resource: str) -> Path:
-        """``<root>/<resource>``, after checking the name (see the class docstring)."""
-        if not isinstance(resource, str) or not resource:
-            raise MpsError(f"MPS resource name {resource!r} is empty or not a string")
-        if "\0" in resource or resource.startswith("/"):
-            raise MpsError(f"MPS resource name {resource!r} must be a relative path without NUL")
-        parts = resource.split("/")
-        if any(part in ("", ".", "..") for part in parts):
-            raise MpsError(f"MPS resource name {resource!r} has an empty, '.' or '..' part")
-        if parts[0] == "shm":
-            raise MpsError(f"MPS resource name {resource!r} would live inside the shared shm dir")
-        return self.path.joinpath(*parts)
-
-    def pipe_dir(self, resource: str) -> Path:
-        """``<root>/<resource>/pipe``: the daemon's ``CUDA_MPS_PIPE_DIRECTORY``."""
-        return self.resource_dir(resource) / "pipe"
-
-    def log_dir(self, resource: str) -> Path:
-        """``<root>/<resource>/log``: the daemon's ``CUDA_MPS_LOG_DIRECTORY``."""
-        return self.resource_dir(resource) / "log"
-
-    def shm_dir(self) -> Path:
-        """``<root>/shm``: shared by all resources, mounted at ``/dev/shm`` in clients."""
-        return self.path / "shm"
-
-
-# --------------------------------------------------------------------------------------------
-# processes
-
-
-def _proc_state(pid: int) -> str | None:
-    """The process state letter from ``/proc/<pid>/stat`` (``Z`` for a zombie); None when gone."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
-            stat = handle.read()
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            return "?"
-        return "?"
-    fields = stat[stat.rfind(")") + 2:].split()
-    return fields[0] if fields else "?"
-
-
-def _reap(pid: int) -> bool:
-    """Reap ``pid`` if it is our exited child; True when it was reaped now or is not our child."""
-    try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        return True
-    except OSError:
-        return True
-    return done == pid
-
-
-def _alive(pid: int) -> bool:
-    """True while ``pid`` runs; a zombie is reaped when it is our child and counts as gone either way."""
-    state = _proc_state(pid)
-    if state is None:
-        return False
-    if state == "Z":
-        _reap(pid)
-        return False
-    return True
-
-
-def _wait_gone(pid: int, timeout: float) -> bool:
-    """Wait up to ``timeout`` s for ``pid`` to exit (reaping it if it is our child); True when gone."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if not _alive(pid):
-            _reap(pid)
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.02)
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            raw = handle.read()
-    except OSError:
-        return []
-    return [os.fsdecode(arg) for arg in raw.split(b"\0") if arg]
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the child's process group (it was started in a session of its own) and reap the child.
-
-    The reaping waits at most :data:`_KILL_WAIT_S`: a child stuck in the kernel (a wedged driver)
-    cannot die yet, and is left for ``subprocess`` to reap later rather than block the caller.
-    """
-    with contextlib.suppress(OSError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(OSError):
-        proc.kill()
-    try:
-        proc.wait(timeout=_KILL_WAIT_S)
-    except subprocess.TimeoutExpired:
-        log.warning("pid %d (%s) did not die within %g s of SIGKILL", proc.pid, proc.args, _KILL_WAIT_S)
-
-
-def _read_text(handle: IO[bytes]) -> str:
-    handle.seek(0)
-    return handle.read().decode("utf-8", errors="replace")
-
-
-def _remove_path(path: Path) -> None:
-    """Remove a file, link or directory tree; raise OSError when it stays."""
-    if path.is_symlink() or (path.exists() and not path.is_dir()):
-        path.unlink()
-    elif path.is_dir():
-        shutil.rmtree(path)
-
-
-def _remove_empty_parents(path: Path, stop: Path) -> None:
-    """Remove ``path`` and its parents while they are empty directories strictly below ``stop``."""
-    current = path
-    while current != stop and stop in current.parents:
-        try:
-            current.rmdir()
-        except OSError:
-            return
-        current = current.parent
 
 
 # --------------------------------------------------------------------------------------------
@@ -501,7 +162,7 @@ class Daemon:
     @property
     def devices(self) -> tuple[MpsGpu, ...]:
         """The resource's GPUs in the resource's order (unknown UUIDs are left out; :meth:`start` refuses them)."""
-        return _resource_gpus(self.resource, self.gpus)
+        return resource_gpus(self.resource, self.gpus)
 
     @property
     def pipe_dir(self) -> Path:
@@ -538,10 +199,10 @@ class Daemon:
         """True when the pid file names a live process whose command line is the control binary's
         (a recycled PID is not the daemon)."""
         pid = self.pid()
-        if pid is None or not _alive(pid):
+        if pid is None or not alive(pid):
             return False
         names = {os.path.basename(self.binary), DEFAULT_BINARY}
-        return any(os.path.basename(arg) in names for arg in _cmdline(pid)[:2])
+        return any(os.path.basename(arg) in names for arg in cmdline(pid)[:2])
 
     def visible_devices(self) -> tuple[str, ...] | None:
         """The running daemon's ``CUDA_VISIBLE_DEVICES`` (``/proc/<pid>/environ``), split on commas; None
@@ -630,17 +291,17 @@ class Daemon:
                         pass  # it exited without reading: its status and stderr say why
                 proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                _kill_group(proc)
+                kill_group(proc)
                 raise MpsError(f"MPS resource {self.name!r}: {what} did not answer within {timeout:g} s "
                                f"(the daemon may be wedged)") from None
             except BaseException:
-                _kill_group(proc)
+                kill_group(proc)
                 raise
             finally:
                 if proc.stdin is not None:
                     with contextlib.suppress(OSError):
                         proc.stdin.close()
-            return proc.returncode, _read_text(out), _read_text(err)
+            return proc.returncode, read_text(out), read_text(err)
 
     def echo_pipe_to_control(self, command: str, timeout: float | None = None) -> str:
         """Send one ``command`` to the daemon and return its reply (stdout, surrounding whitespace stripped).
@@ -792,7 +453,7 @@ class Daemon:
                            f"{pipe_dir}; stop it first")
         log.info("MPS resource %r: removing stale pipe dir %s", self.name, pipe_dir)
         try:
-            _remove_path(pipe_dir)
+            remove_path(pipe_dir)
         except OSError as exc:
             raise MpsError(f"MPS resource {self.name!r}: cannot remove stale pipe dir {pipe_dir}: {exc}") from exc
 
@@ -889,7 +550,7 @@ class Daemon:
                 self.echo_pipe_to_control(f"quit -t {grace}", timeout=self.timeout + grace)
             except MpsError as exc:
                 problems.append(f"{exc} (cleaning up anyway)")
-        if pid is not None and not _wait_gone(pid, self.timeout):
+        if pid is not None and not wait_gone(pid, self.timeout):
             self._terminate(pid, problems)
         self._restore_compute_modes(problems)
         self._cleanup_dirs(pipe_dir, log_dir, problems)
@@ -898,22 +559,22 @@ class Daemon:
 
     def _terminate(self, pid: int, problems: list[str]) -> None:
         names = {os.path.basename(self.binary), DEFAULT_BINARY}
-        if not any(os.path.basename(arg) in names for arg in _cmdline(pid)[:2]):
+        if not any(os.path.basename(arg) in names for arg in cmdline(pid)[:2]):
             problems.append(f"MPS resource {self.name!r}: pid {pid} from the pid file is not {self.binary}; "
                             "left alone")
             return
         problems.append(f"MPS resource {self.name!r}: the control daemon (pid {pid}) did not exit after quit; "
                         "terminating it")
-        for sig, wait in ((signal.SIGTERM, self.timeout), (signal.SIGKILL, _KILL_WAIT_S)):
+        for sig, wait in ((signal.SIGTERM, self.timeout), (signal.SIGKILL, KILL_WAIT_S)):
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
-                _reap(pid)
+                reap(pid)
                 return
             except OSError as exc:
                 problems.append(f"MPS resource {self.name!r}: cannot signal pid {pid}: {exc}")
                 return
-            if _wait_gone(pid, wait):
+            if wait_gone(pid, wait):
                 return
         problems.append(f"MPS resource {self.name!r}: the control daemon (pid {pid}) survived SIGKILL")
 
@@ -921,12 +582,12 @@ class Daemon:
         for what, path in (("started marker", pipe_dir / STARTED_MARKER), ("log dir", log_dir),
                            ("pipe dir", pipe_dir)):
             try:
-                _remove_path(path)
+                remove_path(path)
             except FileNotFoundError:
                 pass
             except OSError as exc:
                 problems.append(f"MPS resource {self.name!r}: cannot remove {what} {path}: {exc}")
-        _remove_empty_parents(pipe_dir.parent, self.root.path)
+        remove_empty_parents(pipe_dir.parent, self.root.path)
 
 
 # --------------------------------------------------------------------------------------------
