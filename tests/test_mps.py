@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -214,14 +215,16 @@ def test_healthy_daemon(make_daemon: Callable[..., Daemon]) -> None:
     assert daemon.echo_pipe_to_control("get_default_device_pinned_mem_limit 0") == "35942M"
 
 
-def test_health_needs_a_number(make_daemon: Callable[..., Daemon], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_health_needs_a_number(make_daemon: Callable[..., Daemon]) -> None:
     daemon = make_daemon()
     daemon.start()
-    monkeypatch.setattr(daemon, "echo_pipe_to_control", lambda command, timeout=None: "Error: busy")
-    with pytest.raises(MpsError, match=r"'nvidia.com/gpu'.*not a percentage"):
+    (daemon.pipe_dir / "double.garbage").write_text("Error: busy\n")  # printed with exit status 0
+    with pytest.raises(MpsError, match=r"'nvidia.com/gpu'.*answered 'Error: busy', not a percentage"):
         daemon.assert_healthy()
     status = daemon.status()
     assert not status.healthy and "not a percentage" in status.reason
+    (daemon.pipe_dir / "double.garbage").unlink()
+    daemon.assert_healthy()
 
 
 def test_status_lists_servers_and_clients(make_daemon: Callable[..., Daemon]) -> None:
@@ -429,15 +432,27 @@ def test_pipe_dir_not_creatable(make_daemon: Callable[..., Daemon], root: Path) 
     assert root.read_text() == "a file, not a directory\n"
 
 
-def test_pipe_dir_not_writable(make_daemon: Callable[..., Daemon], root: Path,
-                               monkeypatch: pytest.MonkeyPatch) -> None:
-    real_access = os.access
-    monkeypatch.setattr(os, "access",
-                        lambda path, mode: False if str(path).endswith("/log") else real_access(path, mode))
-    with pytest.raises(MpsError, match=r"'nvidia.com/gpu': log dir .*/log is not writable"):
-        make_daemon().start()
-    assert not (root / "nvidia.com").exists()
-    assert serving(root) == []
+def test_pipe_dir_not_writable(root: Path, tmp_path: Path) -> None:
+    """A root on a read-only mount (a real one: ``unshare --mount`` and a read-only bind mount, which stops
+    root too, where chmod would not): a clear error naming the directory, nothing left running."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        reason = "needs root and unshare (util-linux) for a read-only bind mount"
+        if os.environ.get("CI", "").lower() in ("true", "1", "yes"):
+            pytest.fail(f"cannot run under CI=true: {reason}")
+        pytest.skip(reason)
+    readonly = tmp_path / "ro"
+    readonly.mkdir()
+    code = (f"from collectors.mps import Daemon, MpsResource, Root; from test_mps import GPUS, UUID0; "
+            f"Daemon(MpsResource('nvidia.com/gpu', 2, (UUID0,)), GPUS, Root({str(readonly)!r}), "
+            f"binary={str(DOUBLE)!r}).start()")
+    script = f"mount --bind {readonly} {readonly} && mount -o remount,bind,ro {readonly} && exec \"$@\""
+    proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
+                           sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": f"{REPO_ROOT}:{REPO_ROOT / 'tests'}"})
+    assert proc.returncode != 0
+    assert "MpsError: MPS resource 'nvidia.com/gpu': cannot create pipe dir" in proc.stderr, proc.stderr
+    assert "Read-only file system" in proc.stderr
+    assert not (readonly / "nvidia.com").exists() and serving(readonly) == []
 
 
 def test_launch_failure(make_daemon: Callable[..., Daemon], root: Path, tmp_path: Path) -> None:
