@@ -48,13 +48,29 @@ from accelstats.containers import (
 from accelstats.fsread import read_small
 from accelstats.metadata import MetadataReader
 from accelstats.openfds import OpenFdScanner, char_major, pids_in_cgroup
-from collectors.model import DeviceSnapshot
+from collectors.model import DeviceSnapshot, ProcessUsage
 
 log = logging.getLogger(__name__)
 
 SKIP_REASONS = ("cgroup_vanished", "cgroup_unreadable", "cgroup_too_deep", "devices_list_unreadable",
                 "pid_vanished", "pid_unreadable", "bad_cgroup_path", "foreign_cgroupns", "fd_unreadable",
                 "mig_minors_line")
+
+
+def mps_clients_not_listed(snapshot: DeviceSnapshot) -> dict[str, list[ProcessUsage]]:
+    """MPS clients the control daemons name per device (``get_device_client_list``, the ``mps``
+    collector) that NVML's process lists of that device lack: ``{GPU UUID: [ProcessUsage(type "mps",
+    memory unknown)]}``. NVML lists MPS clients on the H200 (spec/mps.md), so this is usually empty;
+    where it does not, the daemon's word still puts each client in its container."""
+    out: dict[str, list[ProcessUsage]] = {}
+    for reading in snapshot.mps:
+        for uuid, pid in reading.device_clients:
+            sample = snapshot.samples.get(uuid)
+            if sample is None or any(p.pid == pid for p in sample.processes or ()):
+                continue  # not a device of this collection, or NVML lists it already
+            if all(p.pid != pid for p in out.get(uuid, ())):
+                out.setdefault(uuid, []).append(ProcessUsage(pid=pid, type="mps"))
+    return out
 
 
 class Attributor:
@@ -92,6 +108,8 @@ class Attributor:
         self.skipped["cgroup_unreadable"] += found.stats.skipped_unreadable
         self.skipped["cgroup_too_deep"] += found.stats.skipped_too_deep
         gpu_pids = {p.pid for s in snapshot.samples.values() for p in s.processes or ()}
+        view.mps_clients = mps_clients_not_listed(snapshot)
+        gpu_pids |= {p.pid for ps in view.mps_clients.values() for p in ps}
         view.pid_cgroups, skipped = cgroup_of_pids(gpu_pids, self.proc_root, self.controller, self.namespace)
         self.skipped.update(skipped)
         if skipped["foreign_cgroupns"] and not self._cgroupns_logged:

@@ -176,15 +176,17 @@ class HostView:
     mig: MigMap | None = None
     open_minors: Callable[[Path], frozenset[int]] | None = None
     by_container: dict[str, dict[str, list[ProcessUsage]]] | None = None
+    mps_clients: Mapping[str, list[ProcessUsage]] = field(default_factory=dict)  # not in NVML's lists
 
     def index_processes(self, containers: Iterable[str]) -> None:
-        """Group every NVML process by (container cgroup, device UUID) once, so each container's
-        collector looks its processes up instead of scanning every device's list: a process belongs
-        to the container whose cgroup is the longest prefix of its own (sub-cgroups included)."""
+        """Group every NVML process (and every MPS client NVML did not list, :attr:`mps_clients`) by
+        (container cgroup, device UUID) once, so each container's collector looks its processes up
+        instead of scanning every device's list: a process belongs to the container whose cgroup is
+        the longest prefix of its own (sub-cgroups included)."""
         known = set(containers)
         index: dict[str, dict[str, list[ProcessUsage]]] = {}
         for uuid, sample in self.snapshot.samples.items():
-            for p in sample.processes or ():
+            for p in [*(sample.processes or ()), *self.mps_clients.get(uuid, ())]:
                 owner = container_of(self.pid_cgroups.get(p.pid), known)
                 if owner is not None:
                     index.setdefault(owner, {}).setdefault(uuid, []).append(p)

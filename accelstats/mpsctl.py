@@ -164,7 +164,9 @@ class MpsCollector:
                 servers=len(status.servers), clients=sum(len(c) for c in status.clients.values()),
                 active_thread_ratio=(status.active_thread_percentage / 100.0
                                      if status.active_thread_percentage is not None else None),
-                pinned_memory_limit_bytes=tuple(sorted(status.pinned_limits_bytes.items()))))
+                pinned_memory_limit_bytes=tuple(sorted(status.pinned_limits_bytes.items())),
+                device_clients=tuple((uuid, pid) for uuid, pids in sorted(status.device_clients.items())
+                                     for pid in pids)))
 
     def close(self) -> None:
         """End the worker threads (a query stuck past its timeout ends with its own child process)."""

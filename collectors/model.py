@@ -131,7 +131,9 @@ class FileDevice:
 class MpsDaemonReading:
     """One MPS control daemon as the ``mps`` collector saw it in this collection (spec/mps.md):
     ``up`` when ``get_default_active_thread_percentage`` answered within the timeout and parsed;
-    ``pinned_memory_limit_bytes`` per GPU UUID (None: no limit set)."""
+    ``pinned_memory_limit_bytes`` per GPU UUID (None: no limit set); ``device_clients``: (GPU UUID, client
+    PID) pairs from ``get_device_client_list`` — attribution adds those NVML did not list as MPS
+    processes (memory unknown), so every MPS client counts in its container."""
 
     resource: str
     up: bool
@@ -140,6 +142,7 @@ class MpsDaemonReading:
     clients: int = 0
     active_thread_ratio: float | None = None
     pinned_memory_limit_bytes: tuple[tuple[str, int | None], ...] = ()
+    device_clients: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)

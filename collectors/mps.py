@@ -61,6 +61,7 @@ from collectors.mpsproc import (
 from collectors.mpsreplies import (
     MpsLogLine,
     parse_client_list,
+    parse_device_client_list,
     parse_log_line,
     parse_percentage,
     parse_pinned_limit,
@@ -84,8 +85,8 @@ from collectors.mpsrules import (
 __all__ = [  # the MPS interface of spec/mps.md, with the rules and parsers it is built on
     "DEFAULT_BINARY", "MAX_REPLICAS_PRE_VOLTA", "MAX_REPLICAS_VOLTA_ON", "MIN_REPLICAS", "Daemon", "DaemonStatus",
     "Manager", "MpsError", "MpsGpu", "MpsLogLine", "MpsResource", "Root", "active_thread_percentage",
-    "max_replicas", "parse_client_list", "parse_log_line", "parse_percentage", "parse_pinned_limit",
-    "parse_server_list", "pinned_limit_mib", "validate",
+    "max_replicas", "parse_client_list", "parse_device_client_list", "parse_log_line", "parse_percentage",
+    "parse_pinned_limit", "parse_server_list", "pinned_limit_mib", "validate",
 ]
 
 log = logging.getLogger(__name__)
@@ -111,7 +112,9 @@ class DaemonStatus:
     the default percentage (``get_default_active_thread_percentage``), None when unknown;
     ``pinned_limits_bytes``: GPU UUID → default pinned-memory limit in bytes
     (``get_default_device_pinned_mem_limit <ordinal>``, see :meth:`Daemon.start` for the ordinal),
-    None when the daemon reports none; a GPU whose query failed is absent.
+    None when the daemon reports none; a GPU whose query failed is absent. ``device_clients``: GPU UUID →
+    client PIDs that enumerated it (``get_device_client_list``, the daemon's ordinals mapped through
+    the resource's devices; empty when the devices are not resolved).
     """
 
     healthy: bool
@@ -120,6 +123,7 @@ class DaemonStatus:
     clients: dict[int, list[int]] = field(default_factory=dict)
     active_thread_percentage: float | None = None
     pinned_limits_bytes: dict[str, int | None] = field(default_factory=dict)
+    device_clients: dict[str, list[int]] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------------------------
@@ -378,14 +382,23 @@ class Daemon:
             reply = ask(f"get_client_list {server}")
             if reply is not None:
                 clients[server] = parse_client_list(reply)
-        for ordinal, gpu in enumerate(self.devices):
+        devices = self.devices
+        for ordinal, gpu in enumerate(devices):
             reply = ask(f"get_default_device_pinned_mem_limit {ordinal}")
             if reply is not None:
                 pinned[gpu.uuid] = parse_pinned_limit(reply)
+        device_clients: dict[str, list[int]] = {}
+        if servers and devices:
+            reply = ask("get_device_client_list")
+            if reply is not None:
+                for ordinal, pids in parse_device_client_list(reply).items():
+                    if ordinal < len(devices) and pids:
+                        device_clients[devices[ordinal].uuid] = pids
         if wedged:
             reasons.append("remaining commands skipped")
         return DaemonStatus(healthy=not reasons, reason="; ".join(reasons) or "ok", servers=servers,
-                            clients=clients, active_thread_percentage=percentage, pinned_limits_bytes=pinned)
+                            clients=clients, active_thread_percentage=percentage, pinned_limits_bytes=pinned,
+                            device_clients=device_clients)
 
     # ---- start
 

@@ -64,6 +64,34 @@ def parse_client_list(text: str) -> list[int]:
     return _pid_lines(_check_str(text, "parse_client_list"))
 
 
+_DEVICE_RE = re.compile(r"\[(\d{1,4})\]", re.ASCII)
+_CLIENT_CTX_RE = re.compile(r"(\d{1,10})(?:\.\d{1,10})?", re.ASCII)
+
+
+def parse_device_client_list(text: str) -> dict[int, list[int]]:
+    """``{device ordinal: client PIDs}`` from a ``get_device_client_list`` reply (spec/mps.md, measured
+    with one client on an H200: ``[0] 00:00.0, NVIDIA H200`` then ``473.1``, i.e. a device line, then
+    one ``<pid>.<context>`` line per client that enumerated it). The ordinal is the daemon's own (its
+    ``CUDA_VISIBLE_DEVICES`` order). Client lines before any device line and other lines are skipped;
+    a PID listed twice for a device counts once. Raises TypeError only for a non-``str``.
+    """
+    out: dict[int, list[int]] = {}
+    device: int | None = None
+    for line in _check_str(text, "parse_device_client_list").splitlines():
+        word = line.strip()
+        head = _DEVICE_RE.match(word)
+        if head is not None:
+            device = int(head.group(1))
+            out.setdefault(device, [])
+            continue
+        client = _CLIENT_CTX_RE.fullmatch(word)
+        if client is not None and device is not None:
+            pid = int(client.group(1))
+            if pid > 0 and pid not in out[device]:
+                out[device].append(pid)
+    return out
+
+
 def parse_percentage(text: str) -> float | None:
     """The active-thread percentage from a reply such as ``"100.0"`` or ``"25.0"``.
 

@@ -792,3 +792,27 @@ def test_parse_pid_lists() -> None:
     assert parse_client_list("[0] 00:00.0, NVIDIA H200\n473.1\n") == []
     with pytest.raises(TypeError):
         parse_client_list(["473"])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("reply", "expected"), [
+    ("[0] 00:00.0, NVIDIA H200\n473.1\n", {0: [473]}),  # spec/mps.md, measured with one client on the H200
+    ("", {}),
+    ("[0] 00:00.0, NVIDIA H200\n[1] 00:01.0, NVIDIA H200\n514.1\n515.2\n515.3\n", {0: [], 1: [514, 515]}),
+    ("473.1\n[0] x\n", {0: []}),  # a client line before any device line is skipped
+    ("[0] x\nnot a pid\n0.1\n" + "9" * 11 + ".1\n", {0: []}),
+])
+def test_parse_device_client_list(reply: str, expected: dict[int, list[int]]) -> None:
+    from collectors.mps import parse_device_client_list
+
+    assert parse_device_client_list(reply) == expected
+
+
+def test_mps_clients_nvml_already_lists_are_not_added_twice() -> None:
+    from accelstats.attribution import mps_clients_not_listed
+    from collectors.model import DeviceSample, DeviceSnapshot, MpsDaemonReading, ProcessUsage
+
+    snapshot = DeviceSnapshot()
+    snapshot.samples[UUID0] = DeviceSample(uuid=UUID0, up=True, processes=(ProcessUsage(473, "mps", 786 << 20),))
+    snapshot.mps.append(MpsDaemonReading("r", True, device_clients=((UUID0, 473), (UUID0, 474), (UUID0, 474),
+                                                                    ("GPU-not-here", 475))))
+    assert mps_clients_not_listed(snapshot) == {UUID0: [ProcessUsage(474, "mps")]}

@@ -57,7 +57,10 @@ def test_start_status_dump_stop(host: tuple[Path, dict[str, str]], tmp_path: Pat
     assert row["clients"] == [{"server": 777, "pid": 4242, "container": f"/system.slice/docker-{CID}.scope"},
                               {"server": 777, "pid": 4343, "container": ""}]  # 4343: not in a container
 
-    dump = run(env, "dump", "--config", str(cfg))
+    cgroup2 = tmp_path / "cgroup2"  # a cgroup v2 root (no devices.list): process evidence decides
+    cgroup2.mkdir()
+    (cgroup2 / "cgroup.controllers").touch()
+    dump = run(env, "dump", "--config", str(cfg), "--cgroup-root", str(cgroup2))
     assert dump.returncode == 0, dump.stderr
     fams = {f.name: f for f in text_string_to_metric_families(dump.stdout)}
     value = {f: {tuple(s.labels.values()): s.value for s in fams[f].samples} for f in (
@@ -68,6 +71,12 @@ def test_start_status_dump_stop(host: tuple[Path, dict[str, str]], tmp_path: Pat
     assert value["accelstats_mps_servers"] == {("nvidia.com/gpu",): 1.0}
     assert value["accelstats_mps_clients"] == {("nvidia.com/gpu",): 2.0}
     assert value["accelstats_mps_pinned_memory_limit_bytes"] == {("nvidia.com/gpu", H200): 35942 * 2**20}
+    # the replay lists no process; the daemon's get_device_client_list names 4242 on its device 0 (the
+    # H200): the client counts in its container (4343 is a host process: no container)
+    procs = {(s.labels["id"], s.labels["uuid"], s.labels["attribution"]): s.value
+             for s in fams["accelstats_container_gpu_processes"].samples}
+    assert procs == {(f"/system.slice/docker-{CID}.scope", H200, "process"): 1.0}
+    assert "accelstats_container_gpu_memory_used_bytes" not in fams  # the daemon gives no memory: absent, not 0
 
     stopped = run(env, "mps", "stop", "--config", str(cfg))
     assert stopped.returncode == 0, stopped.stderr
