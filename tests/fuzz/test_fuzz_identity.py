@@ -117,6 +117,23 @@ def test_nspawn_name_with_non_ascii_characters() -> None:
         "systemd-nspawn", "a\\xff", name="a\\xff")  # not UTF-8: the escape is kept
 
 
+# spec/cgroups.md §3, the rows that are not containers: (path, is_host_cgroup)
+SPEC_NOT_CONTAINERS = [
+    (f"/system.slice/var-lib-docker-overlay2-{'0' * 64}-merged.mount", True),  # docker overlay mount unit
+    ("/user.slice/user-1000.slice/session-3.scope", True),
+    ("/system.slice/nginx.service", True),
+    ("/", True),
+    (f"/kubepods.slice/kubepods-besteffort.slice/crio-{'0' * 64}", False),  # CRI-O pod sandbox (no .scope)
+    (f"/kubepods.slice/kubepods-besteffort.slice/crio-conmon-{'0' * 64}.scope", False),  # conmon
+]
+
+
+@pytest.mark.parametrize(("path", "host"), SPEC_NOT_CONTAINERS)
+def test_spec_rows_that_are_not_containers(path: str, host: bool) -> None:
+    assert identify(path) is None
+    assert is_host_cgroup(path) is host
+
+
 # ---------------------------------------------------------------------------- properties
 
 
