@@ -8,11 +8,17 @@
   with the go-cty msgpack bytes a Nomad client sends (SetConfig); Fingerprint and Stats are built by
   the same functions the gRPC servicers call.
 * :func:`eight_h200`: a scenario of eight H200s from the real capture.
+* :class:`HeldHang` and :class:`ReplayClock`: a replay's ``sleep`` and ``clock`` (both injectable,
+  :class:`~collectors.nvml_replay.ReplayNVML`): a ``hang_seconds = HELD`` fault hangs until the test
+  releases it, and the replay's clock moves when the test moves it; no test races a timer. Also used
+  by tests/test_nvidia_backend.py and tests/test_pcie_sampler.py.
+* :func:`live_threads` / :func:`assert_no_new_threads`: thread leaks by thread identity, not by name.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -20,7 +26,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence, Set
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,10 +124,12 @@ class Exporter:
         return next(c for c in self.manager.collectors if isinstance(c, NvidiaBackend))
 
 
-def replay_exporter(tmp_path: Path, scenario: Path, **settings: Any) -> Exporter:
-    """An :class:`Exporter` over the replay of ``scenario`` on an empty cgroup tree and /proc."""
+def replay_exporter(tmp_path: Path, scenario: Path, *, replay: dict[str, Any] | None = None,
+                    **settings: Any) -> Exporter:
+    """An :class:`Exporter` over the replay of ``scenario`` on an empty cgroup tree and /proc;
+    ``replay``: keyword arguments of :class:`ReplayNVML` (``clock``, ``sleep``)."""
     s = Settings(nvml_replay=scenario, cgroup_root=tmp_path / "cgroup", proc_root=tmp_path / "proc", **settings)
-    return Exporter(s, ReplayNVML.from_path(scenario))
+    return Exporter(s, ReplayNVML.from_path(scenario, **(replay or {})))
 
 
 def free_port() -> int:
@@ -165,11 +173,28 @@ def serve_subprocess(args: Sequence[str], log: Path, *, prefix: Sequence[str] = 
 
 
 class Plugin:
-    """The plugin's state after a SetConfig of ``cfg`` (a Nomad ``config`` block as a dict)."""
+    """The plugin's state after a SetConfig of ``cfg`` (a Nomad ``config`` block as a dict).
 
-    def __init__(self, cfg: dict[str, Any]) -> None:
+    ``replay``: keyword arguments (``clock``, ``sleep``) for the :class:`ReplayNVML` the plugin
+    builds from ``cfg["nvml_replay"]``; the plugin has no way to pass them, so ``ReplayNVML.from_path``
+    adds them while SetConfig runs (and only then)."""
+
+    def __init__(self, cfg: dict[str, Any], *, replay: dict[str, Any] | None = None) -> None:
         self.state = DevicePluginState(threading.Event())
-        self.state.set_config(encode_for_spec(plugin_config.schema(hclspec_pb2), cfg))
+        data = encode_for_spec(plugin_config.schema(hclspec_pb2), cfg)
+        if not replay:
+            self.state.set_config(data)
+            return
+        original = vars(ReplayNVML)["from_path"]
+
+        def from_path(cls: type[ReplayNVML], path: str | Path, **kwargs: Any) -> ReplayNVML:
+            return original.__func__(cls, path, **{**replay, **kwargs})  # type: ignore[no-any-return]
+
+        ReplayNVML.from_path = classmethod(from_path)  # type: ignore[method-assign, assignment]
+        try:
+            self.state.set_config(data)
+        finally:
+            ReplayNVML.from_path = original  # type: ignore[method-assign]
 
     def __enter__(self) -> Plugin:
         return self
@@ -192,9 +217,15 @@ class Plugin:
         snap = self.state.fingerprint()
         return {d.ID: (d.healthy, d.health_description) for g in snap.groups for d in g.devices}
 
-    def stats(self) -> dict[str, Any]:
-        """A StatsResponse from a fresh collection: ``{device ID: DeviceStats}``."""
-        collection = self.state.collect()
+    def collection(self) -> Any:
+        """The manager's latest collection (:class:`accelstats.manager.Collection`): what the last
+        Fingerprint or Stats was built from."""
+        assert self.state.manager is not None and self.state.manager.last is not None
+        return self.state.manager.last
+
+    def stats(self, collection: Any = None) -> dict[str, Any]:
+        """A StatsResponse from ``collection`` (default: a fresh one): ``{device ID: DeviceStats}``."""
+        collection = collection if collection is not None else self.state.collect()
         assert collection is not None
         ts = timestamp_pb2.Timestamp()
         ts.GetCurrentTime()
@@ -217,6 +248,92 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, step: float
         time.sleep(step)
 
 
-def thread_names() -> list[str]:
-    """Names of the live threads, sorted, less the HTTP server's per-request threads."""
-    return sorted(t.name for t in threading.enumerate() if "process_request_thread" not in t.name)
+def live_threads() -> frozenset[threading.Thread]:
+    """The live threads, as objects: a thread that started later is never one of them, even when it
+    has the same name or the operating system reuses an ended thread's ident."""
+    return frozenset(threading.enumerate())
+
+
+def assert_no_new_threads(before: Set[threading.Thread], timeout: float = 10.0) -> None:
+    """Wait up to ``timeout`` seconds until every live thread is one of ``before`` (the HTTP server's
+    per-request threads end a moment after their answer); AssertionError naming the new ones
+    otherwise. Threads of ``before`` that ended meanwhile do not matter."""
+    end = time.monotonic() + timeout
+    while True:
+        new = sorted(t.name for t in threading.enumerate() if t not in before)
+        if not new:
+            return
+        if time.monotonic() > end:
+            raise AssertionError(f"threads started and still alive after {timeout}s: {new}")
+        time.sleep(0.05)
+
+
+HELD = 3600.0  # hang_seconds that HeldHang holds until released (any other duration is slept for real)
+
+
+class HeldHang:
+    """A ``sleep`` for :class:`ReplayNVML` (``sleep=hang.sleep``) under which a scenario fault with
+    ``hang_seconds = HELD`` blocks until :meth:`release`: the test, not a timer, decides when the hung
+    call returns. Other durations (the event wait's slices of at most 50 ms) are slept for real.
+
+    ``entered`` / ``returned``: hung calls begun / ended so far. Use as a context manager: leaving it
+    releases every hung call (a failed test leaves no thread blocked for an hour)."""
+
+    def __init__(self) -> None:
+        self._released = threading.Event()
+        self._lock = threading.Lock()
+        self.entered = 0
+        self.returned = 0
+
+    def __enter__(self) -> HeldHang:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def sleep(self, seconds: float) -> None:
+        """The replay's sleep: ``HELD`` seconds wait for :meth:`release`, anything else is ``time.sleep``."""
+        if seconds != HELD:
+            time.sleep(seconds)
+            return
+        with self._lock:
+            self.entered += 1
+        try:
+            self._released.wait(HELD)
+        finally:
+            with self._lock:
+                self.returned += 1
+
+    @property
+    def in_progress(self) -> int:
+        """Hung calls that have begun and not returned."""
+        with self._lock:
+            return self.entered - self.returned
+
+    def release(self) -> None:
+        """Let every hung call (and every later one) return."""
+        self._released.set()
+
+
+class ReplayClock:
+    """A replay ``clock`` (seconds since the epoch): the wall clock plus what :meth:`advance` added.
+    The replay's energy counter grows with it (power x seconds), so a GPU read anew after an advance
+    has more energy, and one whose last reading is repeated has the same."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.offset
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock ``seconds`` forward."""
+        self.offset += seconds
+
+
+def plugin_binary() -> str:
+    """The ``nomad-device-accelstats`` console script pip installed next to this interpreter (or on PATH)."""
+    beside = Path(sys.executable).parent / "nomad-device-accelstats"
+    found = str(beside) if beside.exists() else shutil.which("nomad-device-accelstats")
+    assert found, "nomad-device-accelstats is not installed (pip install .)"
+    return found
