@@ -6,9 +6,14 @@ Real things where the row asks for them: rows 6-8 make real cgroups in this host
 ``devices`` hierarchy (``/sys/fs/cgroup/devices/accelstats-fm-*``, removed after each test), row 7
 a real child process, row 8 a real EACCES (``chmod 000`` on the kernel's ``devices.list`` and an
 exporter process whose bounding set lacks CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH, via
-``setpriv``). Row 9 replays a cgroupfs as plain directories (``devices.list`` and ``cgroup.procs``
-files in a temporary tree): 10 000 real cgroups would cost the shared CI host more than they
-prove. Moments "mid-walk" and "mid-read" are reached by wrapping the step before them
+``setpriv``). A host without that hierarchy (cgroup v2 only, as CI machines may be) skips those
+variants with the reason, so rows 6-8 each have a **replayed** variant as well, which runs
+everywhere: the cgroupfs replayed as plain directories (``devices.list`` and ``cgroup.procs``
+files in a temporary tree); for row 7 also the child's ``/proc/<pid>`` (``cgroup``, ``stat``,
+``fd/``), removed as the kernel removes it when the process is reaped; for row 8 a ``chmod 000``
+plain file read by the same capability-less exporter process (a real EACCES, from the file system
+instead of cgroupfs). Row 9 is replayed only: 10 000 real cgroups would cost the shared CI host more
+than they prove. Moments "mid-walk" and "mid-read" are reached by wrapping the step before them
 (``monkeypatch``) so that the removal happens exactly there.
 """
 
@@ -178,37 +183,71 @@ def test_row6_cgroup_removed_mid_walk_exporter(tmp_path: Path, h200: Path, reque
 # -- row 7: a PID gone mid-read ----------------------------------------------------------------------
 
 MOMENTS_7 = ("before_its_proc_cgroup_is_read", "after_cgroup_procs_before_its_fds")
+REPLAYED_PID = 4242
 
 
+def replayed_process(proc: Path, pid: int, cgroup_line: str) -> Path:
+    """``<proc>/<pid>`` as procfs has it for a running process: ``cgroup``, ``stat`` (proc(5): field 22
+    is the start time) and an empty ``fd/``; returns the directory."""
+    d = proc / str(pid)
+    (d / "fd").mkdir(parents=True)
+    (d / "cgroup").write_text(cgroup_line + "\n")
+    (d / "stat").write_text(f"{pid} (sleep) S 1 " + " ".join(["0"] * 17) + f" {pid * 10} 0 0\n")
+    return d
+
+
+@pytest.mark.parametrize("tree", ["real_cgroupfs", "replayed"])
 @pytest.mark.parametrize("moment", MOMENTS_7)
-def test_row7_pid_gone_mid_read_exporter(tmp_path: Path, h200: Path, real_root: Path,
-                                         monkeypatch: pytest.MonkeyPatch, moment: str) -> None:
-    container = cgroup(real_root, "docker", B, allow=None)  # unrestricted: attributed by its processes
-    child = subprocess.Popen(["sleep", "60"])
+def test_row7_pid_gone_mid_read_exporter(tmp_path: Path, h200: Path, request: pytest.FixtureRequest,
+                                         monkeypatch: pytest.MonkeyPatch, moment: str, tree: str) -> None:
+    child: subprocess.Popen[bytes] | None = None
+    if tree == "real_cgroupfs":
+        real_root: Path = request.getfixturevalue("real_root")
+        container = cgroup(real_root, "docker", B, allow=None)  # unrestricted: attributed by its processes
+        child = subprocess.Popen(["sleep", "60"])
+        pid = child.pid
+        (container / "cgroup.procs").write_text(str(pid))
+        cg_root, proc_root = Path("/sys/fs/cgroup"), Path("/proc")
+
+        def reap() -> None:
+            assert child is not None
+            child.kill()
+            child.wait()
+    else:
+        top = tmp_path / "replayed" / "devices"
+        replayed_cgroup(top.parent, "devices", allow=None)
+        container = replayed_cgroup(top, "docker", B, allow=None)
+        pid = REPLAYED_PID
+        (container / "cgroup.procs").write_text(f"{pid}\n")
+        cg_root, proc_root = confined(tmp_path, top)
+        process = replayed_process(proc_root, pid, f"5:devices:/docker/{B}")
+
+        def reap() -> None:  # what the kernel does: out of cgroup.procs, /proc/<pid> gone
+            (container / "cgroup.procs").write_text("")
+            shutil.rmtree(process)
     try:
-        (container / "cgroup.procs").write_text(str(child.pid))
-        scenario = eight_h200(tmp_path, h200, f"[[gpu.process]]\npid = {child.pid}\nused_memory_bytes = 1048576\n",
+        scenario = eight_h200(tmp_path, h200, f"[[gpu.process]]\npid = {pid}\nused_memory_bytes = 1048576\n",
                               count=1)
         killed: list[int] = []
 
         def kill(*_: Any) -> None:
             if not killed:
-                child.kill()
-                child.wait()
-                killed.append(child.pid)
+                reap()
+                killed.append(pid)
 
         if moment == MOMENTS_7[0]:  # NVML listed it; it exits before /proc/<pid>/cgroup is read
             monkeypatch.setattr(attribution, "cgroup_of_pids", _before(attribution.cgroup_of_pids, kill))
         else:  # cgroup.procs listed it; it exits before /proc/<pid>/stat and fd are read
             wrap(monkeypatch, attribution, "pids_in_cgroup",
-                 lambda directory, **_: kill() if Path(directory) == container else None)
-        settings = Settings(nvml_replay=scenario, cgroup_root=Path("/sys/fs/cgroup"), proc_root=Path("/proc"))
+                 lambda directory, **_: kill() if Path(directory).name == B else None)
+        settings = Settings(nvml_replay=scenario, cgroup_root=cg_root, proc_root=proc_root)
         with Exporter(settings, ReplayNVML.from_path(scenario)) as exporter:
             got = exporter.scrape()
     finally:
-        child.kill()
-        child.wait()
-    assert killed == [child.pid]
+        if child is not None:
+            child.kill()
+            child.wait()
+    assert killed == [pid]
     assert got.value("accelstats_scrape_collector_success", collector="attribution") == 1.0
     assert got.value("accelstats_gpu_up", uuid=uuid_of(0)) == 1.0
     ids = set(got.values("accelstats_container_gpu_processes", "id"))
@@ -229,17 +268,30 @@ def _before(real: Callable[..., Any], first: Callable[[], None]) -> Callable[...
 
 # -- row 8: devices.list unreadable ------------------------------------------------------------------
 
-def test_row8_devices_list_unreadable_exporter_process(tmp_path: Path, h200: Path, real_root: Path) -> None:
-    if shutil.which("setpriv") is None:
-        pytest.fail("setpriv (util-linux) is needed to drop CAP_DAC_OVERRIDE", pytrace=False)
-    cgroup(real_root, "docker", A, allow="c 195:0 rw")
-    locked = cgroup(real_root, "docker", B, allow="c 195:1 rw")
+@pytest.mark.parametrize("tree", ["real_cgroupfs", "replayed"])
+def test_row8_devices_list_unreadable_exporter_process(tmp_path: Path, h200: Path, request: pytest.FixtureRequest,
+                                                       tree: str) -> None:
+    """As root the exporter process runs without CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH (setpriv),
+    so ``chmod 000`` refuses it as it refuses any user; not root, it never had them."""
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.fail("setpriv (util-linux) is needed to drop CAP_DAC_OVERRIDE", pytrace=False)
+        prefix = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+    if tree == "real_cgroupfs":
+        top: Path = request.getfixturevalue("real_root")
+        make = cgroup
+    else:
+        top = tmp_path / "replayed" / "devices"
+        replayed_cgroup(top.parent, "devices", allow=None)
+        make = replayed_cgroup
+    make(top, "docker", A, allow="c 195:0 rw")
+    locked = make(top, "docker", B, allow="c 195:1 rw")
     (locked / "devices.list").chmod(0)
-    cg_root, proc_root = confined(tmp_path, real_root)
+    cg_root, proc_root = confined(tmp_path, top)
     scenario = eight_h200(tmp_path, h200, count=2)
     args = ["--nvml-replay", str(scenario), "--cgroup-root", str(cg_root), "--proc-root", str(proc_root)]
-    no_dac = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
-    with serve_subprocess(args, tmp_path / "serve.log", prefix=no_dac) as (_, url):
+    with serve_subprocess(args, tmp_path / "serve.log", prefix=prefix) as (_, url):
         first, second = scrape(url), scrape(url)
     for got in (first, second):
         assert got.value("accelstats_scrape_collector_success", collector="attribution") == 1.0
