@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -79,28 +80,60 @@ def test_a_vanished_devices_list_is_a_reason_not_an_exception(tmp_path: Path, fi
 
 
 def test_concurrent_scrapes_share_one_collection(tmp_path: Path, fixtures_dir: Path) -> None:
+    """One collection runs (held inside attribution); seven callers arrive meanwhile and queue at the
+    manager's lock; released only once all seven are counted there, they share one more collection."""
     m = manager(host(tmp_path, fixtures_dir / "h200" / "nvidia-smi-q.xml", {DOCKER_A: "c 195:0 rw\n"}))
     runs = 0
     attributor = m._attributor
     assert attributor is not None
     real = attributor.attribute
+    gate, inside = threading.Event(), threading.Event()
 
     def slow_attribute(snapshot, on_skipped=None):  # type: ignore[no-untyped-def]
         nonlocal runs
         runs += 1
-        gate.wait(5)
+        inside.set()
+        assert gate.wait(60), "never released"
         return real(snapshot, on_skipped)
 
-    gate = threading.Event()
+    class CountingLock:
+        """The manager's lock, counting the callers that reached ``with lock:`` (holding or waiting)."""
+
+        def __init__(self, lock: threading.Lock) -> None:
+            self.lock, self.arrived = lock, 0
+            self._count = threading.Lock()
+
+        def __enter__(self) -> bool:
+            with self._count:
+                self.arrived += 1
+            return self.lock.acquire()
+
+        def __exit__(self, *exc: object) -> None:
+            self.lock.release()
+
+        def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+            return self.lock.acquire(blocking, timeout)
+
+        def release(self) -> None:
+            self.lock.release()
+
     attributor.attribute = slow_attribute  # type: ignore[method-assign]
+    lock = CountingLock(m._lock)
+    m._lock = lock  # type: ignore[assignment]
     results = []
     threads = [threading.Thread(target=lambda: results.append(m.collect())) for _ in range(8)]
-    for t in threads:
+    threads[0].start()
+    assert inside.wait(60)  # the first collection runs: the seven below arrive after it started
+    for t in threads[1:]:
         t.start()
-    threading.Event().wait(0.2)  # let all eight arrive while the first collection is running
+    end = time.monotonic() + 60
+    while lock.arrived < 8:  # all seven queued behind the running collection
+        assert time.monotonic() < end, f"only {lock.arrived - 1} of 7 callers reached the lock"
+        time.sleep(0.01)
     gate.set()
     for t in threads:
-        t.join(10)
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
     assert len(results) == 8
     assert runs == 2  # the one in flight, then one more shared by the seven that waited for it
     assert len({id(r) for r in results}) == 2

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from faultmatrix_util import HELD, HeldHang, assert_no_new_threads, live_threads, wait_until
 
 from accelstats.config import FileDevicesSettings, Settings
 from accelstats.exporter import render
@@ -327,59 +328,85 @@ def _collection(sample: object) -> Collection:
     return Collection(snapshot=snap)
 
 
+DEADLINE = 1.5  # NvidiaBackend's default deadline (collectors/nvidia.py): a collection waits for NVML at most this
+MARGIN = 1.0  # for a loaded machine: the only timing bounds here are the deadline and this margin on it
+
+
 def test_a_hung_nvml_call_costs_one_deadline_then_nothing_and_leaks_no_thread(tmp_path: Path, h200: Path) -> None:
-    """GPU 1's memory call hangs for 1.5 s: each collection answers within the 0.3 s deadline, GPU 0
-    keeps its readings, GPU 1 is down while stuck, one worker thread serves it all, and GPU 1 is up
-    again once the call returns."""
-    scenario = write_scenario(tmp_path, h200, TWO_H200 + """
+    """GPU 1's memory call hangs until the test releases it (HeldHang): the first collection waits
+    the deadline (1.5 s, plus a margin), the next ones do not wait another; GPU 0 keeps its readings,
+    GPU 1 is down while stuck, one worker thread serves it all, and GPU 1 is up again once the call
+    returns."""
+    scenario = write_scenario(tmp_path, h200, TWO_H200 + f"""
 [[fault]]
 gpu = 1
 call = "nvmlDeviceGetMemoryInfo"
-hang_seconds = 1.5
+hang_seconds = {HELD:g}
 after_calls = 1
 times = 1
 """)
-    b = backend(scenario, deadline=0.3)
-    first = snapshot(b)  # a complete pass: the fault lets one call through first
-    assert all(s.up for s in first.samples.values())
-    threads_before = threading.active_count()
-    timings, ups = [], []
-    for _ in range(5):
-        t0 = time.monotonic()
-        snap = snapshot(b)
-        timings.append(time.monotonic() - t0)
-        ups.append([s.up for s in snap.samples.values()])
-        assert snap.samples[H200_UUID].memory_total_bytes == 143771 * MIB
-    assert max(timings) < 1.2  # well under the 1.5 s hang: nobody waited for it
-    assert ups[0] == [True, False] and all(u == [True, False] for u in ups)
-    assert "did not answer within 0.3s" in snap.samples["GPU-5f1c2a9e-0b7d-4c3e-9a61-2d8e4f7b9c11"].error
-    assert threading.active_count() == threads_before  # no thread per stuck scrape
-    time.sleep(1.6)  # the hung call returns; the pass completes
-    snap = snapshot(b)
-    assert [s.up for s in snap.samples.values()] == [True, True]
+    with HeldHang() as hang:
+        b = NvidiaBackend(ReplayNVML.from_path(scenario, sleep=hang.sleep))
+        try:
+            first = snapshot(b)  # a complete pass: the fault lets one call through first
+            assert all(s.up for s in first.samples.values())
+            before = live_threads()
+            timings, ups = [], []
+            for _ in range(5):
+                t0 = time.monotonic()
+                snap = snapshot(b)
+                timings.append(time.monotonic() - t0)
+                ups.append([s.up for s in snap.samples.values()])
+                assert snap.samples[H200_UUID].memory_total_bytes == 143771 * MIB
+            assert (hang.entered, hang.in_progress) == (1, 1)  # all five while the call hung, in one pass
+            assert timings[0] < DEADLINE + MARGIN  # waited at most the deadline
+            assert max(timings[1:]) < DEADLINE  # then nothing: none waited another deadline
+            assert all(u == [True, False] for u in ups)
+            assert "did not answer within 1.5s" in snap.samples["GPU-5f1c2a9e-0b7d-4c3e-9a61-2d8e4f7b9c11"].error
+            assert_no_new_threads(before)  # no thread per stuck collection
+            hang.release()
+            wait_until(lambda: [s.up for s in snapshot(b).samples.values()] == [True, True])
+            assert_no_new_threads(before)
+        finally:
+            b.close()
+
+
+def _devices_or_none(b: NvidiaBackend) -> list[str] | None:
+    """UUIDs of one collection's devices, or None when it raised NoDataError (NVML not up yet)."""
+    try:
+        return [d.uuid for d in snapshot(b).devices]
+    except NoDataError:
+        return None
 
 
 def test_hung_nvml_init_does_not_block_collection(tmp_path: Path, h200: Path) -> None:
-    scenario = write_scenario(tmp_path, h200, """
+    """nvmlInit hangs until the test releases it, then fails once (DRIVER_NOT_LOADED): collections
+    answer "did not answer within 1.5s" meanwhile (the first after the deadline, the next at once,
+    with no second init), and the retry after release brings the GPU."""
+    scenario = write_scenario(tmp_path, h200, f"""
 [[gpu]]
 capture = "CAPTURE"
 [[fault]]
 call = "nvmlInit"
-hang_seconds = 1.0
+hang_seconds = {HELD:g}
 times = 1
 error = "DRIVER_NOT_LOADED"
 """)
-    b = backend(scenario, deadline=0.2, retry_interval=0.05)
-    t0 = time.monotonic()
-    snap = DeviceSnapshot()
-    with pytest.raises(NoDataError, match=r"did not answer within 0\.2s"):
-        b.update(snap)
-    assert time.monotonic() - t0 < 0.9  # under the 1 s hang
-    with pytest.raises(NoDataError, match=r"did not answer within 0\.2s"):
-        b.update(DeviceSnapshot())  # still stuck: answered at once, no second init started
-    assert time.monotonic() - t0 < 0.9  # under the 1 s hang
-    time.sleep(1.0)  # the stuck init ended (failing); the retry is due: the next pass succeeds
-    assert [d.uuid for d in snapshot(b).devices] == [H200_UUID]
+    with HeldHang() as hang:
+        b = NvidiaBackend(ReplayNVML.from_path(scenario, sleep=hang.sleep), retry_interval=0.05)
+        try:
+            took = []
+            for _ in range(2):
+                t0 = time.monotonic()
+                with pytest.raises(NoDataError, match=r"did not answer within 1\.5s"):
+                    b.update(DeviceSnapshot())
+                took.append(time.monotonic() - t0)
+            assert (hang.entered, hang.in_progress) == (1, 1)  # both while init hung; no second init started
+            assert took[0] < DEADLINE + MARGIN and took[1] < DEADLINE
+            hang.release()  # the stuck init ends (failing); the retry is due: a later pass succeeds
+            wait_until(lambda: _devices_or_none(b) == [H200_UUID])
+        finally:
+            b.close()
 
 
 def test_critical_xid_events_are_counted_and_application_xids_do_not_mark_the_gpu(tmp_path: Path, h200: Path) -> None:

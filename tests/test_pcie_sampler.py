@@ -7,7 +7,7 @@
 | staleness | a reading older than 3 intervals is absent, not repeated |
 | lost GPU | GPU_IS_LOST on one GPU's PCIe call: its reading absent, the other GPU's present, error counted |
 | MIG | instances get no series (NVML measures the physical link); the parent does |
-| hang | PCIe call hung 1.5 s: scrapes under the deadline with all else; PCIe ages out; no 2nd round; back after |
+| hang | PCIe call hung until released: scrapes done with all else meanwhile; PCIe ages out; no 2nd round; back |
 | off | ``pcie_interval = 0``: no sampler, no thread, no series; config ``nvml_pcie_interval`` parses 0, rejects < 0 |
 | close | stop joins the timer thread; close ends the worker too |
 """
@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from faultmatrix_util import HELD, HeldHang
 
 from accelstats.config import ConfigError, load_config
 from accelstats.exporter import render
@@ -62,7 +63,7 @@ def pcie(snap: DeviceSnapshot, uuid: str = H200_UUID) -> dict[str, float]:
     return dict(snap.samples[uuid].pcie_throughput_bytes_per_second)
 
 
-def wait_for(predicate: object, timeout: float = 5.0) -> None:
+def wait_for(predicate: object, timeout: float = 30.0) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if predicate():  # type: ignore[operator]
@@ -163,40 +164,47 @@ def test_mig_instances_get_no_pcie_series(fixtures_dir: Path) -> None:
         b.close()
 
 
-def test_a_hung_pcie_call_never_delays_a_scrape_and_its_values_age_out(tmp_path: Path, h200: Path) -> None:
-    """The third PCIe call (the second round) hangs 1.5 s; rounds every 0.1 s, deadline 0.3 s."""
-    path = scenario(tmp_path, h200, """
+def test_a_hung_pcie_call_never_delays_a_scrape_and_its_values_age_out(tmp_path: Path, h200: Path,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """The third PCIe call (the second round's first) hangs until the test releases it (HeldHang);
+    rounds every 0.1 s; the sampler's clock is the test's, moved by hand past three intervals. No
+    timing is asserted: a scrape that waited for the PCIe call could not complete while it hangs,
+    and one that waited past the (30 s) deadline would have the GPU down."""
+    path = scenario(tmp_path, h200, f"""
 [[gpu]]
 capture = "CAPTURE"
 [[fault]]
 call = "nvmlDeviceGetPcieThroughput"
-hang_seconds = 1.5
+hang_seconds = {HELD:g}
 after_calls = 2
 times = 1
 """)
-    b = NvidiaBackend(ReplayNVML.from_path(path), deadline=0.3, pcie_interval=0.1)
-    assert b.pcie is not None
-    try:
-        assert pcie(snapshot(b)) == {"tx": 905216.0, "rx": 432128.0}  # first round: 2 calls, no hang
-        wait_for(lambda: b.pcie is not None and b.pcie.busy)  # the second round is stuck
-        hung_at = time.monotonic()
-        timings, readings = [], []
-        while time.monotonic() - hung_at < 1.0:
-            t0 = time.monotonic()
-            snap = snapshot(b)
-            timings.append(time.monotonic() - t0)
-            s = snap.samples[H200_UUID]
-            assert s.up and s.memory_total_bytes == 143771 << 20  # the scrape's own values are all there
-            readings.append(pcie(snap))
-            time.sleep(0.05)
-        print(f"scrapes while the PCIe call hung: {len(timings)}, slowest {max(timings) * 1000:.1f} ms")
-        assert max(timings) < 0.3  # under the deadline: nobody waited for the PCIe call
-        assert readings[0] != {} and readings[-1] == {}  # served while fresh, absent once 3 intervals old
-        assert len(b.pcie.threads) == 2  # the timer and the one stuck worker: no round was doubled
-        wait_for(lambda: b.pcie is not None and not b.pcie.busy, timeout=3.0)  # the call returns
-        wait_for(lambda: pcie(snapshot(b)) != {}, timeout=2.0)  # the next rounds read again
-    finally:
-        b.close()
+    now = [1000.0]
+    with HeldHang() as hang:
+        b = NvidiaBackend(ReplayNVML.from_path(path, sleep=hang.sleep), deadline=30.0, pcie_interval=0.1)
+        assert b.pcie is not None
+        b.pcie.clock = lambda: now[0]
+        try:
+            snapshot(b)  # NVML set up; the first round (2 calls, no hang) runs
+            wait_for(lambda: pcie(snapshot(b)) == {"tx": 905216.0, "rx": 432128.0})
+            wait_for(lambda: hang.in_progress == 1)  # the second round is stuck in its first call
+            fresh = snapshot(b)
+            now[0] += STALE_INTERVALS * 0.1 + 0.001
+            aged = snapshot(b)
+            for snap in (fresh, aged):
+                s = snap.samples[H200_UUID]
+                assert s.up and s.memory_total_bytes == 143771 << 20  # the scrape's own values are all there
+            assert pcie(fresh) == {"tx": 905216.0, "rx": 432128.0}  # served while fresh ...
+            assert pcie(aged) == {}  # ... absent once older than three intervals, not repeated
+            # the timer came round while the round hung, and did not start a second one
+            wait_for(lambda: "the previous round has not returned" in caplog.text)
+            assert (hang.entered, hang.in_progress, b.pcie.rounds) == (1, 1, 1)
+            assert len(b.pcie.threads) == 2  # the timer and the one stuck worker
+            hang.release()
+            wait_for(lambda: b.pcie is not None and not b.pcie.busy)  # the call returns
+            wait_for(lambda: pcie(snapshot(b)) != {})  # the next rounds read again
+        finally:
+            b.close()
 
 
 def test_pcie_interval_zero_reads_nothing_and_starts_no_thread(h200: Path) -> None:
@@ -248,24 +256,27 @@ def test_replay_pcie_throughput_unit_is_kb_per_second(h200: Path) -> None:
 
 def test_shutdown_during_a_hung_pcie_call_leaves_nvml_and_the_sampler_running(tmp_path: Path, h200: Path) -> None:
     """nvmlShutdown under a running call is undefined: shutdown() backs off, and the sampler's timer
-    goes on (NVML stays initialised), so values come back once the call returns."""
-    path = scenario(tmp_path, h200, """
+    goes on (NVML stays initialised), so values come back once the call returns (released by the test)."""
+    path = scenario(tmp_path, h200, f"""
 [[gpu]]
 capture = "CAPTURE"
 [[fault]]
 call = "nvmlDeviceGetPcieThroughput"
-hang_seconds = 1.0
+hang_seconds = {HELD:g}
 after_calls = 2
 times = 1
 """)
-    b = NvidiaBackend(ReplayNVML.from_path(path), pcie_interval=0.1)
-    assert b.pcie is not None
-    try:
-        snapshot(b)
-        wait_for(lambda: b.pcie is not None and b.pcie.busy)
-        b.shutdown()
-        assert b.devices() != []  # not shut down: handles kept
-        assert "accelstats-pcie" in {t.name for t in b.pcie.threads}  # the timer runs again
-        wait_for(lambda: pcie(snapshot(b)) == {"tx": 905216.0, "rx": 432128.0}, timeout=4.0)
-    finally:
-        b.close()
+    with HeldHang() as hang:
+        b = NvidiaBackend(ReplayNVML.from_path(path, sleep=hang.sleep), pcie_interval=0.1)
+        assert b.pcie is not None
+        try:
+            snapshot(b)
+            wait_for(lambda: hang.in_progress == 1)
+            b.shutdown()
+            assert hang.in_progress == 1  # shut down while the call hung
+            assert b.devices() != []  # not shut down: handles kept
+            assert "accelstats-pcie" in {t.name for t in b.pcie.threads}  # the timer runs again
+            hang.release()
+            wait_for(lambda: pcie(snapshot(b)) == {"tx": 905216.0, "rx": 432128.0})
+        finally:
+            b.close()
