@@ -27,8 +27,14 @@ then measures accelstats' own Python work against an almost free floor. ``--live
 NVML (pynvml) of this host: the run for the H200 machine, where the target is accelstats / floor
 ≤ 2 (p50) for 1 GPU x 10 containers; cases with more GPUs than the host has are not measured.
 
+The containers are granted the GPUs' minor numbers: 0..G-1 for the replay, and with ``--live`` the
+minors NVML reports for GPUs 0..G-1 (read through the same pynvml), since a real GPU's minor need
+not be its index. Every container is granted one GPU, so a case in which fewer (or more) containers
+hold a GPU measured other work than it says: the run stops with exit status 3.
+
 Usage: ``python3 benchmarks/cost.py [--live] [--rounds 200] [--pause S] [--shared DIR]``. Exit status
-1 when ``--live`` and the target is missed, 2 when ``--live`` finds no NVML. Figures go to docs/performance.md.
+1 when ``--live`` and the target is missed, 2 when ``--live`` finds no NVML, 3 when the number of
+containers holding a GPU is not the number asked for. Figures go to docs/performance.md.
 """
 
 from __future__ import annotations
@@ -207,11 +213,19 @@ def row(label: str, pairs: list[tuple[float, float]], extra: str = "") -> str:
            f"CPU {cpu:7.3f} ms/scrape{extra}"
 
 
-def gpu_count(nvml: Any) -> int:
-    """GPUs this NVML sees (initialises and shuts down once)."""
+def gpu_minors(nvml: Any) -> list[int]:
+    """The minor numbers (``/dev/nvidia<minor>``) of the GPUs this NVML sees, in NVML index order
+    (initialises and shuts down once). Raises ``nvml.NVMLError`` when NVML fails, RuntimeError when a
+    GPU has no minor number (a container cannot be granted it)."""
     nvml.nvmlInit()
     try:
-        return int(nvml.nvmlDeviceGetCount())
+        minors = []
+        for i in range(int(nvml.nvmlDeviceGetCount())):
+            minor = nvml.nvmlDeviceGetMinorNumber(nvml.nvmlDeviceGetHandleByIndex(i))
+            if minor is None or not 0 <= int(minor) < 2**20:
+                raise RuntimeError(f"GPU {i}: NVML reports no usable minor number ({minor!r})")
+            minors.append(int(minor))
+        return minors
     finally:
         nvml.nvmlShutdown()
 
@@ -235,15 +249,17 @@ def main() -> int:
     smi, smi_note = smi_argv()
     if not args.live and smi is not None:
         smi, smi_note = None, "not measured: replay run (nvidia-smi would read the real GPU, not the replay)"
-    host_gpus = 0
+    host_minors: list[int] = []
     if args.live:
         import pynvml
 
         try:
-            host_gpus = gpu_count(pynvml)
+            host_minors = gpu_minors(pynvml)
         except pynvml.NVMLError as exc:
-            print(f"cost.py: error: --live needs NVML: nvmlInit failed: {exc}", file=sys.stderr)
+            print(f"cost.py: error: --live needs NVML: {exc}", file=sys.stderr)
             return 2
+        print(f"# live GPU minors (NVML index order): {host_minors}")
+    host_gpus = len(host_minors)
     verdict = 0
     for gpus, containers in CASES:
         title = f"{gpus} GPU{'s' if gpus > 1 else ''} x {containers} containers"
@@ -252,7 +268,7 @@ def main() -> int:
             continue
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp)
-            settings = build_host(root, None, gpus, containers)
+            settings = build_host(root, None, gpus, containers, host_minors[:gpus] if args.live else None)
             (root / "rootfs").mkdir()
             nvml: Any
             if args.live:
@@ -264,6 +280,11 @@ def main() -> int:
                 nvml = ReplayNVML.from_path(replay)
             settings = dataclasses.replace(settings, nvml_replay=replay, rootfs=root / "rootfs")
             r = measure(settings, nvml, args.rounds, smi, pause)
+            if r["with_gpu"] != containers:
+                print(f"cost.py: error: {title}: {r['with_gpu']} containers hold a GPU, {containers} asked for "
+                      "(the grants do not name the GPUs accelstats found): the figures would not be that case's",
+                      file=sys.stderr)
+                return 3
             smi_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # before serve is a child
             ratio = percentile(sorted(w for w, _ in r["a"]), 50) / percentile(sorted(w for w, _ in r["floor"]), 50)
             names = Counter(name for name, _, _ in r["calls"])

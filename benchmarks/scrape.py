@@ -24,7 +24,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -51,11 +51,17 @@ def write_scenario(path: Path, capture: Path, gpus: int) -> Path:
     return path
 
 
-def build_host(root: Path, capture: Path | None, gpus: int, containers: int) -> Settings:
-    """Write a replay scenario of ``gpus`` GPUs and a v1 devices tree of ``containers`` containers.
+def build_host(root: Path, capture: Path | None, gpus: int, containers: int,
+               minors: Sequence[int] | None = None) -> Settings:
+    """Write a replay scenario of ``gpus`` GPUs and a v1 devices tree of ``containers`` containers,
+    container n granted ``c 195:<minors[n mod len(minors)]> rw``.
 
-    ``capture`` None writes no scenario (``nvml_replay`` None: live NVML, whose GPUs must have the
-    minors 0..gpus-1 for the grants to match)."""
+    ``minors``: the GPUs' minor numbers (default 0..gpus-1, the replay's). ``capture`` None writes no
+    scenario (``nvml_replay`` None: live NVML; pass the minors NVML reports, or the grants name
+    devices the host does not have). Raises ValueError for an empty ``minors``."""
+    minors = list(range(gpus)) if minors is None else list(minors)
+    if not minors:
+        raise ValueError("build_host: no GPU minor to grant")
     scenario = write_scenario(root / "scenario.toml", capture, gpus) if capture is not None else None
     devices = root / "cgroup" / "devices"
     devices.mkdir(parents=True)
@@ -63,7 +69,7 @@ def build_host(root: Path, capture: Path | None, gpus: int, containers: int) -> 
     for n in range(containers):
         d = devices / "docker" / secrets.token_hex(32)
         d.mkdir(parents=True)
-        rules = ["b *:* m", "c *:* m", *RUNC_DEFAULTS, f"c 195:{n % gpus} rw"]
+        rules = ["b *:* m", "c *:* m", *RUNC_DEFAULTS, f"c 195:{minors[n % len(minors)]} rw"]
         (d / "devices.list").write_text("\n".join(rules) + "\n")
         (d / "cgroup.procs").write_text("")
     (root / "proc").mkdir()
