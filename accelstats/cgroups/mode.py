@@ -73,6 +73,12 @@ def _unescape(field: str) -> str:
     return _MOUNTINFO_ESCAPE_RE.sub(lambda m: chr(int(m.group(1), 8)), field)
 
 
+def _mount_id(field: str) -> bool:
+    """A mount ID: ASCII decimal, at most 10 digits (``str.isdigit`` accepts ``²``, and ``int()``
+    refuses 4301+ digits: both found by fuzzing, tests/fuzz/test_fuzz_cgroupns.py)."""
+    return field.isascii() and field.isdigit() and len(field) <= 10
+
+
 def parse_mountinfo(text: str) -> list[Mount]:
     """Parse ``/proc/<pid>/mountinfo`` text into mounts, in file order.
 
@@ -86,7 +92,7 @@ def parse_mountinfo(text: str) -> list[Mount]:
             continue
         sep = fields.index("-")
         head, tail = fields[:sep], fields[sep + 1 :]
-        if len(head) < 6 or len(tail) < 2 or not (head[0].isdigit() and head[1].isdigit()):
+        if len(head) < 6 or len(tail) < 2 or not (_mount_id(head[0]) and _mount_id(head[1])):
             continue
         mounts.append(
             Mount(
