@@ -180,6 +180,8 @@ def kernel_allows(rules_: tuple[DeviceRule, ...], major: int, minor: int, access
 @example([parse_rule(line) for line in SPEC_ROWS[-1][0]], HOST_GPUS, frozenset())
 @example([DeviceRule("c", NVIDIA_MAJOR, 0, frozenset("rw")), DeviceRule("c", CAPS_MAJOR, 102, frozenset("r")),
           DeviceRule("c", CAPS_MAJOR, 103, frozenset("r"))], HOST_GPUS, frozenset({1, 2, 102, 103}))
+@example([DeviceRule("c", None, 0, frozenset("w")), DeviceRule("c", CAPS_MAJOR, None, frozenset("r"))],
+         frozenset(), frozenset())  # a caps minor only writable by its own rule, '*' readable: not in mig-minors
 def test_grant_agrees_with_the_kernels_rule_matching(
     written: list[DeviceRule], host_gpus: frozenset[int], known_caps: frozenset[int]
 ) -> None:
@@ -200,8 +202,10 @@ def test_grant_agrees_with_the_kernels_rule_matching(
         m for m in host_gpus - {254, 255}
         if kernel_allows(parsed.rules, NVIDIA_MAJOR, m, "r") or kernel_allows(parsed.rules, NVIDIA_MAJOR, m, "w")
     }
-    named = {r.minor for r in parsed.rules if r.type == "c" and r.major in (None, CAPS_MAJOR) and r.minor is not None}
-    candidates = known_caps | named  # '*' stands for the caps that exist (mig-minors), a number for itself
+    # '*' stands for the caps that exist (mig-minors); a readable rule's own number for itself
+    named = {r.minor for r in parsed.rules
+             if r.type == "c" and r.major in (None, CAPS_MAJOR) and r.minor is not None and "r" in r.access}
+    candidates = known_caps | named
     assert grant.mig_caps_minors == {m for m in candidates if kernel_allows(parsed.rules, CAPS_MAJOR, m, "r")}
 
 
