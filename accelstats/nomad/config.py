@@ -218,6 +218,10 @@ def _mps(block: Any) -> MpsSettings:
         devices = item.get("devices") or []
         if not isinstance(devices, list) or not all(isinstance(d, str) for d in devices):
             raise ConfigError(f"config: mps resource {name!r}: devices must be a list of GPU UUIDs or indices")
+        for d in devices:
+            if not (_decimal(d) or d.startswith("GPU-")):
+                raise ConfigError(f"config: mps resource {name!r}: device {d[:100]!r} is neither a GPU UUID (GPU-…) "
+                                  "nor an NVML index")
         resolved: tuple[str | int, ...] = tuple(int(d) if _decimal(d) else d for d in devices)
         resources.append(MpsResourceSettings(name=name, replicas=replicas, devices=resolved or "all"))
     out["resources"] = tuple(resources)
@@ -261,8 +265,8 @@ def _string_keys(block: dict[Any, Any], where: str) -> None:
 
 
 def _decimal(text: str) -> bool:
-    """An ASCII decimal of at most 9 digits (str.isdigit() accepts '²', and int() refuses 4301+ digits)."""
-    return text.isascii() and text.isdigit() and len(text) <= 9
+    """An ASCII decimal of at most 18 digits (str.isdigit() accepts '²', and int() refuses 4301+ digits)."""
+    return text.isascii() and text.isdigit() and len(text) <= 18
 
 
 def _str(value: Any, key: str) -> str:
