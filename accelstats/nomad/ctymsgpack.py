@@ -87,6 +87,15 @@ def _check_magnitude(d: Decimal) -> Decimal:
     return d
 
 
+def _parse_decimal(text: str) -> Decimal:
+    """The Decimal of a number's text (already matched by a number pattern); ConfigError when its
+    exponent is beyond what Decimal holds (``5e9999999999999999999``: InvalidOperation)."""
+    try:
+        return Decimal(text)
+    except InvalidOperation:
+        raise ConfigError(f"number {text[:40]!r} is out of range") from None
+
+
 def _exact(d: Decimal) -> int | Decimal:
     """An HCL/JSON number as this module holds it: an int when integral, else the exact Decimal.
     Raises ConfigError beyond :data:`MAX_DIGITS` digits."""
@@ -289,7 +298,7 @@ class _HclParser:
         m = _NUMBER.match(self.text, self.pos)
         if m:
             try:
-                value = _exact(Decimal(m.group(0)))
+                value = _exact(_parse_decimal(m.group(0)))
             except ConfigError as exc:
                 raise self.error(str(exc)) from None
             self.pos = m.end()
@@ -466,7 +475,7 @@ def convert(value: Any, ty: CtyType, where: str) -> Any:
             return value
         if isinstance(value, str) and _NUMBER_TEXT.fullmatch(value):
             try:
-                return _exact(Decimal(value))
+                return _exact(_parse_decimal(value))
             except ConfigError as exc:
                 raise ConfigError(f"{where}: {exc}") from None
         raise ConfigError(f"{where}: a number is required")
@@ -583,6 +592,8 @@ def _decode(spec: Any, body: Mapping[str, Any], where: str, check: bool) -> Any:
             for label, sub in sorted(level.items()):
                 if len(labels) == 1:
                     items = _blocks(sub, f"{path}.{label}")
+                    if not items:  # an empty list of blocks: no block with this label
+                        continue
                     if len(items) > 1:
                         raise ConfigError(f"{path}.{label}: duplicate block")
                     out[label] = _decode(blk.nested, items[0], f"{path}.{label}", check)
