@@ -212,6 +212,7 @@ def mutated_literals(draw: st.DrawFn) -> str:
 @example("(" * 3000 + "1" + ")" * 3000)
 @example("1e999999999")
 @example("{" + "a = {" * 2000)
+@example('{"" = 5.1e9999999999999811120E-18}')  # found by the long run: Decimal's InvalidOperation
 def test_parse_literal_raises_only_config_error(text: str) -> None:
     value = refused_or(parse_literal, text)
     assert value is REFUSED or parse_literal(hcl(value)) == value
@@ -226,6 +227,10 @@ def test_parse_literal_limits() -> None:
         parse_literal("-" * 5000 + "1")
     with pytest.raises(ConfigError, match="digits"):
         parse_literal("1e999999999")
+    with pytest.raises(ConfigError, match="out of range"):  # beyond Decimal's exponents: InvalidOperation before
+        parse_literal("5.1e9999999999999811120")
+    with pytest.raises(ConfigError, match="out of range"):
+        convert("1e99999999999999999999", CtyType("number"), "x")
     assert parse_literal("[" * 50 + "]" * 50) is not None
     assert parse_literal("1e3999") == Decimal("1e3999")
 
@@ -236,8 +241,9 @@ def test_parse_literal_limits() -> None:
 def test_an_empty_list_of_blocks_is_an_absent_block() -> None:
     """Regression (found by fuzzing): ``{"blk": []}`` for a Block or BlockAttrs spec raised IndexError;
     no block is an absent block (null, or "missing … block" when required)."""
-    value = decode_config(EVERY_KIND, {"blk": [], "battrs": []})
+    value = decode_config(EVERY_KIND, {"blk": [], "battrs": [], "bmap": {"x": {"y": [], "z": {}}}})
     assert value["blk"] is None and value["battrs"] is None
+    assert value["bmap"] == {"x": {"z": {"w": 1}}}  # the labels with no block are left out (long run: IndexError)
     required = _object(blk=hclspec_pb2.Spec(block_value=hclspec_pb2.Block(name="blk", required=True, nested=_object())))
     with pytest.raises(ConfigError, match="missing blk block"):
         decode_config(required, {"blk": []})
@@ -343,6 +349,7 @@ def agent_configs(draw: st.DrawFn, spec: Any) -> Any:
 @example(("every kind", {"bmap": {"x": {"y": {"w": "1e999999999"}}}}))
 @example(("plugin", {"mps": {"resource": [{"name": "a", "replicas": "1e999999999"}]}}))
 @example(("every kind", {"blk": [], "battrs": []}))
+@example(("every kind", {"bmap": {"x": {"y": []}}}))  # found by the long run: IndexError
 def test_decode_and_encode_for_spec_raise_only_config_error(case: tuple[str, Any]) -> None:
     name, user = case
     spec = SCHEMAS[name]
