@@ -1,4 +1,4 @@
-"""Fuzzing the MPS control-daemon reply and log parsers (collectors/mps.py).
+"""Fuzzing the MPS control-daemon reply and log parsers (collectors/mpsreplies.py, re-exported by collectors.mps).
 
 Documented error type: :func:`parse_server_list`, :func:`parse_client_list`, :func:`parse_percentage`,
 :func:`parse_pinned_limit` and :func:`parse_log_line` "never raise on odd text (only on a non-``str``
@@ -6,10 +6,9 @@ argument)", raising TypeError then. So no exception may escape for any ``str``. 
 text, replies and log lines built from their grammar (round trips), and the H200 logs
 (tests/shared/fixtures/h200/mps-*.log) mutated.
 
-Known bugs, in a file this suite does not own (collectors/mps.py): the cases of :data:`KNOWN_BUGS` are
-``xfail(strict=True)``; the properties leave those input classes out (the Kelvin sign ``K``, U+212A,
-which ``re.IGNORECASE`` matches as ``K``; digit runs longer than Python's 4300-digit ``int()`` limit,
-which hypothesis does not generate at these sizes anyway).
+:data:`REGRESSIONS` are the escapes this module found (the Kelvin sign ``K``, U+212A, which
+``re.IGNORECASE`` matched as ``K``; digit runs beyond Python's 4300-digit ``int()`` limit), fixed in
+collectors/mpsreplies.py: each must now be an ordinary answer.
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ from .profiles import fuzz_settings
 LOGS = [FIXTURES / "h200" / "mps-control.log", FIXTURES / "h200" / "mps-server.log"]
 LOG_LINES = [line for path in LOGS for line in path.read_text().splitlines()]
 KELVIN = "\u212a"
-texts = st.text(st.characters(blacklist_categories=("Cs",)))  # the Kelvin sign included: fixed (KNOWN_BUGS)
+texts = st.text(st.characters(blacklist_categories=("Cs",)))
 
 
 def mutate(text: str) -> st.SearchStrategy[str]:
@@ -131,20 +130,20 @@ def test_non_str_is_type_error(value: object) -> None:
             parser(value)  # type: ignore[arg-type]
 
 
-# ---------------------------------------------------------------------------- known bugs (collectors/mps.py)
+# ---------------------------------------------------------------------------- regressions
 
-# name -> (parser, text, the exception that escaped before the fix in collectors/mpsreplies.py: found here)
-KNOWN_BUGS = {
-    "pinned limit with the Kelvin sign": (parse_pinned_limit, f"4{KELVIN}", KeyError),  # IGNORECASE: K matches K
-    "pinned limit of 5000 digits": (parse_pinned_limit, "1" * 5000 + "M", ValueError),  # int() limit: 4300 digits
-    "server list line of 5000 digits": (parse_server_list, "1" * 5000, ValueError),
-    "client list line of 5000 digits": (parse_client_list, "1" * 5000 + "\n", ValueError),
+# name -> (parser, text, what it answers now; it raised before the fix in collectors/mpsreplies.py)
+REGRESSIONS = {
+    "pinned limit with the Kelvin sign": (parse_pinned_limit, f"4{KELVIN}", None),  # KeyError: IGNORECASE K ~ K
+    "pinned limit of 5000 digits": (parse_pinned_limit, "1" * 5000 + "M", None),  # ValueError: int() limit
+    "server list line of 5000 digits": (parse_server_list, "1" * 5000, []),  # ValueError
+    "client list line of 5000 digits": (parse_client_list, "1" * 5000 + "\n", []),  # ValueError
     "log line pid of 5000 digits": (parse_log_line, "[2026-11-30 10:58:36.064 Control " + "1" * 5000 + "] x",
-                                    ValueError),
+                                    None),  # ValueError
 }
 
 
-@pytest.mark.parametrize("name", sorted(KNOWN_BUGS))
-def test_known_bug_inputs_do_not_raise(name: str) -> None:
-    parser, text, _ = KNOWN_BUGS[name]
-    parser(text)  # type: ignore[operator]
+@pytest.mark.parametrize("name", sorted(REGRESSIONS))
+def test_found_escapes_are_ordinary_answers_now(name: str) -> None:
+    parser, text, answer = REGRESSIONS[name]
+    assert parser(text) == answer  # type: ignore[operator]
