@@ -265,8 +265,9 @@ def _string_keys(block: dict[Any, Any], where: str) -> None:
 
 
 def _decimal(text: str) -> bool:
-    """An ASCII decimal of at most 18 digits (str.isdigit() accepts '²', and int() refuses 4301+ digits)."""
-    return text.isascii() and text.isdigit() and len(text) <= 18
+    """An ASCII decimal of at most 19 digits, as many as an int64 has (str.isdigit() accepts '²', and
+    int() refuses 4301+ digits)."""
+    return text.isascii() and text.isdigit() and len(text) <= 19
 
 
 def _str(value: Any, key: str) -> str:
