@@ -191,6 +191,7 @@ class _OneCollection:
         self.collection = collection
 
     def collect(self) -> Iterator[Metric]:
+        """The families of the one collection (:func:`render`)."""
         return render(self.collection)
 
 

@@ -73,6 +73,8 @@ def wait_gone(pid: int, timeout: float) -> bool:
 
 
 def cmdline(pid: int) -> list[str]:
+    """The arguments of ``pid`` from ``/proc/<pid>/cmdline`` (NUL-separated); [] when it is gone or
+    unreadable. Never raises."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
             raw = handle.read()
@@ -98,6 +100,7 @@ def kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 
 def read_text(handle: IO[bytes]) -> str:
+    """The whole of a temporary output file, from its start, decoded as UTF-8 (bad bytes replaced)."""
     handle.seek(0)
     return handle.read().decode("utf-8", errors="replace")
 

@@ -91,6 +91,8 @@ def active_thread_percentage(replicas: int) -> int:
 
 
 def resource_gpus(resource: MpsResource, gpus: Iterable[MpsGpu]) -> tuple[MpsGpu, ...]:
+    """The resource's GPUs among ``gpus``, in the resource's device order (which is the daemon's
+    ``CUDA_VISIBLE_DEVICES`` order, hence its device ordinals); UUIDs not among ``gpus`` are left out."""
     by_uuid = {gpu.uuid: gpu for gpu in gpus}
     return tuple(by_uuid[uuid] for uuid in resource.devices if uuid in by_uuid)
 
