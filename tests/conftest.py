@@ -42,6 +42,17 @@ def _runc_unavailable_reason() -> str | None:
     return runc_available()
 
 
+def require_tool(name: str, package: str) -> str:
+    """The path of the command ``name``; skips the test without it, and fails under ``CI=true``, where
+    ``.ci/run`` must have installed Debian's ``package``."""
+    path = shutil.which(name)
+    if path is None:
+        if in_ci():
+            pytest.fail(f"{name} missing under CI=true: .ci/run must install Debian's {package}", pytrace=False)
+        pytest.skip(f"{name} (Debian package {package}) not installed")
+    return path
+
+
 def require_runc() -> None:
     """Skip (or, under CI, fail) the current test if runc containers cannot be started here."""
     reason = _runc_unavailable_reason()

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import ast
 import re
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO_ROOT, in_ci
+from conftest import REPO_ROOT, in_ci, require_tool
 from prometheus_client.parser import text_string_to_metric_families
 
 from accelstats import catalog
@@ -44,6 +43,12 @@ except ImportError:  # PyYAML reads the rules and unit-test files; under CI=true
         raise
     pytest.skip("PyYAML not installed", allow_module_level=True)
 
+
+def promtool() -> str:
+    """promtool (skips without it; fails under CI=true)."""
+    return require_tool("promtool", "prometheus")
+
+
 RULES = REPO_ROOT / "prometheus" / "accelstats.rules.yml"
 UNIT_TESTS = sorted((REPO_ROOT / "prometheus" / "tests").glob("*.yml"))
 SEVERITIES = {"critical", "warning", "info"}
@@ -53,14 +58,6 @@ FAMILY_LABELS: dict[str, set[str]] = {f.name: set(f.labels) for f in catalog.ALL
 IDENTITY_LABELS = ("uuid", "id", "resource", "device", "collector")
 
 
-def promtool() -> str:
-    """Path of promtool; skips the test without it, fails under CI=true."""
-    path = shutil.which("promtool")
-    if path is None:
-        if in_ci():
-            pytest.fail("promtool missing under CI=true: .ci/run must install Debian's prometheus", pytrace=False)
-        pytest.skip("promtool (Debian package prometheus) not installed")
-    return path
 
 
 @cache

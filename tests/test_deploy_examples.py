@@ -19,7 +19,6 @@ parser is installed, so the Nomad files are checked as text; none of the example
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +27,12 @@ from typing import Any
 import pytest
 import tomllib
 import yaml
-from conftest import REPO_ROOT, in_ci
+from conftest import REPO_ROOT, require_tool
+
+
+def promtool() -> str:
+    """promtool (skips without it; fails under CI=true)."""
+    return require_tool("promtool", "prometheus")
 
 DEPLOY = REPO_ROOT / "docs" / "deploy.md"
 UNIT = REPO_ROOT / "systemd" / "accelstats.service"
@@ -89,13 +93,6 @@ def test_every_example_is_marked_once() -> None:
 # Prometheus
 
 
-def promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        if in_ci():
-            pytest.fail("promtool missing under CI=true: .ci/run must install Debian's prometheus", pytrace=False)
-        pytest.skip("promtool (Debian package prometheus) not installed")
-    return path
 
 
 # Service discovery mechanisms Debian's prometheus package leaves out of its build (promtool says
