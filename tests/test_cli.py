@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import in_ci
+from prom_harness import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
 CLI = [sys.executable, "-m", "accelstats"]
@@ -23,11 +24,6 @@ CLI = [sys.executable, "-m", "accelstats"]
 def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, check=False)
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def get(url: str) -> tuple[int, str]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 from pathlib import Path
 
@@ -11,13 +10,6 @@ from conftest import require_tool
 from accelstats.config import Settings
 from accelstats.exporter import serve
 from accelstats.manager import AcceleratorManager
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_listen_backlog_holds_a_burst_of_scrapers(tmp_path: Path) -> None:

@@ -43,6 +43,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO_ROOT, in_ci
+from prom_harness import free_port
 
 UNIT = REPO_ROOT / "systemd" / "accelstats.service"
 DOC = REPO_ROOT / "docs" / "systemd.md"
@@ -325,12 +326,6 @@ def sandboxed(command: list[str]) -> list[str]:
             "setpriv", f"--bounding-set={bounding}", "--inh-caps=-all", "--no-new-privs",
             *mdwe, sys.executable, *command]
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @pytest.fixture
