@@ -15,8 +15,9 @@ There is no C library call for these, so ``syscall(SYS_bpf, …)`` goes through 
 ``union bpf_attr`` members are laid out by hand below (offsets from ``bpf.h``).
 
 Caching: a program ID never changes meaning while the program exists and IDs are not reused before
-the 31-bit counter wraps, so a program's instructions are read once per ID; programs with the same
-instructions (runc emits the same code for the same rules) share one evaluated grant.  The query
+the 31-bit counter wraps, so a program's instructions are read once per ID, and the answer for a
+set of IDs is kept by those IDs; programs with the same instructions (runc emits the same code for
+the same rules) share one evaluated grant.  The query
 itself runs on every collection, so a container whose rules change (a new program replaces the old
 one) is seen at the next scrape, as ``devices.list`` is on v1.
 """
@@ -204,6 +205,7 @@ class DeviceProgramCache:
         self._decoded: OrderedDict[bytes, tuple[Insn, ...]] = OrderedDict()
         self._grants: OrderedDict[tuple[tuple[bytes, ...], frozenset[int], int | None, frozenset[int]], GpuGrant] = (
             OrderedDict())
+        self._by_ids: dict[tuple[tuple[int, ...], frozenset[int], int | None, frozenset[int]], GpuGrant] = {}
         self._max_programs = max_programs
         self._max_texts = max_texts
         self._lock = threading.Lock()
@@ -222,13 +224,20 @@ class DeviceProgramCache:
         be evaluated (the message names the program ID)."""
         reader = self._bpf()
         ids = tuple(reader.query(cgroup_dir))
+        minors = gpu_minors if isinstance(gpu_minors, frozenset) else frozenset(gpu_minors)
+        caps = known_caps_minors if isinstance(known_caps_minors, frozenset) else frozenset(known_caps_minors)
+        by_ids = (ids, minors, caps_major, caps)
+        with self._lock:  # the common case: these very programs were asked this question before
+            cached = self._by_ids.get(by_ids)
+            if cached is not None:
+                return ProgramsGrant(cached, ids)
         texts = tuple(self._text(reader, i) for i in ids)
-        key = (tuple(hashlib.sha1(t, usedforsecurity=False).digest() for t in texts), frozenset(gpu_minors),
-               caps_major, frozenset(known_caps_minors))
+        key = (tuple(hashlib.sha1(t, usedforsecurity=False).digest() for t in texts), minors, caps_major, caps)
         with self._lock:
             cached = self._grants.get(key)
             if cached is not None:
                 self._grants.move_to_end(key)
+                self._remember(by_ids, cached)
                 return ProgramsGrant(cached, ids)
         programs = []
         for prog_id, text in zip(ids, texts, strict=True):
@@ -237,14 +246,22 @@ class DeviceProgramCache:
             except UndecidableError as exc:
                 raise UndecidableError(f"device program {prog_id}: {exc}") from exc
         try:
-            found = device_grant(programs, key[1], caps_major=caps_major, known_caps_minors=key[3])
+            found = device_grant(programs, minors, caps_major=caps_major, known_caps_minors=caps)
         except UndecidableError as exc:
             raise UndecidableError(f"device programs {', '.join(map(str, ids))}: {exc}") from exc
         with self._lock:
             self._grants[key] = found
             while len(self._grants) > self._max_texts:
                 self._grants.popitem(last=False)
+            self._remember(by_ids, found)
         return ProgramsGrant(found, ids)
+
+    def _remember(self, key: tuple[tuple[int, ...], frozenset[int], int | None, frozenset[int]],
+                  found: GpuGrant) -> None:
+        """Keep the answer for these program IDs (under the lock); bounded like the ID cache."""
+        self._by_ids[key] = found
+        if len(self._by_ids) > self._max_programs:
+            self._by_ids.clear()  # IDs of removed containers: start again rather than track them
 
     def _text(self, reader: BpfReader, prog_id: int) -> bytes:
         with self._lock:
