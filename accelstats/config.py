@@ -17,6 +17,14 @@ settings as the command line::
     collectors = ["nvidia", "files"]   # enabled collectors (default: those enabled by default)
     web_config = ""                    # exporter-toolkit web config (TLS, basic auth); "" = plain HTTP
 
+    [runtimes]                         # where the container runtimes keep their state (host paths)
+    docker_data_root = "/var/lib/docker"
+    containerd_root = "/var/lib/containerd"
+    containerd_state = "/run/containerd"
+    storage_graphroot = "/var/lib/containers/storage"   # podman and CRI-O (containers-storage.conf)
+    storage_runroot = "/run/containers/storage"
+    nomad_data_dir = "/opt/nomad/data"
+
     [file_devices]
     dir = ""                           # "" = no file devices
     unhealthy_perm = "-rwxrwxrwx"
@@ -34,7 +42,7 @@ import math
 import sys
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -61,6 +69,26 @@ class FileDevicesSettings:
     vendor: str = "nomad"
     type: str = "file"
     name: str = "mock"
+
+
+@dataclass(frozen=True)
+class RuntimeRoots:
+    """Where the container runtimes keep their state, as host paths (read under ``rootfs``): the
+    ``[runtimes]`` table.  Defaults are each runtime's own (docker ``data-root``, containerd
+    ``root``/``state``, containers-storage.conf ``graphroot``/``runroot`` for podman and CRI-O,
+    Nomad's packaged ``data_dir``); ``explicit`` names the keys the config file set.
+    :mod:`accelstats.runtimes` says what is read where."""
+
+    SETTINGS: ClassVar[tuple[str, ...]] = ("docker_data_root", "containerd_root", "containerd_state",
+                                           "storage_graphroot", "storage_runroot", "nomad_data_dir")
+
+    docker_data_root: Path = Path("/var/lib/docker")
+    containerd_root: Path = Path("/var/lib/containerd")
+    containerd_state: Path = Path("/run/containerd")
+    storage_graphroot: Path = Path("/var/lib/containers/storage")
+    storage_runroot: Path = Path("/run/containers/storage")
+    nomad_data_dir: Path = Path("/opt/nomad/data")
+    explicit: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -104,6 +132,7 @@ class Settings:
     file_devices: FileDevicesSettings = field(default_factory=FileDevicesSettings)
     mps: MpsSettings = field(default_factory=MpsSettings)
     web_config: Path | None = None  # serve: exporter-toolkit web configuration file (accelstats/webconfig.py)
+    runtimes: RuntimeRoots = field(default_factory=RuntimeRoots)
 
     @property
     def listen(self) -> str:
@@ -154,7 +183,7 @@ def load_config(path: Path, base: Settings | None = None) -> Settings:
     folder = path.parent
     known = {"listen", "nvml_replay", "cgroup_root", "proc_root", "sysfs_root", "rootfs", "open_fd_scan", "log_level",
              "nvml_retry_interval", "nvml_deadline", "nvml_pcie_interval", "collectors", "file_devices", "mps",
-             "web_config"}
+             "web_config", "runtimes"}
     changes: dict[str, Any] = {}
     for key, value in data.items():
         if key not in known:
@@ -190,6 +219,8 @@ def load_config(path: Path, base: Settings | None = None) -> Settings:
             changes[key] = tuple(_expect(where, f"collectors[{i}]", v, str) for i, v in enumerate(items))
         elif key == "mps":
             changes[key] = _mps(where, folder, _expect(where, key, value, dict))
+        elif key == "runtimes":
+            changes[key] = _runtimes(where, _expect(where, key, value, dict), settings.runtimes)
         elif key == "file_devices":
             changes[key] = _file_devices(where, folder, _expect(where, key, value, dict),
                                          settings.file_devices)
@@ -211,6 +242,19 @@ def _file_devices(where: str, folder: Path, table: dict[str, Any],
         else:
             changes[key] = text
     return replace(base, **changes)
+
+
+def _runtimes(where: str, table: dict[str, Any], base: RuntimeRoots) -> RuntimeRoots:
+    """The ``[runtimes]`` table: absolute host paths (they are read under ``rootfs``)."""
+    changes: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in RuntimeRoots.SETTINGS:
+            raise ConfigError(f"{where}: unknown key 'runtimes.{key}' (known: {', '.join(RuntimeRoots.SETTINGS)})")
+        text = _expect(where, f"runtimes.{key}", value, str)
+        if not text.startswith("/") or "\0" in text:
+            raise ConfigError(f"{where}: key 'runtimes.{key}': expected an absolute host path, got {text!r}")
+        changes[key] = Path(text)
+    return replace(base, **changes, explicit=base.explicit | frozenset(changes))
 
 
 def _mps(where: str, folder: Path, table: dict[str, Any]) -> MpsSettings:

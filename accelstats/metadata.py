@@ -8,7 +8,11 @@ what the identity already says (``name`` for LXC/systemd-nspawn, the task for No
 Nothing here raises on what it reads.
 
 Sources, every path resolved under ``rootfs`` (the host's ``/``; ``/host`` when the exporter runs in a
-container with the host root mounted there, like node_exporter's ``--path.rootfs``):
+container with the host root mounted there, like node_exporter's ``--path.rootfs``); each runtime's
+state root is a setting of ``[runtimes]`` (:class:`accelstats.config.RuntimeRoots`; the paths below
+are the defaults: ``var/lib/docker`` is ``<docker_data_root>``, ``run/containerd`` is
+``<containerd_state>``, ``var/lib/containers/storage`` and ``run/containers/storage`` are
+``<storage_graphroot>`` and ``<storage_runroot>``, and ``overlay`` stands for any storage driver):
 
 =================  ===============================================================================
 runtime            files, keys -> labels
@@ -25,7 +29,13 @@ runtime            files, keys -> labels
                    ``io.kubernetes.pod.name``) -> pod; ``io.kubernetes.cri.sandbox-namespace`` (else
                    ``io.kubernetes.pod.namespace``) -> namespace; ``io.kubernetes.cri.container-name``
                    (else ``io.kubernetes.container.name``) -> container;
-                   ``io.kubernetes.cri.image-name`` -> image; name = the container id.  When no
+                   ``io.kubernetes.cri.image-name`` -> image; name = the container id.  The
+                   namespace whose tasks hold the id (:class:`accelstats.runtimes.RuntimeState`)
+                   is tried first.  A container made without CRI (``ctr run``, nerdctl) has no image
+                   annotation: containerd keeps its image name only in its metadata database
+                   (``<containerd_root>/io.containerd.metadata.v1.bolt/meta.db``, a bbolt file,
+                   for which there is no well-kept Python reader), so its image stays ``""`` and
+                   the reason says so.  When no
                    bundle is found, docker's ``config.v2.json`` is tried: Kubernetes with
                    cri-dockerd and the cgroupfs driver names a container by its bare id, which
                    :func:`~accelstats.cgroups.identify` reports as ``containerd``.
@@ -36,17 +46,21 @@ runtime            files, keys -> labels
                    ``io.kubernetes.pod.namespace`` / ``io.kubernetes.container.name`` (else the same
                    keys inside the JSON string ``io.kubernetes.cri-o.Labels``) -> pod / namespace /
                    container.  Neither file: the storage index (below).
-``podman``         the containers/storage index: ``var/lib/containers/storage/overlay-containers/``
-                   ``containers.json`` and ``volatile-containers.json`` (``podman run --rm``), and
-                   ``run/containers/storage/overlay-containers/volatile-containers.json``
+``podman``         the containers/storage index of every storage driver (``overlay``, ``vfs``, …):
+                   ``var/lib/containers/storage/<driver>-containers/containers.json`` and
+                   ``volatile-containers.json`` (``podman run --rm``), and
+                   ``run/containers/storage/<driver>-containers/volatile-containers.json``
                    (``transient_store``); each a JSON list of ``{"id", "names": [...], "image": <image
-                   id>, "metadata": <JSON string>}``.  ``names[0]`` -> name; ``metadata``'s
-                   ``image-name`` -> image.  Podman's OCI ``config.json`` is not read: its
-                   annotations (``io.container.manager=libpod``, ``io.podman.annotations.*`` flags,
-                   the image's ``org.opencontainers.image.*``) name neither the container nor the
-                   image.  Rootless podman keeps all of this under the user's home
-                   (``~/.local/share/containers``) and is not looked up; its containers keep what the
-                   identity says.  Podman pods' names live only in libpod's database and are not read.
+                   id>, "metadata": <JSON string>}``, read by :class:`accelstats.runtimes.RuntimeState`.
+                   ``names[0]`` -> name; ``metadata``'s ``image-name`` -> image.  Podman's OCI
+                   ``config.json`` is not read: its annotations (``io.container.manager=libpod``,
+                   ``io.podman.annotations.*`` flags, the image's ``org.opencontainers.image.*``)
+                   name neither the container nor the image.  Rootless podman keeps all of this under the user's home
+                   (``~/.local/share/containers``) and is not looked up: its cgroups sit in the
+                   user's delegated subtree and are never given a runtime's identity
+                   (:mod:`accelstats.attribution`).  Podman pods' names live only in libpod's database
+                   (``libpod/bolt_state.db``, bbolt) and are not read; the pod's id is in the cgroup
+                   path and becomes ``pod_uid``.
 ``nomad``          no files: name = the task (the allocation id stays in the identity).
 ``lxc``,           no files: name = the name in the cgroup path.
 ``systemd-nspawn``
@@ -83,12 +97,14 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 from accelstats.cgroups.identity import ContainerIdentity
+from accelstats.config import RuntimeRoots
 from accelstats.containers import ContainerMetadata
+from accelstats.runtimes import RuntimeState
 
 log = logging.getLogger(__name__)
 
@@ -104,10 +120,9 @@ CONTAINERD_NAMESPACES = ("k8s.io", "moby", "default")
 MAX_OTHER_NAMESPACES = 16
 """How many other containerd namespace directories are tried (in name order) after those."""
 
-DOCKER_CONTAINERS = Path("var/lib/docker/containers")
-CONTAINERD_TASKS = Path("run/containerd/io.containerd.runtime.v2.task")
-STORAGE_CONTAINERS = Path("var/lib/containers/storage/overlay-containers")
-STORAGE_RUN_CONTAINERS = Path("run/containers/storage/overlay-containers")
+CONTAINERD_IMAGE_REASON = ("containerd keeps the image of a container made without CRI (ctr, nerdctl) only in its "
+                           "metadata database ({root}/io.containerd.metadata.v1.bolt/meta.db, a bbolt file that no "
+                           "well-kept Python library reads)")
 
 # A runtime id is a plain name (64 hex for docker/CRI-O/podman, containerd's identifier rules for
 # containerd): no "/", never "." or "..".  Anything else is not looked up.
@@ -135,18 +150,14 @@ class _Entry:
     checked_at: float
 
 
-@dataclass
-class _Index:
-    signature: tuple[int, int, int]
-    by_id: dict[str, tuple[str, str]]  # id -> (name, image name)
-
-
 class MetadataReader:
     """Reads container metadata from the runtimes' state files under ``rootfs``; see the module docstring.
 
     ``rootfs``: the host's root directory as this process sees it (``/``, or ``/host`` in a
-    container).  ``max_entries``: how many ``(runtime, id)`` results are cached (>= 1, else
-    ``ValueError``).  ``clock``: seconds from a monotonic source, for the miss refresh interval
+    container).  ``runtimes``: the runtimes' state (:class:`accelstats.runtimes.RuntimeState`, which
+    knows the ``[runtimes]`` roots; made from ``rootfs`` and the default roots when None).
+    ``max_entries``: how many ``(runtime, id)`` results are cached (>= 1, else ``ValueError``).
+    ``clock``: seconds from a monotonic source, for the miss refresh interval
     (injectable for tests).  Thread-safe: one lock around the cache and the reads.
 
     :attr:`errors` counts state files that were there but could not be used: not valid JSON (bad
@@ -155,17 +166,17 @@ class MetadataReader:
     debug after that.  Absent or unreadable files are normal and not counted.
     """
 
-    def __init__(self, rootfs: Path = Path("/"), *, max_entries: int = 4096,
+    def __init__(self, rootfs: Path = Path("/"), *, runtimes: RuntimeState | None = None, max_entries: int = 4096,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if max_entries < 1:
             raise ValueError(f"max_entries must be at least 1, not {max_entries}")
         self.rootfs = Path(rootfs)
+        self.runtimes = runtimes if runtimes is not None else RuntimeState(self.rootfs, RuntimeRoots())
         self.max_entries = max_entries
-        self.errors = 0
+        self._errors = 0
         self._clock = clock
         self._cache: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
         self._warned: OrderedDict[Path, None] = OrderedDict()
-        self._indexes: dict[Path, _Index] = {}
         self._lock = threading.Lock()
 
     def lookup(self, identity: ContainerIdentity) -> ContainerMetadata:
@@ -191,17 +202,32 @@ class MetadataReader:
                 found = source(self, identity.id)
                 if found is not None:
                     break
-            metadata = base if found is None else _merge(base, found)
+            metadata = _merge(base, found) if found is not None else replace(base, reason=self._why_not(identity))
             self._cache[key] = _Entry(metadata, found is not None, now)
             self._cache.move_to_end(key)
             while len(self._cache) > self.max_entries:
                 self._cache.popitem(last=False)
             return metadata
 
+    def _why_not(self, identity: ContainerIdentity) -> str:
+        """Why no state file of ``identity``'s runtime was found: the root that does not exist (and
+        its setting), or where the files were looked for."""
+        roots = self.runtimes.roots
+        settings = {"docker": ("docker_data_root",), "containerd": ("containerd_state",),
+                    "cri-o": ("storage_graphroot", "storage_runroot"),
+                    "podman": ("storage_graphroot", "storage_runroot")}[identity.runtime]
+        absent = {s for s, _ in self.runtimes.missing_roots()}
+        missing = [s for s in settings if s in absent]
+        if len(missing) == len(settings):
+            where = ", ".join(f"{getattr(roots, s)} (setting runtimes.{s})" for s in missing)
+            return f"no name or image: {identity.runtime} state not found: {where} does not exist"
+        where = ", ".join(f"{getattr(roots, s)} (runtimes.{s})" for s in settings)
+        return f"no name or image: {identity.runtime} state under {where} has no file for this container"
+
     # -- sources: each gives the metadata its file holds, or None when it has no usable file --------
 
     def _docker(self, cid: str) -> ContainerMetadata | None:
-        doc = self._read_object(self.rootfs / DOCKER_CONTAINERS / cid / "config.v2.json")
+        doc = self._read_object(self.runtimes.docker_containers() / cid / "config.v2.json")
         if doc is None:
             return None
         config = _mapping(doc.get("Config"))
@@ -215,36 +241,45 @@ class MetadataReader:
         )
 
     def _containerd(self, cid: str) -> ContainerMetadata | None:
-        for namespace_dir in self._containerd_namespaces():
+        for namespace_dir in self._containerd_namespaces(cid):
             spec = self._read_object(namespace_dir / cid / "config.json")
             if spec is None:
                 continue
             ann = _mapping(spec.get("annotations"))
+            image = _text(ann, _CRI_IMAGE)
             return ContainerMetadata(
                 name=cid,
-                image=_text(ann, _CRI_IMAGE),
+                image=image,
                 container=_text(ann, _CRI_CONTAINER) or _text(ann, _K8S_CONTAINER),
                 pod=_text(ann, _CRI_POD) or _text(ann, _K8S_POD),
                 namespace=_text(ann, _CRI_NAMESPACE) or _text(ann, _K8S_NAMESPACE),
+                reason="" if image else CONTAINERD_IMAGE_REASON.format(root=self.runtimes.roots.containerd_root),
             )
         return None
 
-    def _containerd_namespaces(self) -> Iterator[Path]:
-        tasks = self.rootfs / CONTAINERD_TASKS
-        for name in CONTAINERD_NAMESPACES:
-            yield tasks / name
-        try:
-            with os.scandir(tasks) as entries:
-                others = sorted(e.name for e in entries
-                                if e.name not in CONTAINERD_NAMESPACES and _is_dir(e))
-        except OSError:
-            return
-        for name in others[:MAX_OTHER_NAMESPACES]:
-            yield tasks / name
+    def _containerd_namespaces(self, cid: str) -> Iterator[Path]:
+        seen: set[str] = set()
+        for tasks in self.runtimes.containerd_tasks():
+            known = self.runtimes.containerd_namespace(cid)
+            for name in (*((known,) if known else ()), *CONTAINERD_NAMESPACES):
+                if name not in seen:
+                    seen.add(name)
+                    yield tasks / name
+            try:
+                with os.scandir(tasks) as entries:
+                    others = sorted(e.name for e in entries if e.name not in seen and _is_dir(e))
+            except OSError:
+                continue
+            for name in others[:MAX_OTHER_NAMESPACES]:
+                seen.add(name)
+                yield tasks / name
 
     def _crio(self, cid: str) -> ContainerMetadata | None:
-        for root in (STORAGE_CONTAINERS, STORAGE_RUN_CONTAINERS):
-            spec = self._read_object(self.rootfs / root / cid / "userdata" / "config.json")
+        entry = self.runtimes.storage_entry(cid)
+        folders = [entry.index.parent] if entry is not None else []
+        folders += [root / "overlay-containers" for root in self.runtimes.storage_roots()]
+        for folder in folders:
+            spec = self._read_object(folder / cid / "userdata" / "config.json")
             if spec is None:
                 continue
             ann = _mapping(spec.get("annotations"))
@@ -259,40 +294,18 @@ class MetadataReader:
         return None
 
     def _storage(self, cid: str) -> ContainerMetadata | None:
-        for path in (self.rootfs / STORAGE_CONTAINERS / "containers.json",
-                     self.rootfs / STORAGE_CONTAINERS / "volatile-containers.json",
-                     self.rootfs / STORAGE_RUN_CONTAINERS / "volatile-containers.json"):
-            found = self._index(path).get(cid)
-            if found is not None:
-                return ContainerMetadata(name=found[0], image=found[1])
-        return None
+        entry = self.runtimes.storage_entry(cid)
+        if entry is None:
+            return None
+        return ContainerMetadata(name=entry.name, image=entry.image)
 
-    def _index(self, path: Path) -> Mapping[str, tuple[str, str]]:
-        """``{id: (name, image name)}`` of one containers/storage index, re-parsed when it changes."""
-        try:
-            st = os.stat(path)
-        except OSError:
-            self._indexes.pop(path, None)
-            return {}
-        signature = (st.st_size, st.st_mtime_ns, st.st_ino)
-        cached = self._indexes.get(path)
-        if cached is not None and cached.signature == signature:
-            return cached.by_id
-        by_id: dict[str, tuple[str, str]] = {}
-        doc = self._read_json(path)
-        if doc is not None and not isinstance(doc, list):
-            self._malformed(path, "not a JSON list")
-        elif doc is not None:
-            for item in doc:
-                container = _mapping(item)
-                cid = _text(container, "id")
-                if not cid:
-                    continue
-                names = container.get("names")
-                name = names[0] if isinstance(names, list) and names and isinstance(names[0], str) else ""
-                by_id[cid] = (name, _text(_json_string_object(container.get("metadata")), "image-name"))
-        self._indexes[path] = _Index(signature, by_id)
-        return by_id
+    def lookup_pod(self, identity: ContainerIdentity, metadata: ContainerMetadata) -> ContainerMetadata:
+        """``metadata`` with the reason a podman pod's name is missing, when ``identity`` is in one."""
+        if identity.runtime == "podman" and identity.pod_uid and not metadata.pod:
+            why = ("pod name not read: podman keeps it only in libpod's database (libpod/bolt_state.db), "
+                   "pod_uid holds the pod ID")
+            return replace(metadata, reason=f"{metadata.reason}; {why}" if metadata.reason else why)
+        return metadata
 
     # -- file reading --------------------------------------------------------------------------------
 
@@ -342,8 +355,14 @@ class MetadataReader:
             return None
         return data
 
+    @property
+    def errors(self) -> int:
+        """State files that were there but could not be used (see the class docstring), the
+        containers/storage indexes included."""
+        return self._errors + self.runtimes.errors
+
     def _malformed(self, path: Path, why: str) -> None:
-        self.errors += 1
+        self._errors += 1
         if path in self._warned:
             log.debug("metadata: %s: %s", path, why)
             return
@@ -369,8 +388,9 @@ def _from_identity(identity: ContainerIdentity) -> ContainerMetadata:
 
 
 def _merge(base: ContainerMetadata, found: ContainerMetadata) -> ContainerMetadata:
-    """``found``'s fields where they are non-empty, else ``base``'s."""
+    """``found``'s fields where they are non-empty, else ``base``'s (the reason is ``found``'s)."""
     values = {f.name: getattr(found, f.name) or getattr(base, f.name) for f in fields(ContainerMetadata)}
+    values["reason"] = found.reason
     return ContainerMetadata(**values)
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from accelstats.cgroups.devices_list import DevicesList, parse_devices_list
-from accelstats.cgroups.identity import ContainerIdentity, identify
+from accelstats.cgroups.identity import ContainerIdentity, KnownLookup, identify, is_host_cgroup
 
 DEFAULT_MAX_DEPTH = 16
 """Directories deeper than this below the hierarchy root are not entered (counted instead)."""
@@ -52,10 +52,14 @@ class WalkStats:
 
 @dataclass(frozen=True)
 class Discovery:
-    """Result of a walk: the container cgroups found (in path order) and the walk's counters."""
+    """Result of a walk: the container cgroups found (in path order), the walk's counters, and the
+    ``unrecognised`` leaf cgroups (no subdirectory, no identity, not a host cgroup such as a
+    ``.service`` or a session: :func:`~accelstats.cgroups.identity.is_host_cgroup`), in path order:
+    a container whose runtime's state is not readable may be one of them."""
 
     containers: tuple[ContainerCgroup, ...]
     stats: WalkStats
+    unrecognised: tuple[ContainerCgroup, ...] = ()
 
 
 def _cgroup_path(parts: tuple[str, ...]) -> str:
@@ -84,9 +88,10 @@ def _payload_directory(directory: str) -> bool:
         return False
 
 
-def _walk(root: Path, max_depth: int) -> Discovery:
+def _walk(root: Path, max_depth: int, known: KnownLookup | None = None) -> Discovery:
     # Plain strings rather than pathlib in the loop: a scrape walks every cgroup directory.
     found: list[ContainerCgroup] = []
+    leaves: list[ContainerCgroup] = []
     vanished = unreadable = too_deep = 0
     base = str(root)
     stack: list[tuple[str, ...]] = [()]
@@ -94,7 +99,7 @@ def _walk(root: Path, max_depth: int) -> Discovery:
         parts = stack.pop()
         directory = os.path.join(base, *parts) if parts else base
         if parts:
-            identity = identify(_cgroup_path(parts))
+            identity = identify(_cgroup_path(parts), known)
             if identity is not None:
                 if _payload_directory(directory):
                     parts = (*parts, _PAYLOAD_CHILD)
@@ -112,12 +117,16 @@ def _walk(root: Path, max_depth: int) -> Discovery:
         except OSError:
             unreadable += 1
             continue
+        if not children and parts and not is_host_cgroup(_cgroup_path(parts)):
+            leaves.append(ContainerCgroup(_cgroup_path(parts), Path(directory), None))
         stack.extend((*parts, name) for name in reversed(children))
     found.sort(key=lambda c: c.path)
-    return Discovery(tuple(found), WalkStats(vanished, unreadable, too_deep))
+    leaves.sort(key=lambda c: c.path)
+    return Discovery(tuple(found), WalkStats(vanished, unreadable, too_deep), tuple(leaves))
 
 
-def discover_v1_containers(devices_root: Path, *, max_depth: int = DEFAULT_MAX_DEPTH) -> Discovery:
+def discover_v1_containers(devices_root: Path, *, max_depth: int = DEFAULT_MAX_DEPTH,
+                           known: KnownLookup | None = None) -> Discovery:
     """Find container cgroups in the v1 ``devices`` hierarchy rooted at ``devices_root``.
 
     Every directory whose cgroup path :func:`identify` recognises is one container; its subtree is
@@ -126,18 +135,21 @@ def discover_v1_containers(devices_root: Path, *, max_depth: int = DEFAULT_MAX_D
     rules there.  Symlinks are not followed; directories deeper than ``max_depth`` are not entered.
     A directory that vanishes or cannot be read mid-walk is skipped and counted in
     :class:`WalkStats` (a missing ``devices_root`` counts as one vanished directory).  Never raises
-    ``OSError``; never creates anything.
+    ``OSError``; never creates anything.  ``known``: the runtimes' state
+    (:class:`accelstats.runtimes.RuntimeState.known`), so that a container a runtime knows is found
+    on any path (:func:`~accelstats.cgroups.identity.identify`).
     """
-    return _walk(devices_root, max_depth)
+    return _walk(devices_root, max_depth, known)
 
 
-def discover_v2_containers(unified_root: Path, *, max_depth: int = DEFAULT_MAX_DEPTH) -> Discovery:
+def discover_v2_containers(unified_root: Path, *, max_depth: int = DEFAULT_MAX_DEPTH,
+                           known: KnownLookup | None = None) -> Discovery:
     """Find container cgroups in the cgroup2 hierarchy rooted at ``unified_root``.
 
-    Same walk and guarantees as :func:`discover_v1_containers`; on v2 there is no ``devices.list``
-    (device access is a BPF program), so the result serves process attribution (DESIGN.md).
+    Same walk and guarantees as :func:`discover_v1_containers`; on v2 there is no ``devices.list``:
+    device access is decided by BPF programs (:mod:`accelstats.cgroups.devices_bpf`).
     """
-    return _walk(unified_root, max_depth)
+    return _walk(unified_root, max_depth, known)
 
 
 def read_devices_list(directory: Path) -> DevicesList | None:

@@ -12,8 +12,8 @@ function raises on any input string.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 _HEX64 = r"[0-9a-f]{64}"
 _UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
@@ -57,17 +57,27 @@ class ContainerIdentity:
 
     ``runtime`` is one of :data:`RUNTIMES` (``containerd`` also covers Kubernetes via CRI).  ``id``
     is the runtime's container id (64 hex) or, for LXC and systemd-nspawn, the container name, and
-    for Nomad ``<alloc id>.<task>``.  ``pod_uid`` is the Kubernetes pod UID with dashes,
-    ``alloc_id``/``task`` the Nomad allocation and task, ``name`` the LXC/nspawn name; each is ``""``
-    when the path does not say.
+    for Nomad ``<alloc id>.<task>``.  ``pod_uid`` is the Kubernetes pod UID with dashes (or, for
+    podman, the pod ID: libpod keeps pod names only in its database), ``alloc_id``/``task`` the
+    Nomad allocation and task, ``name`` the LXC/nspawn name; each is ``""`` when the path does not
+    say.
     """
 
     runtime: str
     id: str
-    pod_uid: str = ""
+    pod_uid: str = ""  # the Kubernetes pod UID, or the podman pod ID
     alloc_id: str = ""
     task: str = ""
     name: str = ""
+    how: str = field(default="", compare=False)
+    """What identified it, for ``--log-level debug`` and ``accelstats containers --json``
+    (``identified_by``): ``"path rule: …"`` or ``"runtime state: …"``; not part of equality."""
+
+
+KnownLookup = Callable[[str, str], "tuple[str, str, str] | None"]
+"""``known(candidate id, parent component) -> (runtime, id, where) | None``: whether a container
+runtime's own state on this host knows ``candidate`` (``where`` names the state, for
+:attr:`ContainerIdentity.how`).  :class:`accelstats.runtimes.RuntimeState` provides it."""
 
 
 def _pod_uid(ancestors: list[str]) -> str:
@@ -76,6 +86,21 @@ def _pod_uid(ancestors: list[str]) -> str:
         match = _POD_CGROUPFS_RE.fullmatch(comp) or _POD_SLICE_RE.fullmatch(comp)
         if match is not None:
             return match.group(1).replace("_", "-")
+    return ""
+
+
+_PODMAN_POD_SLICE_RE = re.compile(rf"machine-libpod_pod_({_HEX64})\.slice")
+
+
+def _podman_pod(ancestors: list[str]) -> str:
+    """The podman pod ID of a container whose parent cgroup is its pod's: ``<64 hex>`` under
+    ``libpod_parent`` (cgroupfs) or ``machine-libpod_pod_<64 hex>.slice`` (systemd); else ``""``."""
+    parent = ancestors[-1] if ancestors else ""
+    match = _PODMAN_POD_SLICE_RE.fullmatch(parent)
+    if match is not None:
+        return match.group(1)
+    if _HEX64_RE.fullmatch(parent) and len(ancestors) >= 2 and ancestors[-2] == "libpod_parent":
+        return parent
     return ""
 
 
@@ -93,7 +118,9 @@ def _systemd_unescape(text: str) -> str:
 def _runtime_scope(comp: str, ancestors: list[str]) -> ContainerIdentity | None:
     match = _SCOPE_RE.fullmatch(comp)
     if match is not None:
-        return ContainerIdentity(_PREFIX_RUNTIME[match.group(1)], match.group(2), _pod_uid(ancestors))
+        runtime = _PREFIX_RUNTIME[match.group(1)]
+        pod = _podman_pod(ancestors) if runtime == "podman" else _pod_uid(ancestors)
+        return ContainerIdentity(runtime, match.group(2), pod)
     match = _COLON_RE.fullmatch(comp)
     if match is not None:
         pod = _pod_uid([*ancestors, match.group(1)])
@@ -110,10 +137,10 @@ def _cgroupfs(comp: str, ancestors: list[str]) -> ContainerIdentity | None:
             return ContainerIdentity(runtime, match.group(2), _pod_uid(ancestors))
     if parent == "docker" and _HEX64_RE.fullmatch(comp):
         return ContainerIdentity("docker", comp)
-    if parent == "libpod_parent":
+    if parent == "libpod_parent" or _podman_pod(ancestors):
         match = _PODMAN_CGROUPFS_RE.fullmatch(comp)
         if match is not None:
-            return ContainerIdentity("podman", match.group(1))
+            return ContainerIdentity("podman", match.group(1), _podman_pod(ancestors))
     return None
 
 
@@ -147,28 +174,79 @@ def _named(comp: str, ancestors: list[str]) -> ContainerIdentity | None:
 
 
 _RULES = (_runtime_scope, _cgroupfs, _nomad, _named)
+_RULE_NAMES = {_runtime_scope: "systemd scope or <slice>:<prefix>:<id>", _cgroupfs: "cgroupfs parent",
+               _nomad: "Nomad <alloc>.<task>", _named: "LXC or systemd-nspawn name"}
+
+# A runtime's prefix on a container id in a cgroup name: docker-, libpod-, crio-, cri-containerd-,
+# nerdctl- (systemd scopes and the cgroupfs forms); "conmon-<hex>" never passes the id check.
+_KNOWN_PREFIX_RE = re.compile(rf"(?:{_PREFIXES})-(.+)")
+_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # containerd's identifier rules, and 64 hex
 
 
-def identify(cgroup_path: str) -> ContainerIdentity | None:
+def id_candidates(comp: str) -> list[str]:
+    """The container ids a cgroup name can stand for: the name itself, without ``.scope``, without a
+    runtime prefix (``docker-``, ``libpod-``, ``crio-``, ``cri-containerd-``, ``nerdctl-``), the part
+    after the last ``:`` (``<slice>:cri-containerd:<id>``), and a Nomad ``<alloc uuid>.<task>``'s
+    allocation id.  Only strings that are valid ids (at most 128 of ``[A-Za-z0-9_.-]``).  Pure."""
+    base = comp.removesuffix(".scope")
+    out = [comp, base]
+    if ":" in base:
+        out.append(base.rsplit(":", 1)[1])
+    match = _KNOWN_PREFIX_RE.fullmatch(base)
+    if match is not None:
+        out.append(match.group(1))
+    nomad = _NOMAD_V1_RE.fullmatch(base)
+    if nomad is not None:
+        out.append(nomad.group(1))
+    seen: list[str] = []
+    for c in out:
+        if c not in seen and _ID_RE.fullmatch(c):
+            seen.append(c)
+    return seen
+
+
+def _known(comp: str, ancestors: list[str], known: KnownLookup) -> ContainerIdentity | None:
+    parent = ancestors[-1] if ancestors else ""
+    for candidate in id_candidates(comp):
+        found = known(candidate, parent)
+        if found is None:
+            continue
+        runtime, cid, where = found
+        how = f"runtime state: {where}"
+        if runtime == "nomad":
+            nomad = _NOMAD_V1_RE.fullmatch(comp.removesuffix(".scope"))
+            task = nomad.group(2) if nomad is not None else ""
+            return ContainerIdentity("nomad", f"{cid}.{task}" if task else cid, alloc_id=cid, task=task, how=how)
+        pod = _podman_pod(ancestors) if runtime == "podman" else _pod_uid(ancestors)
+        return ContainerIdentity(runtime, cid, pod, how=how)
+    return None
+
+
+def identify(cgroup_path: str, known: KnownLookup | None = None) -> ContainerIdentity | None:
     """The container a cgroup path belongs to, or ``None`` for a host process / non-container.
 
     ``cgroup_path`` is a path as ``/proc/<pid>/cgroup`` names it (``/docker/<64 hex>``,
     ``/kubepods.slice/…/cri-containerd-<id>.scope``, …); empty components, trailing slashes,
     surrounding whitespace and the kernel's `` (deleted)`` suffix are tolerated.  Implements every
-    row of spec/cgroups.md §3; see the module docstring for how nested cgroups are handled.  Never
-    raises.
+    row of spec/cgroups.md §3; with ``known``, a component that names a container a runtime's state
+    knows identifies it on any path (spec §6).  See the module docstring for how nested cgroups are
+    handled.  Never raises (unless ``known`` does).
     """
-    found = identify_with_root(cgroup_path)
+    found = identify_with_root(cgroup_path, known)
     return None if found is None else found[1]
 
 
 _MAX_DEPTH = 64  # real container cgroups are < 10 deep; bounding it keeps the rule loop linear
 
 
-def identify_with_root(cgroup_path: str) -> tuple[str, ContainerIdentity] | None:
+def identify_with_root(cgroup_path: str, known: KnownLookup | None = None) -> tuple[str, ContainerIdentity] | None:
     """Like :func:`identify`, also giving the container's own cgroup path (the path up to the
-    component a rule recognised): ``/docker/<id>/init.scope`` → ``("/docker/<id>", docker <id>)``.
-    Never raises."""
+    component that was recognised): ``/docker/<id>/init.scope`` → ``("/docker/<id>", docker <id>)``.
+
+    Components are tried from the last one up; at each, first ``known`` (the runtimes' state: an id
+    the runtime knows, whatever the path around it, e.g. ``/gpujobs/<docker id>``,
+    ``/<containerd namespace>/<id>``, ``/libpod_parent/<pod id>/libpod-<id>``), then the path rules.
+    :attr:`ContainerIdentity.how` says which.  Never raises (unless ``known`` does)."""
     path = cgroup_path.strip()
     if path.endswith(_DELETED_SUFFIX):
         path = path[: -len(_DELETED_SUFFIX)]
@@ -177,9 +255,16 @@ def identify_with_root(cgroup_path: str) -> tuple[str, ContainerIdentity] | None
         return None
     for index in range(len(comps) - 1, -1, -1):
         ancestors = comps[:index]
-        for rule in _RULES:
-            found = rule(comps[index], ancestors)
+        comp = comps[index]
+        if known is not None and not comp.endswith(".mount"):
+            found = _known(comp, ancestors, known)
             if found is not None:
+                return "/" + "/".join(comps[: index + 1]), found
+        for rule in _RULES:
+            found = rule(comp, ancestors)
+            if found is not None:
+                found = ContainerIdentity(found.runtime, found.id, found.pod_uid, found.alloc_id, found.task,
+                                          found.name, how=f"path rule: {_RULE_NAMES[rule]}")
                 return "/" + "/".join(comps[: index + 1]), found
     return None
 

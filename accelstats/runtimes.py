@@ -1,0 +1,334 @@
+"""Which container IDs the container runtimes on this host know, from their own state directories.
+
+A cgroup path alone cannot say whether ``/gpujobs/<64 hex>`` is a docker container, and a user with
+a delegated cgroup can name a directory ``docker-<someone else's id>.scope``.  The runtimes' own
+state can: :class:`RuntimeState` lists it (read-only, under ``rootfs``) and answers "does runtime R
+know container ID X", which :func:`accelstats.cgroups.identify` uses to recognise a container on
+any cgroup path (docs/containers.md has the table of paths and state files).
+
+==============  ===================================================================  ==================
+runtime         known IDs                                                            setting (default)
+==============  ===================================================================  ==================
+docker          ``<data-root>/containers/<id>/``                                     ``docker_data_root``
+                                                                                     (``/var/lib/docker``)
+containerd      ``<state>/io.containerd.runtime.v2.task/<namespace>/<id>/`` (and     ``containerd_state``
+                ``…runtime.v1.linux…``), every namespace: the running tasks          (``/run/containerd``)
+podman, CRI-O   ``<graphroot>/<driver>-containers/containers.json`` and              ``storage_graphroot``
+                ``volatile-containers.json``, ``<runroot>/<driver>-containers/``      (``/var/lib/containers/storage``),
+                ``volatile-containers.json``, every storage driver (overlay, vfs,      ``storage_runroot``
+                btrfs, zfs, …); CRI-O's entries carry ``pod-name``/``pod-id``          (``/run/containers/storage``)
+Nomad           ``<data_dir>/alloc/<allocation id>/``                                ``nomad_data_dir``
+                                                                                     (``/opt/nomad/data``)
+==============  ===================================================================  ==================
+
+``containerd_root`` (``/var/lib/containerd``) is where containerd keeps its metadata database;
+nothing is read from it (it is a bbolt file, see :mod:`accelstats.metadata`), but it is checked for
+existence like the others.
+
+Cost: each collection ``stat``s the directories and files above; a directory is listed again, or a
+file parsed again, only when its signature (inode, modification time, link count or size) changed,
+or while its modification time is within :data:`RACY_SECONDS` of now (a change in the same clock
+tick would not move it).  Nothing here raises on what it reads; a root that does not exist is
+reported by :meth:`RuntimeState.missing_roots` (the caller warns once).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from accelstats.config import RuntimeRoots
+
+log = logging.getLogger(__name__)
+
+RACY_SECONDS = 2.0
+"""A directory or file changed less than this long ago is read again at the next collection."""
+
+MAX_NAMESPACES = 64
+"""containerd namespaces listed at most (in name order)."""
+
+MAX_INDEX_BYTES = 64 * 1024 * 1024
+"""A containers/storage index larger than this is not parsed (counted as an error)."""
+
+_HEX64_RE = re.compile(r"[0-9a-f]{64}")
+_UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+TASK_DIRS = ("io.containerd.runtime.v2.task", "io.containerd.runtime.v1.linux")
+
+
+@dataclass(frozen=True)
+class StorageEntry:
+    """One container of a containers/storage index (podman, CRI-O): its first name, its image's name
+    (from the entry's ``metadata`` JSON string, ``image-name``), whether CRI-O made it (``pod-name``
+    or ``pod-id`` in that metadata), and the index file it is in."""
+
+    name: str
+    image: str
+    crio: bool
+    index: Path
+
+
+@dataclass(frozen=True)
+class _Listing:
+    signature: tuple[int, int, int, int]
+    names: frozenset[str]
+    racy: bool
+
+
+@dataclass(frozen=True)
+class _Parsed:
+    signature: tuple[int, int, int, int]
+    entries: Mapping[str, StorageEntry]
+    racy: bool
+
+
+def _signature(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_ino, st.st_mtime_ns, st.st_nlink, st.st_size)
+
+
+class RuntimeState:
+    """The container IDs known to docker, containerd, podman/CRI-O and Nomad on this host.
+
+    ``rootfs``: the host's ``/`` as this process sees it; ``roots``: where each runtime keeps its
+    state (host paths, resolved under ``rootfs``).  Call :meth:`refresh` once per collection, then
+    :meth:`known` for each cgroup name.  Thread-safe (one lock around refresh and reads).
+    ``clock``: wall-clock seconds, compared with modification times (injectable for tests).
+
+    :attr:`errors` counts state files that exist but cannot be used (not JSON, too large).
+    """
+
+    def __init__(self, rootfs: Path, roots: RuntimeRoots, *, clock: Callable[[], float] = time.time) -> None:
+        self.rootfs = Path(rootfs)
+        self.roots = roots
+        self.errors = 0
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._listings: dict[Path, _Listing] = {}
+        self._indexes: dict[Path, _Parsed] = {}
+        self._docker: frozenset[str] = frozenset()
+        self._containerd: dict[str, frozenset[str]] = {}
+        self._containerd_hex: dict[str, str] = {}
+        self._storage: dict[str, StorageEntry] = {}
+        self._nomad: frozenset[str] = frozenset()
+        self._warned: set[Path] = set()
+        self._bad_versions: dict[Path, tuple[int, int, int, int]] = {}
+        self._roots_here = {s: self.host_path(getattr(roots, s)) for s in RuntimeRoots.SETTINGS}
+        self._missing: list[tuple[str, Path]] | None = None
+        self._docker_containers = self._roots_here["docker_data_root"] / "containers"
+        self._containerd_tasks = [self._roots_here["containerd_state"] / d for d in TASK_DIRS]
+
+    # -- where things are ----------------------------------------------------------------------------
+    def host_path(self, path: Path) -> Path:
+        """``path`` (a host path) as this process sees it: under ``rootfs``."""
+        return self.rootfs / Path(path).relative_to("/") if Path(path).is_absolute() else self.rootfs / path
+
+    def root_here(self, setting: str) -> Path:
+        """The state root of ``setting`` (a key of :class:`accelstats.config.RuntimeRoots`) under ``rootfs``."""
+        return self._roots_here[setting]
+
+    def docker_containers(self) -> Path:
+        """``<data-root>/containers`` under ``rootfs``."""
+        return self._docker_containers
+
+    def containerd_tasks(self) -> list[Path]:
+        """The task state directories (v2 and v1 runtimes) under ``rootfs``."""
+        return list(self._containerd_tasks)
+
+    def storage_roots(self) -> list[Path]:
+        """``graphroot`` and ``runroot`` under ``rootfs``."""
+        return [self._roots_here["storage_graphroot"], self._roots_here["storage_runroot"]]
+
+    def missing_roots(self) -> list[tuple[str, Path]]:
+        """``[(setting, host path)]`` of the state roots that do not exist (or are not directories), as
+        of the last :meth:`refresh` (checked now when there was none)."""
+        missing = self._missing
+        if missing is None:
+            missing = self._missing = self._check_roots()
+        return list(missing)
+
+    def _check_roots(self) -> list[tuple[str, Path]]:
+        return [(setting, getattr(self.roots, setting)) for setting in RuntimeRoots.SETTINGS
+                if not os.path.isdir(self._roots_here[setting])]
+
+    # -- the per-collection refresh ----------------------------------------------------------------
+    def refresh(self) -> None:
+        """Re-read whatever changed since the last call (see the module docstring).  Never raises."""
+        with self._lock:
+            now = self._clock()
+            self._missing = self._check_roots()
+            self._docker = frozenset(n for n in self._list(self.docker_containers(), now) if _HEX64_RE.fullmatch(n))
+            containerd: dict[str, set[str]] = {}
+            for tasks in self.containerd_tasks():
+                for ns in sorted(self._list(tasks, now))[:MAX_NAMESPACES]:
+                    if _NAME_RE.fullmatch(ns):
+                        ids = {n for n in self._list(tasks / ns, now) if _NAME_RE.fullmatch(n)}
+                        containerd.setdefault(ns, set()).update(ids)
+            self._containerd = {ns: frozenset(ids) for ns, ids in containerd.items()}
+            self._containerd_hex = {cid: ns for ns, ids in containerd.items() for cid in ids
+                                    if _HEX64_RE.fullmatch(cid)}
+            self._refresh_storage(now)
+            allocs = self.host_path(self.roots.nomad_data_dir) / "alloc"
+            self._nomad = frozenset(n for n in self._list(allocs, now) if _UUID_RE.fullmatch(n))
+
+    def _refresh_storage(self, now: float) -> None:
+        storage: dict[str, StorageEntry] = {}
+        for root in self.storage_roots():
+            for driver_dir in sorted(n for n in self._list(root, now) if n.endswith("-containers")):
+                for name in ("containers.json", "volatile-containers.json"):
+                    for cid, entry in self._index(root / driver_dir / name, now).items():
+                        storage.setdefault(cid, entry)
+        self._storage = storage
+
+    def _list(self, directory: Path, now: float) -> frozenset[str]:
+        """Names of the subdirectories of ``directory`` (cached by signature); empty when absent."""
+        try:
+            st = os.stat(directory)
+        except OSError:
+            self._listings.pop(directory, None)
+            return frozenset()
+        signature = _signature(st)
+        cached = self._listings.get(directory)
+        if cached is not None and cached.signature == signature and not cached.racy:
+            return cached.names
+        names: set[str] = set()
+        try:
+            with os.scandir(directory) as entries:
+                for entry in entries:
+                    try:
+                        if entry.is_dir():
+                            names.add(entry.name)
+                    except OSError:
+                        continue
+        except OSError as exc:
+            log.debug("runtime state: cannot list %s: %s", directory, exc)
+        listing = _Listing(signature, frozenset(names), now - st.st_mtime < RACY_SECONDS)
+        self._listings[directory] = listing
+        return listing.names
+
+    def _index(self, path: Path, now: float) -> Mapping[str, StorageEntry]:
+        """``{id: StorageEntry}`` of one containers/storage index, re-parsed when it changes."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            self._indexes.pop(path, None)
+            return {}
+        signature = _signature(st)
+        cached = self._indexes.get(path)
+        if cached is not None and cached.signature == signature and not cached.racy:
+            return cached.entries
+        entries = dict(self._parse_index(path, st, signature))
+        self._indexes[path] = _Parsed(signature, entries, now - st.st_mtime < RACY_SECONDS)
+        return entries
+
+    def _parse_index(self, path: Path, st: os.stat_result,
+                     signature: tuple[int, int, int, int]) -> Iterator[tuple[str, StorageEntry]]:
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_INDEX_BYTES:
+            self._bad(path, signature, f"not a regular file of at most {MAX_INDEX_BYTES} bytes")
+            return
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as f:
+                doc = json.loads(f.read(MAX_INDEX_BYTES + 1))
+        except OSError as exc:
+            log.debug("runtime state: cannot read %s: %s", path, exc)
+            return
+        except (ValueError, RecursionError) as exc:
+            self._bad(path, signature, f"not valid JSON: {type(exc).__name__}")
+            return
+        if not isinstance(doc, list):
+            self._bad(path, signature, "not a JSON list")
+            return
+        for item in doc:
+            if not isinstance(item, dict):
+                continue
+            cid = item.get("id")
+            if not isinstance(cid, str) or not _NAME_RE.fullmatch(cid):
+                continue
+            names = item.get("names")
+            name = names[0] if isinstance(names, list) and names and isinstance(names[0], str) else ""
+            meta = _json_object(item.get("metadata"))
+            image = meta.get("image-name")
+            crio = "pod-name" in meta or "pod-id" in meta
+            yield cid, StorageEntry(name, image if isinstance(image, str) else "", crio, path)
+
+    def _bad(self, path: Path, signature: tuple[int, int, int, int], why: str) -> None:
+        """Count a bad file once per version (signature), warn once per path."""
+        if self._bad_versions.get(path) == signature:
+            return
+        if len(self._bad_versions) >= 1000:
+            self._bad_versions.clear()
+        self._bad_versions[path] = signature
+        self.errors += 1
+        if path not in self._warned and len(self._warned) < 1000:
+            self._warned.add(path)
+            log.warning("runtime state: %s: %s; its containers are recognised by their cgroup paths only", path, why)
+
+    # -- questions ----------------------------------------------------------------------------------
+    def known(self, candidate: str, parent: str) -> tuple[str, str, str] | None:
+        """``(runtime, id, where)`` when a runtime knows the container ``candidate`` (a cgroup name with
+        its runtime prefix removed, see :func:`accelstats.cgroups.identity.id_candidates`), else None.
+
+        docker and containers/storage IDs (64 hex) match on any path; a containerd ID matches when
+        its namespace is the parent cgroup's name (``ctr -n <namespace>`` puts containers at
+        ``/<namespace>/<id>``) or it is 64 hex (Kubernetes, nerdctl); a Nomad allocation ID matches
+        ``<alloc id>.<task>``.  The :class:`accelstats.cgroups.identity.KnownLookup` of this host.
+        """
+        if candidate in self._docker:
+            return "docker", candidate, str(self.roots.docker_data_root / "containers")
+        entry = self._storage.get(candidate)
+        if entry is not None:
+            return ("cri-o" if entry.crio else "podman"), candidate, str(entry.index.relative_to(self.rootfs))
+        ids = self._containerd.get(parent)
+        if ids is not None and candidate in ids:
+            return "containerd", candidate, f"{self.roots.containerd_state} namespace {parent}"
+        ns = self._containerd_hex.get(candidate)
+        if ns is not None:
+            return "containerd", candidate, f"{self.roots.containerd_state} namespace {ns}"
+        if candidate in self._nomad:
+            return "nomad", candidate, str(self.roots.nomad_data_dir / "alloc")
+        return None
+
+    def storage_entry(self, cid: str) -> StorageEntry | None:
+        """The containers/storage entry of ``cid`` (podman, CRI-O); the indexes are checked for
+        changes (one ``stat`` each) when the last refresh did not have it."""
+        entry = self._storage.get(cid)
+        if entry is None:
+            with self._lock:
+                self._refresh_storage(self._clock())
+            entry = self._storage.get(cid)
+        return entry
+
+    def containerd_namespace(self, cid: str) -> str | None:
+        """The containerd namespace whose tasks hold ``cid`` (the first in name order), or None."""
+        ns = self._containerd_hex.get(cid)
+        if ns is not None:
+            return ns
+        for name in sorted(self._containerd):
+            if cid in self._containerd[name]:
+                return name
+        return None
+
+    def known_ids(self) -> dict[str, int]:
+        """How many IDs each runtime's state holds now (for the debug log and tests)."""
+        return {"docker": len(self._docker), "containerd": sum(len(v) for v in self._containerd.values()),
+                "storage": len(self._storage), "nomad": len(self._nomad)}
+
+
+def _json_object(value: object) -> dict[str, Any]:
+    """The object a JSON-in-a-string field holds (the storage index's ``metadata``); ``{}`` else."""
+    if not isinstance(value, str) or len(value) > 1 << 20:
+        return {}
+    try:
+        found = json.loads(value)
+    except (ValueError, RecursionError):
+        return {}
+    return found if isinstance(found, dict) else {}
