@@ -2,15 +2,24 @@
 
 :class:`Attributor` turns a device snapshot into :class:`~accelstats.containers.ContainerStats`:
 
-1. find the container cgroups (v1: the ``devices`` hierarchy; v2: the unified one);
+1. find the container cgroups (v1: the ``devices`` hierarchy; v2: the unified one), recognised by
+   the runtimes' own state (:mod:`accelstats.runtimes`: a container ID docker, containerd,
+   podman/CRI-O or Nomad knows, on any path) or by the path rules of spec/cgroups.md §3;
 2. read ``/proc/<pid>/cgroup`` of every process NVML listed (host PIDs) — process evidence;
 3. on hosts with MIG, read the ``nvidia-caps`` major and ``mig-minors`` (v1 rules name instances);
 4. list each container's PIDs (``cgroup.procs``) and the NVIDIA device nodes they hold open
    (cached by PID and start time, so a scrape with no new process scans no fd directory);
-5. run each container's :class:`~accelstats.containers.ContainerCollector`;
+5. run each container's :class:`~accelstats.containers.ContainerCollector` (on v2 with the device
+   programs in effect for its cgroup, :mod:`accelstats.cgroups.devices_bpf`);
 6. a GPU process whose cgroup is no container found by the walk still gets a row: its container
    when a rule recognises the path, else ``runtime="unknown"`` (host processes are left out);
-7. name each container from its runtime's state files when readable (:mod:`accelstats.metadata`).
+7. a container in a delegated subtree (under ``user@<uid>.service``, or whose cgroup is not owned by
+   root) keeps ``runtime="unknown"``: any user can name a cgroup after someone else's container;
+8. name each container from its runtime's state files when readable (:mod:`accelstats.metadata`).
+
+Only containers that matter are returned: those with a device attributed, an unrestricted devices
+cgroup (it may open any GPU) or rules that could not be read; a container whose rules grant no GPU
+and that holds none is left out.
 
 Everything that vanishes or cannot be read mid-way (a PID that exited, a cgroup removed during the
 walk, an fd directory of another user) is skipped and counted in :attr:`Attributor.skipped`
@@ -21,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections import Counter
 from collections.abc import Callable, Iterable
 from functools import partial
@@ -30,12 +40,16 @@ from accelstats.cgroupns import CgroupNamespace
 from accelstats.cgroups import (
     CgroupLayout,
     ContainerIdentity,
+    GpuGrant,
     discover_v1_containers,
     discover_v2_containers,
     identify_with_root,
     is_host_cgroup,
     parse_mig_minors,
 )
+from accelstats.cgroups.bpf_program import UndecidableError
+from accelstats.cgroups.devices_bpf import DeviceProgramCache, DeviceProgramsError
+from accelstats.config import RuntimeRoots
 from accelstats.containers import (
     ContainerCollector,
     ContainerMetadata,
@@ -48,13 +62,17 @@ from accelstats.containers import (
 from accelstats.fsread import read_small
 from accelstats.metadata import MetadataReader
 from accelstats.openfds import OpenFdScanner, char_major, pids_in_cgroup
+from accelstats.runtimes import RuntimeState
 from collectors.model import DeviceSnapshot, ProcessUsage
 
 log = logging.getLogger(__name__)
 
 SKIP_REASONS = ("cgroup_vanished", "cgroup_unreadable", "cgroup_too_deep", "devices_list_unreadable",
                 "pid_vanished", "pid_unreadable", "bad_cgroup_path", "foreign_cgroupns", "fd_unreadable",
-                "mig_minors_line")
+                "mig_minors_line", "device_programs_denied", "device_programs_unreadable",
+                "device_program_undecidable")
+_USER_MANAGER_RE = re.compile(r"user@[0-9]+\.service")
+_MAX_LOGGED = 10_000
 
 
 def mps_clients_not_listed(snapshot: DeviceSnapshot) -> dict[str, list[ProcessUsage]]:
@@ -74,36 +92,58 @@ def mps_clients_not_listed(snapshot: DeviceSnapshot) -> dict[str, list[ProcessUs
 
 
 class Attributor:
-    """Attribution state of one host: the fd-scan cache, the metadata cache, skip counters.
+    """Attribution state of one host: the runtimes' state, the fd-scan cache, the metadata cache, the
+    device-program cache (v2), skip counters.
 
     ``layout``: where the cgroup hierarchies are; ``proc_root``/``rootfs``: the host's ``/proc``
-    and ``/`` as this process sees them; ``open_fds``: scan ``/proc/<pid>/fd`` (off: no ``open_fd``
-    attribution and no per-container PID listing).
+    and ``/`` as this process sees them; ``runtimes``: where the runtimes keep their state (host
+    paths, read under ``rootfs``); ``open_fds``: scan ``/proc/<pid>/fd`` (off: no ``open_fd``
+    attribution and no per-container PID listing); ``device_programs``: on v2, read the device
+    programs (bpf(2)); injectable for tests, None makes the real one.
     """
 
     def __init__(self, layout: CgroupLayout, proc_root: Path, rootfs: Path = Path("/"), *,
-                 open_fds: bool = True) -> None:
+                 open_fds: bool = True, runtimes: RuntimeRoots | None = None,
+                 device_programs: DeviceProgramCache | None = None) -> None:
         self.layout = layout
         self.proc_root = proc_root
         self.devices_list = layout.devices_root is not None
         self.hierarchy = layout.devices_root if layout.devices_root is not None else layout.unified_root
         self.controller = "devices" if self.devices_list else ""
         self.scanner = OpenFdScanner(proc_root) if open_fds else None
-        self.metadata = MetadataReader(rootfs)
+        self.runtimes = RuntimeState(rootfs, runtimes or RuntimeRoots())
+        self.metadata = MetadataReader(rootfs, runtimes=self.runtimes)
+        self.programs = None if self.devices_list else (device_programs or DeviceProgramCache())
         self.skipped: Counter[str] = Counter({r: 0 for r in SKIP_REASONS})
         self._cgroupns_logged = False
         self.namespace = CgroupNamespace(self.hierarchy, proc_root, self.controller) if self.hierarchy else None
         self._mig_lines_seen: set[str] = set()
+        self._programs_logged: set[str] = set()
+        self._identities_logged: set[tuple[str, str]] = set()
+        self._roots_warned: set[str] = set()
+        for setting, path in self.runtimes.missing_roots():
+            if setting in self.runtimes.roots.explicit:
+                self._warn_root(setting, path)
+
+    def _warn_root(self, setting: str, path: Path) -> None:
+        if setting not in self._roots_warned:
+            self._roots_warned.add(setting)
+            log.warning("runtime state root %s (setting runtimes.%s) does not exist under %s: containers of that "
+                        "runtime are recognised by their cgroup paths only, without names or images",
+                        path, setting, self.runtimes.rootfs)
 
     def attribute(self, snapshot: DeviceSnapshot,
                   on_skipped: Callable[[str, tuple[str, ...]], None] | None = None
                   ) -> tuple[list[ContainerStats], HostView]:
-        """Every container cgroup with the devices attributed to it, and the view they were built from."""
+        """The containers that hold a device or may open any (see the module docstring), and the
+        view they were built from."""
         view = HostView(snapshot=snapshot)
         if self.hierarchy is None:
             return [], view
-        found = (discover_v1_containers(self.hierarchy) if self.devices_list
-                 else discover_v2_containers(self.hierarchy))
+        self.runtimes.refresh()
+        known = self.runtimes.known
+        found = (discover_v1_containers(self.hierarchy, known=known) if self.devices_list
+                 else discover_v2_containers(self.hierarchy, known=known))
         self.skipped["cgroup_vanished"] += found.stats.skipped_vanished
         self.skipped["cgroup_unreadable"] += found.stats.skipped_unreadable
         self.skipped["cgroup_too_deep"] += found.stats.skipped_too_deep
@@ -119,19 +159,23 @@ class Attributor:
                         "(--cgroup-root) or run in the host's cgroup namespace (docker --cgroupns=host)",
                         self.namespace.reason if self.namespace else "no hierarchy")
         view.mig = self._mig_map(snapshot)
+        if self.programs is not None:
+            view.device_programs = self._device_programs(snapshot, view.mig)
 
         targets: list[tuple[str, Path, ContainerIdentity | None]] = [
             (c.path, c.directory, c.identity) for c in found.containers]
+        # leaf cgroups nothing recognised: listed (as unknown) only if they hold a GPU, below
+        targets += [(c.path, c.directory, None) for c in found.unrecognised]
         # podman/crun keep the payload in a "container" child: the walk reports the child; a process
         # whose cgroup is the parent belongs to it too.
         aliases = {c.path.rsplit("/", 1)[0]: c.path for c in found.containers if c.path.endswith("/container")}
         view.pid_cgroups = {pid: aliases.get(path, path) for pid, path in view.pid_cgroups.items()}
-        targets += self._unlisted(view.pid_cgroups.values(), {c.path for c in found.containers})
+        targets += self._unlisted(view.pid_cgroups.values(), {p for p, _, _ in targets})
         view.index_processes(path for path, _, _ in targets)
         # Containers the walk listed and whose cgroup is removed before they are read stopped during
         # the collection: counted once as cgroup_vanished and not listed. ``gone``: those the PID
         # listing found removed (counted there).
-        walked = {c.directory for c in found.containers}
+        walked = {c.directory for c in (*found.containers, *found.unrecognised)}
         gone: set[Path] = set()
         if self.scanner is not None:
             view.open_minors = self._open_minors([d for _, d, _ in targets], walked, gone)
@@ -151,34 +195,133 @@ class Attributor:
                 continue
             if vanished:  # a GPU process's cgroup the walk never saw: listed, its devices.list unread
                 self._devices_list_unreadable()
-            if stats.accelerators and identity is not None:  # state files only for containers that matter
-                stats.metadata = self.metadata.lookup(identity)
+            if not stats.accelerators and (identity is None or (
+                    stats.devices_cgroup not in ("unrestricted", "unreadable") and not vanished)):
+                continue  # its rules grant no GPU and it holds none: not a GPU container
+            if identity is None:
+                stats.identity = identity = _unknown(path, "no runtime state and no path rule recognises it")
+                stats.add_reason("no runtime's state knows it and no path rule recognises it (is the runtime's "
+                                 "state root, [runtimes] in the config, right?)")
+            if identity is not None and identity.runtime != "unknown":
+                why = self._delegated(path, directory)
+                if why:
+                    # its id is its whole cgroup path: never equal to the container ID it imitates
+                    stats.identity = identity = ContainerIdentity(
+                        runtime="unknown", id=path, how=f"delegated cgroup, identity not trusted: {why}")
+                    stats.add_reason(f"looks like a {found_runtime(path)} container but {why}: identity not "
+                                     "trusted (rootless containers and look-alike names are reported as unknown)")
+            if stats.accelerators and identity is not None and identity.runtime != "unknown":
+                # state files only for containers that matter
+                stats.metadata = self.metadata.lookup_pod(identity, self.metadata.lookup(identity))
+                if stats.metadata.reason:
+                    stats.add_reason(stats.metadata.reason)
+                    self._metadata_root_missing(identity.runtime)
+            self._log_identity(path, stats)
             out.append(stats)
         return out, view
+
+    def _delegated(self, path: str, directory: Path) -> str:
+        """Why ``path`` is in a delegated subtree (a user may create cgroups there), or ``""``: a
+        ``user@<uid>.service`` component (systemd's per-user manager, ``Delegate=yes``), or a cgroup
+        directory not owned by root (cgroup v2 delegation chowns the subtree; cgroup-v2.rst
+        "Delegation")."""
+        for comp in path.split("/"):
+            if _USER_MANAGER_RE.fullmatch(comp):
+                return f"it is under {comp}"
+        try:
+            uid = os.lstat(directory).st_uid
+        except OSError:
+            return ""
+        return f"its cgroup is owned by uid {uid}, not root" if uid != 0 else ""
+
+    def _metadata_root_missing(self, runtime: str) -> None:
+        """Warn once per setting when a container of ``runtime`` is attributed but that runtime's
+        state root does not exist (its names and images stay empty)."""
+        settings = {"docker": ("docker_data_root",), "containerd": ("containerd_state",),
+                    "podman": ("storage_graphroot", "storage_runroot"),
+                    "cri-o": ("storage_graphroot", "storage_runroot")}.get(runtime, ())
+        if all(s in self._roots_warned for s in settings):
+            return
+        missing = dict(self.runtimes.missing_roots())
+        if settings and all(s in missing for s in settings):
+            for setting in settings:
+                self._warn_root(setting, missing[setting])
+
+    def _log_identity(self, path: str, stats: ContainerStats) -> None:
+        """``--log-level debug``: which rule or runtime state identified each container, once."""
+        identity = stats.identity
+        key = (path, identity.runtime if identity else "")
+        if key in self._identities_logged or not log.isEnabledFor(logging.DEBUG):
+            return
+        if len(self._identities_logged) >= _MAX_LOGGED:
+            self._identities_logged.clear()
+        self._identities_logged.add(key)
+        if identity is None:
+            log.debug("container %s: no identity", path)
+        else:
+            log.debug("container %s: %s %s, identified by %s", path, identity.runtime, identity.id,
+                      identity.how or "the path (no rule)")
+
+    def _device_programs(self, snapshot: DeviceSnapshot,
+                         mig: MigMap | None) -> Callable[[Path], tuple[GpuGrant | None, str]]:
+        """v2: ``(grant, reason)`` per cgroup directory from the device programs in effect."""
+        assert self.programs is not None
+        programs = self.programs
+        minors = frozenset(d.minor for d in snapshot.devices if d.kind == "gpu" and d.minor is not None)
+        caps_major = mig.caps_major if mig is not None else None
+        caps = frozenset(mig.caps) if mig is not None else frozenset()
+
+        def grant(directory: Path) -> tuple[GpuGrant | None, str]:
+            try:
+                found = programs.grant(str(directory), minors, caps_major=caps_major, known_caps_minors=caps)
+            except DeviceProgramsError as exc:
+                if exc.kind == "vanished":
+                    self.skipped["cgroup_vanished"] += 1
+                    return None, f"{directory} vanished while its device programs were read"
+                reason = "device_programs_denied" if exc.kind == "denied" else "device_programs_unreadable"
+                self.skipped[reason] += 1
+                why = (f"the cgroup v2 device programs could not be read ({exc}); attributed by processes and "
+                       "open device nodes only, so a GPU granted but unused is not seen")
+                self._log_programs(exc.kind, why)
+                return None, why
+            except UndecidableError as exc:
+                self.skipped["device_program_undecidable"] += 1
+                why = f"{exc}: no decision, attributed by processes and open device nodes only"
+                self._log_programs(str(exc), why)
+                return None, why
+            return found.grant, ""
+
+        return grant
+
+    def _log_programs(self, key: str, why: str) -> None:
+        if key not in self._programs_logged and len(self._programs_logged) < 100:
+            self._programs_logged.add(key)
+            log.warning("devices cgroup (v2): %s", why)
 
     def _devices_list_unreadable(self) -> None:
         self.skipped["devices_list_unreadable"] += 1
 
     def _unlisted(self, paths: Iterable[str], known: set[str]) -> list[tuple[str, Path, ContainerIdentity | None]]:
-        """Containers of GPU processes that the walk did not list (not recognised by any rule, or
-        beyond its depth): the recognised container's own cgroup, else the process's cgroup as
-        ``runtime="unknown"``; host processes (services, sessions, ``/``) are not containers."""
+        """Containers of GPU processes that the walk did not list (not recognised by the runtimes'
+        state or any rule, or beyond its depth): the recognised container's own cgroup, else the
+        process's cgroup as ``runtime="unknown"``; host processes (services, sessions, ``/``) are not
+        containers."""
         assert self.hierarchy is not None
         extra: dict[str, ContainerIdentity] = {}
         for path in sorted(set(paths)):
             if container_of(path, known) is not None:
                 continue
-            rooted = identify_with_root(path)
+            rooted = identify_with_root(path, self.runtimes.known)
             if rooted is not None:
                 extra.setdefault(rooted[0], rooted[1])
             elif not is_host_cgroup(path):
-                extra.setdefault(path, ContainerIdentity(runtime="unknown", id=path.rstrip("/").rsplit("/", 1)[-1]))
+                extra.setdefault(path, _unknown(path, "no runtime state and no path rule recognises it"))
         return [(p, self.hierarchy / p.lstrip("/"), ident) for p, ident in extra.items()]
 
     def _mig_map(self, snapshot: DeviceSnapshot) -> MigMap | None:
         """The nvidia-caps major and mig-minors, when the snapshot has MIG instances and the files
-        are readable (v1 rules name MIG instances by these minors)."""
-        if not self.devices_list or not any(d.kind == "mig" for d in snapshot.devices):
+        are readable (v1 rules and v2 device programs name MIG instances by these minors)."""
+        if not any(d.kind == "mig" for d in snapshot.devices):
             return None
         major = char_major(self.proc_root, "nvidia-caps")
         data = read_small(self.proc_root / "driver" / "nvidia-caps" / "mig-minors")
@@ -210,3 +353,18 @@ class Attributor:
         self.skipped["fd_unreadable"] += self.scanner.unreadable - before
         table = {d: frozenset(m for pid in pids for m in held.get(pid, ()) if m < 254) for d, pids in pids_of.items()}
         return lambda directory: table.get(directory, frozenset())
+
+
+def _unknown(path: str, how: str) -> ContainerIdentity:
+    """``runtime="unknown"`` for ``path``: its id is the last component (a trailing ``container``
+    payload child, podman's, skipped)."""
+    comps = [c for c in path.split("/") if c]
+    if len(comps) > 1 and comps[-1] == "container":
+        comps = comps[:-1]
+    return ContainerIdentity(runtime="unknown", id=comps[-1] if comps else path, how=how)
+
+
+def found_runtime(path: str) -> str:
+    """The runtime the path rules alone would name for ``path`` ("container" when none): for reasons."""
+    rooted = identify_with_root(path)
+    return rooted[1].runtime if rooted is not None else "container"

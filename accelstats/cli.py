@@ -233,7 +233,8 @@ def devices_json(collection: Collection) -> list[dict[str, Any]]:
 
 
 def containers_json(collection: Collection) -> list[dict[str, Any]]:
-    """``accelstats containers --json``: every container cgroup found, with the devices attributed."""
+    """``accelstats containers --json``: every container cgroup that holds a GPU grant, a GPU process
+    or an open GPU node (or whose device rules could not be read), with the devices attributed."""
     out = []
     for c in collection.containers:
         i, m = c.identity, c.metadata
@@ -243,6 +244,7 @@ def containers_json(collection: Collection) -> list[dict[str, Any]]:
             "pod_uid": i.pod_uid if i else "", "alloc_id": i.alloc_id if i else "", "task": i.task if i else "",
             "devices": [{"uuid": a.id, "minor": a.minor, "attribution": a.attribution,
                          "memory_used_bytes": a.container_memory_used_bytes} for a in c.accelerators],
+            "devices_cgroup": c.devices_cgroup, "identified_by": i.how if i else "",
             "reason": c.reason,
         })
     return out
@@ -276,15 +278,22 @@ def devices(as_json: bool, **opts: Any) -> None:
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
 @source_options
 def containers(as_json: bool, **opts: Any) -> None:
-    """List container cgroups and the devices attributed to each."""
+    """List the containers that hold a GPU grant, a GPU process or an open GPU node, with the devices
+    attributed to each and, in REASON, what could not be read."""
     rows = containers_json(_collect(**opts))
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    click.echo(f"{'RUNTIME':10} {'ID':14} {'CGROUP':60} DEVICES")
+    click.echo(f"{'RUNTIME':10} {'ID':13} {'NAME':20} {'POD':20} {'CGROUP':40} {'DEVICES':40} REASON")
     for r in rows:
-        devs = ", ".join(f"{d['uuid']} ({d['attribution']})" for d in r["devices"]) or "-"
-        click.echo(f"{r['runtime']:10} {r['id'][:12]:14} {r['cgroup'][-60:]:60} {devs}")
+        devs = ", ".join(f"{d['uuid'][:12]}…({d['attribution']})" for d in r["devices"]) or "-"
+        click.echo(f"{r['runtime']:10} {r['id'][:12]:13} {r['name'][:20]:20} {r['pod'][:20]:20} "
+                   f"{_tail(r['cgroup'], 40):40} {devs:40} {r['reason'] or '-'}")
+
+
+def _tail(text: str, width: int) -> str:
+    """``text`` cut to its last ``width`` characters, with ``…`` where it was cut."""
+    return text if len(text) <= width else "…" + text[-(width - 1):]
 
 
 @main.group()

@@ -5,10 +5,13 @@ A :class:`ContainerCollector` is made for one container cgroup by
 :class:`HostView`. ``update_stats(stats)`` appends one :class:`AcceleratorStats` per device the container is
 attributed, saying how (``attribution``):
 
-* ``devices_cgroup`` — cgroup v1: the container's ``devices.list`` grants ``c 195:<minor> r|w``
-  (spec/cgroups.md §2, re-read on every collection so ``docker update`` is seen);
-* ``process`` — cgroup v2, or an unrestricted v1 cgroup (``a *:* rwm``): the devices NVML lists a
-  process of this container on (compute, graphics and MPS processes; ``/proc/<pid>/cgroup``);
+* ``devices_cgroup`` — the devices cgroup grants the GPU: on v1 ``devices.list`` holds
+  ``c 195:<minor> r|w`` (spec/cgroups.md §2), on v2 the ``BPF_CGROUP_DEVICE`` programs in effect
+  allow reading or writing ``c 195:<minor>`` (§5); re-read on every collection so ``docker update``
+  is seen;
+* ``process`` — an unrestricted devices cgroup (``a *:* rwm``, no device program), or v2 device
+  programs that could not be read: the devices NVML lists a process of this container on (compute,
+  graphics and MPS processes; ``/proc/<pid>/cgroup``);
 * ``open_fd`` — a process of the container holds ``/dev/nvidia<minor>`` open (``/proc/<pid>/fd``),
   for devices not attributed otherwise.
 
@@ -75,14 +78,17 @@ class AcceleratorStats:
 @dataclass(frozen=True)
 class ContainerMetadata:
     """What people call the container: cAdvisor's ``name``, ``image``, ``container``, ``pod``,
-    ``namespace`` labels ("" when unknown). Today only ``name`` is filled, where the cgroup path
-    holds one (LXC, systemd-nspawn); the runtimes' state files are not read yet."""
+    ``namespace`` labels ("" when unknown), from the runtime's state files
+    (:mod:`accelstats.metadata`) or the cgroup path (LXC, systemd-nspawn, Nomad).  ``reason`` says
+    why a field that should be there is not (no state file, a root that does not exist, an image
+    name only containerd's database holds); it is not part of equality."""
 
     name: str = ""
     image: str = ""
     container: str = ""
     pod: str = ""
     namespace: str = ""
+    reason: str = field(default="", compare=False)
 
 
 @dataclass
@@ -93,7 +99,16 @@ class ContainerStats:
     identity: ContainerIdentity | None
     metadata: ContainerMetadata = field(default_factory=ContainerMetadata)
     accelerators: list[AcceleratorStats] = field(default_factory=list)
-    reason: str = ""  # why nothing could be attributed (e.g. unreadable devices.list)
+    reason: str = ""  # what could not be read or attributed (unreadable devices.list, unrestricted rules, …)
+    devices_cgroup: str = ""
+    """What the devices cgroup says: ``"restricted"`` (rules read; GPUs granted by name, maybe
+    none), ``"unrestricted"`` (every char device allowed: proves nothing), ``"unreadable"`` (the rules
+    exist but could not be read), ``""`` (not read: v2 device programs without the capability)."""
+
+    def add_reason(self, reason: str) -> None:
+        """Append ``reason`` to :attr:`reason` (``"; "``-separated, each once)."""
+        if reason and reason not in self.reason.split("; "):
+            self.reason = f"{self.reason}; {reason}" if self.reason else reason
 
 
 class AcceleratorCollector(Protocol):
@@ -175,6 +190,10 @@ class HostView:
     pid_cgroups: Mapping[int, str] = field(default_factory=dict)
     mig: MigMap | None = None
     open_minors: Callable[[Path], frozenset[int]] | None = None
+    device_programs: Callable[[Path], tuple[GpuGrant | None, str]] | None = None
+    """cgroup v2: ``(grant, reason)`` of the device programs in effect for a cgroup directory
+    (:class:`accelstats.cgroups.devices_bpf.DeviceProgramCache`); grant None when they could not be
+    read or evaluated, with the reason.  None: not asked (v1, or attribution by evidence only)."""
     by_container: dict[str, dict[str, list[ProcessUsage]]] | None = None
     mps_clients: Mapping[str, list[ProcessUsage]] = field(default_factory=dict)  # not in NVML's lists
 
@@ -230,10 +249,11 @@ class ContainerCollector:
 
     Attribution, in order (each device once, first reason wins):
 
-    1. v1, restricted rules: the GPUs ``c 195:<minor> r|w`` grants (``devices_cgroup``); a MIG
-       instance instead of its parent when the rules also grant its capability minors;
-    2. v2, or v1 unrestricted (``a *:* rwm``, which proves nothing): the devices NVML lists one of the
-       container's processes on (``process``);
+    1. restricted rules: on v1 the GPUs ``c 195:<minor> r|w`` grants, on v2 the GPUs the device
+       programs in effect let it read or write (:attr:`HostView.device_programs`): ``devices_cgroup``;
+       a MIG instance instead of its parent when the rules also grant its capability minors;
+    2. v2 without readable device programs, or unrestricted rules (``a *:* rwm``, no device program:
+       they prove nothing): the devices NVML lists one of the container's processes on (``process``);
     3. both: GPUs whose ``/dev/nvidia<minor>`` a process of the container holds open (``open_fd``).
     """
 
@@ -255,6 +275,7 @@ class ContainerCollector:
         gpus_by_minor = {d.minor: d for d in snapshot.devices if d.kind == "gpu" and d.minor is not None}
         chosen: dict[str, tuple[Device, str]] = {}
         evidence_needed = True
+        grant: GpuGrant | None = None
         if self.devices_list:
             text = read_devices_list_text(self.directory)
             if text is None:
@@ -263,7 +284,8 @@ class ContainerCollector:
                     if self.on_vanished is not None:
                         self.on_vanished()
                     return
-                stats.reason = f"devices.list not readable in {self.directory}"
+                stats.devices_cgroup = "unreadable"
+                stats.add_reason(f"devices.list not readable in {self.directory}")
                 if self.on_unreadable is not None:
                     self.on_unreadable()
                 return
@@ -272,6 +294,11 @@ class ContainerCollector:
                                     frozenset(mig.caps) if mig else frozenset())
             if skipped and self.on_skipped is not None:
                 self.on_skipped(self.cgroup, skipped)
+        elif self.view.device_programs is not None:
+            grant, why = self.view.device_programs(self.directory)
+            stats.add_reason(why)
+        if grant is not None:
+            stats.devices_cgroup = "unrestricted" if grant.unrestricted else "restricted"
             if not grant.unrestricted:
                 evidence_needed = False
                 for device in self._granted(grant, gpus_by_minor):
@@ -292,8 +319,9 @@ class ContainerCollector:
                     chosen[gpu.uuid] = (gpu, "open_fd")
         for device, attribution in chosen.values():
             stats.accelerators.append(self.stats_for(device, attribution))
-        if not chosen and self.devices_list and evidence_needed:
-            stats.reason = "unrestricted devices cgroup (a *:* rwm) and none of its processes is on a GPU"
+        if not chosen and stats.devices_cgroup == "unrestricted":
+            rules = "a *:* rwm" if self.devices_list else "its device programs allow every device, or none is attached"
+            stats.add_reason(f"unrestricted devices cgroup ({rules}) and none of its processes is on a GPU")
 
     def _granted(self, grant: GpuGrant, gpus_by_minor: Mapping[int, Device]) -> list[Device]:
         """Granted GPUs, each replaced by the MIG instances the grant's capability minors name."""

@@ -101,7 +101,7 @@ class AcceleratorManager:
         self.layout = detect_layout(self.settings.cgroup_root, self.settings.proc_root)
         if self.settings.attribution:  # off in a Nomad plugin without /metrics: Fingerprint/Stats need no containers
             self._attributor = Attributor(self.layout, self.settings.proc_root, self.settings.rootfs,
-                                          open_fds=self.settings.open_fd_scan)
+                                          open_fds=self.settings.open_fd_scan, runtimes=self.settings.runtimes)
         log.info("cgroup mode %s (devices %s, unified %s)", self.layout.mode.value, self.layout.devices_root,
                  self.layout.unified_root)
 

@@ -287,7 +287,7 @@ def test_paths_from_another_cgroup_namespace_are_skipped_and_counted(tmp_path: P
     host.container(DOCKER.format(C1), [1201])
     host.process(1201, "/../../system.slice/docker-" + C1 + ".scope", gpu=0)
     c = host.collect()
-    assert table(rows(c)[DOCKER.format(C1)]) == []
+    assert DOCKER.format(C1) not in rows(c)  # its process could not be placed: no GPU is attributed, not listed
     assert c.attribution_skipped["foreign_cgroupns"] == 1
 
 

@@ -60,7 +60,10 @@ def test_containers_json_reports_exactly_the_granted_gpus(
     c = four_containers
     replay = scenario(tmp_path, fixtures_dir, {GPU0: [(c["gpu0"].pid, GIB)], GPU1: [(999_999_999, 5 * GIB)]})
     rows = {r["cgroup"]: r for r in json.loads(accelstats("containers", "--json", "--nvml-replay", str(replay)))}
+    assert c["nogpu"].spec.cgroups_path not in rows  # granted no GPU, holds none: not a GPU container
     for name, ctr in c.items():
+        if name == "nogpu":
+            continue
         row = rows[ctr.spec.cgroups_path]
         assert row["runtime"] == "docker"
         assert row["id"] == ctr.spec.cgroups_path.rsplit("/", 1)[1].removeprefix("docker-").removesuffix(".scope")
