@@ -57,6 +57,14 @@ so ``/proc/<pid>/cgroup`` reads ``0::<cgroupsPath>`` as well as ``<n>:devices:<c
 moves the PID itself (creates the directory and writes the PID into its ``cgroup.procs``;
 ``RuncContainer.unified_moved_by_harness`` is then true) and removes the directory at cleanup.
 
+A cgroup v2 container on a hybrid host
+--------------------------------------
+With ``ContainerSpec.unified``, every runc command runs in a private mount namespace
+(``unshare -m --propagation private``) where ``cgroup2`` is mounted at ``/sys/fs/cgroup``: runc
+(1.1.5) then works in unified mode, creates ``<cgroupsPath>`` in the cgroup2 hierarchy only (visible
+outside the namespace under ``/sys/fs/cgroup/unified``) and attaches a ``BPF_CGROUP_DEVICE`` program
+built from the device rules, exactly as on a cgroup v2 host (spec/cgroups.md §5).
+
 Names: every runc container name starts with ``SESSION_PREFIX`` (``accelstats-test-<pid>``) plus a
 counter, and the docker ids are ``secrets.token_hex(32)``, so parallel test runs do not collide.
 """
@@ -163,15 +171,18 @@ class ContainerSpec:
 
     ``name`` is a label: the runc container name is ``<SESSION_PREFIX>-<n>-<name>``.
     ``devices`` are the allowed device rules after a deny-all rule; ``privileged`` replaces all of
-    them with ``a *:* rwm`` (do not give both).  ``mounts`` are OCI mount objects appended to the
-    bundle's mounts; ``extra`` is deep-merged into ``config.json`` last (dicts merge, anything
-    else replaces).
+    them with ``a *:* rwm`` (do not give both).  ``unified``: run runc as on a cgroup v2 host (see
+    "A cgroup v2 container on a hybrid host" in the module docstring): the devices cgroup is then a
+    BPF program runc attaches, and the container's cgroup exists only in the cgroup2 hierarchy.
+    ``mounts`` are OCI mount objects appended to the bundle's mounts; ``extra`` is deep-merged into
+    ``config.json`` last (dicts merge, anything else replaces).
     """
 
     name: str
     cgroups_path: str
     devices: list[DeviceRule] = field(default_factory=list)
     privileged: bool = False
+    unified: bool = False
     args: list[str] = field(default_factory=lambda: ["sleep", "600"])
     mounts: list[dict[str, Any]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -496,11 +507,20 @@ class RuncContainer:
 
     # -- lifecycle
 
-    def _run(self, args: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    def _runc(self) -> list[str]:
+        """The runc command line prefix: in unified mode, inside a private mount namespace whose
+        ``/sys/fs/cgroup`` is a cgroup2 mount."""
         runc = _runc_binary()
         if runc is None:
             raise HarnessError("runc not found on PATH")
-        cmd = [runc, "--root", str(self.state_root), *args]
+        base = [runc, "--root", str(self.state_root)]
+        if not self.spec.unified:
+            return base
+        return ["unshare", "-m", "--propagation", "private", "sh", "-c",
+                'mount -t cgroup2 none /sys/fs/cgroup && exec "$0" "$@"', *base]
+
+    def _run(self, args: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        cmd = [*self._runc(), *args]
         kwargs.setdefault("capture_output", True)
         return subprocess.run(cmd, text=True, timeout=_COMMAND_TIMEOUT_S, check=False, **kwargs)
 
@@ -597,11 +617,8 @@ class RuncContainer:
         self, args: Sequence[str], *, check: bool = True, timeout: float = _COMMAND_TIMEOUT_S
     ) -> subprocess.CompletedProcess[str]:
         """Run ``args`` in the container (``runc exec``); raises HarnessError if ``check`` and rc != 0."""
-        runc = _runc_binary()
-        if runc is None:
-            raise HarnessError("runc not found on PATH")
         res = subprocess.run(
-            [runc, "--root", str(self.state_root), "exec", self.name, *args],
+            [*self._runc(), "exec", self.name, *args],
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
