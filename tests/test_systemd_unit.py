@@ -195,6 +195,31 @@ def test_every_open_setting_has_a_reason_in_docs() -> None:
         assert len(doc_rows[name][1]) > 20, f"{name}: no reason given in {DOC.name}"
 
 
+DROP_IN = UNIT.parent / "device-programs.conf"
+DROP_IN_OVERALL = re.compile(r"With the drop-in: `Overall exposure level for accelstats\.service: (\d+\.\d)`")
+
+
+def test_device_programs_drop_in_opens_exactly_sys_admin_and_bpf(tmp_path: Path) -> None:
+    """The opt-in drop-in for cgroup v2 (systemd/device-programs.conf): with it next to the unit, as
+    /etc/systemd/system/accelstats.service.d/ would hold it, the tool finds exactly two more settings
+    open (CAP_SYS_ADMIN and @privileged, for bpf), and the exposure docs/systemd.md records."""
+    unit = tmp_path / "accelstats.service"
+    unit.write_text(UNIT.read_text())
+    (tmp_path / "accelstats.service.d").mkdir()
+    (tmp_path / "accelstats.service.d" / DROP_IN.name).write_text(DROP_IN.read_text())
+    proc = subprocess.run([systemd_analyze(), "security", "--offline=true", "--no-pager", str(unit)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    with_drop_in = {m.group(1) for m in map(OPEN_ROW.match, proc.stdout.splitlines()) if m}
+    without = {m.group(1) for m in map(OPEN_ROW.match, security_report().splitlines()) if m}
+    assert with_drop_in - without == {"CapabilityBoundingSet=~CAP_SYS_ADMIN", "SystemCallFilter=~@privileged"}
+    assert "e.g. bpf is allowed" in proc.stdout
+    match = OVERALL.search(proc.stdout)
+    recorded = DROP_IN_OVERALL.search(DOC.read_text())
+    assert match and recorded, "docs/systemd.md must record the exposure with the drop-in"
+    assert float(recorded.group(1)) == float(match.group(1)) <= EXPOSURE_TARGET
+
+
 # --------------------------------------------------------------------------------------------
 # the sandbox, approximated without systemd (root)
 
