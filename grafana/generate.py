@@ -192,10 +192,11 @@ def fleet() -> Dashboard:
 
 # --- Containers ---------------------------------------------------------------------------------------
 
-def _in_containers(metric: str, gpu_label: str = "uuid", info: str = "") -> str:
-    """``metric`` of the selected containers, with the runtime and the Nomad allocation and task of
-    ``accelstats_container_info`` joined on (instance, job, id)."""
-    sel = f'{INSTANCE}, {gpu_label}=~"$gpu", namespace=~"$namespace", pod=~"$pod"'
+def _in_containers(metric: str, gpu_label: str = "uuid", info: str = "", extra: str = "") -> str:
+    """``metric`` of the selected containers (``extra``: more label matchers, ``, name="value"``), with
+    the runtime and the Nomad allocation and task of ``accelstats_container_info`` joined on
+    (instance, job, id)."""
+    sel = f'{INSTANCE}, {gpu_label}=~"$gpu", namespace=~"$namespace", pod=~"$pod"{extra}'
     return (f"({metric}{{{sel}}} * on (instance, job, id) group_left (runtime, alloc_id, task) "
             f'accelstats_container_info{{{INSTANCE}, alloc_id=~"$alloc"{info}}})')
 
@@ -218,8 +219,8 @@ def containers() -> Dashboard:
                "(accelstats_container_info).", "none",
                [query(f'count(accelstats_container_info{{{INSTANCE}, namespace=~"$namespace", pod=~"$pod", '
                       'alloc_id=~"$alloc"})')], 4, 8),
-        pie("Attribution sources", "How each (container, GPU) pair was found: devices_cgroup (cgroup v1 devices.list "
-            "grants the GPU), process (NVML lists a process of the container on it) or open_fd (a process holds "
+        pie("Attribution sources", "How each (container, GPU) pair was found: devices_cgroup (the devices cgroup "
+            "grants the GPU: cgroup v1 devices.list, cgroup v2 device programs), process (NVML lists a process of the container on it) or open_fd (a process holds "
             "/dev/nvidia<minor> open).", "short",
             [query(f"count by (attribution) ({procs})", "{{attribution}}")], 6, 8),
         grid("Containers and their GPUs", "One line per (container, GPU): runtime, Kubernetes pod or Nomad "
@@ -258,6 +259,18 @@ def containers() -> Dashboard:
              "tasks and GPUs together (accelstats_container_gpu_memory_used_bytes).", "bytes",
              [query(f"topk($topn, sum by (alloc_id) ({alloc_mem}))", "{{alloc_id}}")]),
     ])
+    # GPUs allocated and idle: the one-line query of docs/containers.md and of the alert
+    # AccelstatsGpuAllocatedIdle (prometheus/accelstats.rules.yml)
+    idle = _in_containers("accelstats_container_gpu_processes", extra=', attribution="devices_cgroup"') + " == 0"
+    allocated: Row = ("Allocated and idle", [
+        single("GPU allocations idle", "GPUs granted to a container by its devices cgroup (cgroup v1 devices.list, "
+               "v2 device programs) on which none of its processes runs: paid for and unused "
+               '(accelstats_container_gpu_processes{attribution="devices_cgroup"} == 0).', "none",
+               [query(f"count({idle}) or vector(0)")], 4, 8),
+        grid("Idle GPU allocations", "One line per (container, GPU) allocated and idle: the container, its pod or "
+             "Nomad allocation, and the GPU (accelstats_container_gpu_processes == 0 with attribution "
+             "devices_cgroup).", "short", [query(idle)], 20, 8, columns={"Value": "processes"}),
+    ])
     identity: Row = ("Identity", [
         grid("Container identity", "Every container holding a GPU: runtime, container id, image, pod uid, Nomad "
              "allocation and task (accelstats_container_info).", "none",
@@ -266,7 +279,7 @@ def containers() -> Dashboard:
     ])
     return dashboard(uid="accelstats-containers", title="accelstats / Containers",
                      description="GPU use per container, Kubernetes pod and Nomad allocation (accelstats exporter).",
-                     tags=TAGS, rows=[who, usage, top, identity], variables=[
+                     tags=TAGS, rows=[who, allocated, usage, top, identity], variables=[
                          datasource_variable(), instance_variable(), gpu_variable(),
                          query_variable("namespace", "Namespace",
                                         'label_values(accelstats_container_info{instance=~"$instance"}, namespace)'),

@@ -3,11 +3,12 @@ alert rule is asked of it.
 
 The exporter (``python3 -m accelstats serve``) runs on the replay of ``tests/scenarios/h200_fleet.toml``
 (three H200s: one busy and power-capped with ECC errors, a remapped row and XID 79; one idle with a
-refused NVML call; one lost) with the processes of three real runc containers on them:
+refused NVML call; one lost) with the processes of real runc containers on them:
 
 | container | cgroup | GPU processes | attribution |
 |---|---|---|---|
 | docker ``inference`` | ``/docker/<id>``, devices.list grants 195:0 | GPU 0 (compute) | devices_cgroup |
+| docker ``reserved`` | ``/docker/<id>``, devices.list grants 195:1 | none: allocated and idle | devices_cgroup |
 | pod ``ml/trainer-0`` (containerd) | ``/kubepods/burstable/pod<uid>/<id>``, privileged | GPU 0 and 1 | process |
 | Nomad allocation, task ``web`` | ``/nomad/reserved/<alloc>.web``, privileged | GPU 0 (MPS client) | process |
 
@@ -152,11 +153,13 @@ def compose_scenario(dest: Path, processes: dict[int, list[dict[str, Any]]]) -> 
     return dest
 
 
-def write_rootfs(root: Path, docker_cid: str, k8s_cid: str) -> Path:
-    """Runtime state files the exporter reads names, images and pods from (accelstats/metadata.py)."""
-    dock = root / "var/lib/docker/containers" / docker_cid
-    dock.mkdir(parents=True)
-    (dock / "config.v2.json").write_text(json.dumps({"Name": "/inference", "Config": {"Image": "inference:2"}}))
+def write_rootfs(root: Path, docker_cids: dict[str, str], k8s_cid: str) -> Path:
+    """Runtime state files the exporter reads names, images and pods from (accelstats/metadata.py);
+    ``docker_cids``: {name: id}, each with the image ``<name>:2``."""
+    for name, cid in docker_cids.items():
+        dock = root / "var/lib/docker/containers" / cid
+        dock.mkdir(parents=True)
+        (dock / "config.v2.json").write_text(json.dumps({"Name": f"/{name}", "Config": {"Image": f"{name}:2"}}))
     bundle = root / "run/containerd/io.containerd.runtime.v2.task/k8s.io" / k8s_cid
     bundle.mkdir(parents=True)
     (bundle / "config.json").write_text(json.dumps({"annotations": {
@@ -231,6 +234,7 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]
         state.mkdir()
         specs = {
             "docker": ContainerSpec("inference", docker_cgroupfs_path(), devices=[("c", 195, 0, "rw")]),
+            "reserved": ContainerSpec("reserved", docker_cgroupfs_path(), devices=[("c", 195, 1, "rw")]),
             "k8s": ContainerSpec("trainer", f"/kubepods/burstable/pod{POD_UID}/{K8S_CID}", privileged=True),
             "nomad": ContainerSpec("web", f"/nomad/reserved/{ALLOC}.web", privileged=True),
         }
@@ -243,7 +247,8 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]
                 {"pid": ctr["nomad"].pid, "used_memory_bytes": GIB, "sm_utilization_percent": 20, "type": "mps"}],
             1: [{"pid": ctr["k8s"].pid, "used_memory_bytes": 6 * GIB, "sm_utilization_percent": 50}],
         })
-        rootfs = write_rootfs(tmp / "rootfs", docker_cgroupfs_path_id(ctr["docker"]), K8S_CID)
+        rootfs = write_rootfs(tmp / "rootfs", {"inference": docker_cgroupfs_path_id(ctr["docker"]),
+                                               "reserved": docker_cgroupfs_path_id(ctr["reserved"])}, K8S_CID)
         files = tmp / "file-devices"
         files.mkdir()
         (files / "dev0").write_text("ok")
@@ -278,6 +283,7 @@ def test_the_containers_are_attributed_as_set_up(prom: PrometheusServer) -> None
     seen = {tuple(s["metric"].get(k, "") for k in keys) for s in result.series}  # Prometheus drops empty labels
     assert seen == {
         ("docker", "inference", "", "", "", GPU0, "devices_cgroup", "inference:2"),
+        ("docker", "reserved", "", "", "", GPU1, "devices_cgroup", "reserved:2"),  # allocated and idle
         ("containerd", K8S_CID, "ml", "trainer-0", "", GPU0, "process", "trainer:1"),  # name: the id, as cAdvisor
         ("containerd", K8S_CID, "ml", "trainer-0", "", GPU1, "process", "trainer:1"),
         ("nomad", "web", "", "", ALLOC, GPU0, "process", ""),
