@@ -73,6 +73,14 @@ else
 fi
 tail -n 20 "$OUT/gpu-check.md"
 
+step "issue 11: a container granted GPU 0 that runs nothing (cgroup v2 device program) is attributed devices_cgroup, memory 0"
+if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+  timeout 120 $py "$OLDPWD/scripts/gpu_idle_check.py" "$OUT" >> "$OUT/gpu-check.md" 2> "$OUT/idle-check.err" || fail=1
+else
+  echo "not a cgroup v2 host: idle-allocation check skipped" | tee -a "$OUT/gpu-check.md"; fail=1
+fi
+tail -n 8 "$OUT/gpu-check.md"
+
 step "issue 5: a real MPS daemon (2 replicas, temp dirs, compute mode untouched) and a CUDA client in a docker cgroup"
 mroot=$(mktemp -d /tmp/accelstats-mps.XXXXXX)
 cid2=$($py -c 'import secrets; print(secrets.token_hex(32))')
