@@ -10,18 +10,26 @@ process on them too: the GPU allocated and idle.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import secrets
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import bpf_util
 import pytest
 from bpf_util import unified_root
 from conftest import in_ci
 from prometheus_client.parser import text_string_to_metric_families
 from runc_harness import ContainerSpec, RuncContainer, RuncFactory, docker_cgroupfs_path
 from scenarios_util import two_gpu_scenario
+
+from accelstats.config import Settings
+from accelstats.manager import AcceleratorManager
+from collectors.nvml_replay import ReplayNVML
 
 pytestmark = pytest.mark.root
 
@@ -164,3 +172,46 @@ def test_the_units_capabilities_with_and_without_the_drop_in(
         assert idle is not None and [d["uuid"] for d in idle["devices"]] == [GPU1]
     else:
         assert idle is None and "CAP_SYS_ADMIN" in proc.stderr
+
+
+def test_mig_capability_minors_in_device_programs_name_the_instance(tmp_path: Path, fixtures_dir: Path,
+                                                                    v2_root: Path) -> None:
+    """spec §2 MIG row, on v2: a program granting /dev/nvidia1 plus the gi and ci access capabilities
+    (read, on the nvidia-caps major of /proc/devices) attributes that MIG instance; the GPU node alone,
+    the whole GPU.  Real cgroups and programs; /proc/devices and mig-minors from a fixture /proc."""
+    a100 = fixtures_dir / "public" / "a100-sxm4-v12.xml"  # GPU minor 1; MIG instances gi 3..6, ci 0
+    proc = tmp_path / "proc"
+    (proc / "driver" / "nvidia-caps").mkdir(parents=True)
+    (proc / "devices").write_text("Character devices:\n195 nvidia\n241 nvidia-caps\n\nBlock devices:\n")
+    (proc / "driver" / "nvidia-caps" / "mig-minors").write_text(
+        "config 1\nmonitor 2\ngpu1/gi3/access 30\ngpu1/gi3/ci0/access 31\ngpu1/gi4/access 40\ngpu1/gi4/ci0/access 41\n")
+    instance, whole = f"/docker/{secrets.token_hex(32)}", f"/docker/{secrets.token_hex(32)}"
+    programs = {instance: [("c", 195, 1, "rw", True), ("c", 241, 40, "r", True), ("c", 241, 41, "r", True)],
+                whole: [("c", 195, 1, "rw", True)]}
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text(f'[[gpu]]\ncapture = "{a100}"\n')
+    made = []
+    try:
+        for path, rules in programs.items():
+            d = v2_root / path.lstrip("/")
+            d.mkdir(parents=True)
+            made.append(d)
+            fd = bpf_util.load_program(bpf_util.runc_style(rules))
+            try:
+                bpf_util.attach(d, fd)
+            finally:
+                os.close(fd)
+        settings = Settings(nvml_replay=scenario, cgroup_root=v2_root, proc_root=proc, rootfs=tmp_path)
+        with AcceleratorManager(settings, ReplayNVML.from_path(scenario)) as m:
+            c = m.collect()
+    finally:
+        for d in made:
+            d.rmdir()
+        with contextlib.suppress(OSError):
+            (v2_root / "docker").rmdir()
+    devices = {d.uuid: d for d in c.snapshot.devices}
+    by_path = {s.cgroup: s for s in c.containers}
+    (inst,) = by_path[instance].accelerators
+    assert (devices[inst.id].kind, devices[inst.id].gpu_instance_id, inst.attribution) == ("mig", 4, "devices_cgroup")
+    (gpu,) = by_path[whole].accelerators
+    assert (devices[gpu.id].kind, gpu.attribution) == ("gpu", "devices_cgroup")
