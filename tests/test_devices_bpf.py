@@ -154,7 +154,11 @@ def test_grant_rows() -> None:
         return sorted(g.minors), g.unrestricted
 
     assert grant([("c", 195, 1, "rw", True)]) == ([1], False)
-    assert grant([("c", 195, 1, "r", True)]) == ([1], False)           # read alone is a grant, as on v1
+    assert grant([("c", 195, 1, "rwm", True)]) == ([1], False)
+    # O_RDWR is one question to the kernel: read alone, or read and write by separate rules, is no
+    # grant on v2 (no CUDA process could open the node); on v1 devices.list merges rules first
+    assert grant([("c", 195, 1, "r", True)]) == ([], False)
+    assert grant([("c", 195, 1, "r", True), ("c", 195, 1, "w", True)]) == ([], False)
     assert grant([("c", 195, 1, "m", True)]) == ([], False)            # mknod alone is not
     assert grant([("c", 195, None, "rw", True)]) == ([0, 1, 2, 3], False)
     assert grant([("c", 195, 255, "rw", True)]) == ([], False)         # nvidiactl only
@@ -245,24 +249,24 @@ def test_evaluation_agrees_with_the_kernel(generator: str, node_dir: Path) -> No
         kernel = b.kernel_verdicts(cgroup, node_dir, DEVICES, probes)
         assert ours == kernel
         grant = DeviceProgramCache().grant(str(cgroup), [0, 3, 4], caps_major=511, known_caps_minors=[101, 102])
-        expected = {d[2] for i, d in enumerate(DEVICES[:3]) if kernel[3 * i] or kernel[3 * i + 1]}
+        expected = {d[2] for i, d in enumerate(DEVICES[:3]) if kernel[3 * i + 2]}  # the kernel let O_RDWR through
         assert grant.grant.minors == frozenset(expected) and grant.program_ids == tuple(ids)
         assert not grant.grant.unrestricted
 
 
 @pytest.mark.root
 def test_programs_of_parent_and_child_all_apply(node_dir: Path) -> None:
-    """BPF_F_ALLOW_MULTI: the parent's program allows 195:*, the child's 195:3 and 195:4; the kernel
-    asks both (BPF_F_QUERY_EFFECTIVE lists both) and so do we."""
+    """BPF_F_ALLOW_MULTI: the parent's program allows 195:* read-write, the child's 195:3 and 195:4;
+    the kernel asks both (BPF_F_QUERY_EFFECTIVE lists both) and so do we."""
     require_bpf_cgroup()
     parent = f"accelstats-test-{os.getpid()}-parent"
     with b.cgroup_with_programs(parent, [b.runc_style([("c", 195, None, "rw", True), ("c", 1, 3, "rwm", True)])]), \
-            b.cgroup_with_programs(f"{parent}/child", [b.clang_style(195, [3, 4], "r")]) as child:
+            b.cgroup_with_programs(f"{parent}/child", [b.clang_style(195, [3, 4], "rw")]) as child:
         found = DeviceProgramCache().grant(str(child), [0, 3, 4])
         assert len(found.program_ids) == 2
         assert found.grant.minors == frozenset({3, 4})
-        probes = [(0, "r"), (1, "r"), (1, "w"), (2, "r")]
-        assert b.kernel_verdicts(child, node_dir, DEVICES, probes) == [False, True, False, True]
+        probes = [(0, "rw"), (1, "rw"), (2, "rw"), (3, "rw")]  # 195:0, 195:3, 195:4, 195:255
+        assert b.kernel_verdicts(child, node_dir, DEVICES, probes) == [False, True, True, False]
 
 
 @pytest.mark.root
@@ -290,7 +294,10 @@ def test_a_cgroup_without_programs_is_unrestricted_and_a_removed_one_vanished() 
     directory.mkdir()
     try:
         found = DeviceProgramCache().grant(str(directory), [0])
-        assert found.program_ids == () or found.grant.minors  # an ancestor of this host may attach one
+        if found.program_ids == ():  # none attached here nor above: nothing is checked
+            assert found.grant.unrestricted
+        else:  # an ancestor on this host has programs: the kernel checks those, so do we
+            assert not found.grant.unrestricted or found.grant.minors == frozenset()
     finally:
         directory.rmdir()
     with pytest.raises(DeviceProgramsError) as info:
@@ -327,3 +334,69 @@ def test_errno_meanings() -> None:
     assert _classify(OSError(errno.EBADF, "x"), "BPF_PROG_QUERY").kind == "unreadable"
     assert "cgroup v2" in str(_classify(OSError(errno.EBADF, "x"), "BPF_PROG_QUERY"))
     assert struct.calcsize("<BBhi") == 8
+
+
+def test_blinded_programs_use_r11_and_are_evaluated() -> None:
+    """net.core.bpf_jit_harden=2 blinds constants in the translated code through the verifier's
+    auxiliary register r11 (BPF_REG_AX): ``r11 = imm ^ key; r11 ^= key; if r2 != r11 goto``."""
+    key = 0x5A5A5A5A
+    code = [b.ldx_w(b.R2, b.R1, 8),
+            b.insn(0xB4, 11, 0, 0, 3 ^ key), b.insn(0xA4, 11, 0, 0, key),  # w11 = 3 ^ key; w11 ^= key
+            b.insn(0x5D, b.R2, 11, 2), *ret(1), *ret(0)]                   # if r2 != r11 goto deny
+    assert run(prog(*code), DEV_CHAR, 195, 3, ACC_READ) is True
+    assert run(prog(*code), DEV_CHAR, 195, 4, ACC_READ) is False
+    with pytest.raises(UndecidableError, match="above r11"):
+        run(prog(b.insn(0xB7, 12, 0, 0, 1), *ret(1)), DEV_CHAR, 195, 3, ACC_READ)
+
+
+def test_a_costly_program_is_cut_off_by_one_budget_for_the_whole_grant() -> None:
+    """A long loop (a privileged container could attach one) costs at most MAX_STEPS instructions
+    for all the questions of a grant together, then has no decision."""
+    import time
+
+    from accelstats.cgroups.bpf_program import MAX_STEPS
+    loop = [b.mov64_imm(b.R0, 0), b.alu64_imm(b.ADD, b.R0, 1), b.insn(0xA5, b.R0, 0, -2, MAX_STEPS), *ret(1)]
+    t0 = time.perf_counter()
+    with pytest.raises(UndecidableError, match="instructions executed"):
+        device_grant([prog(*loop)], [0, 1, 2, 3, 4, 5, 6, 7])
+    assert time.perf_counter() - t0 < 30  # generous: the point is that it ends (about 0.3 s here)
+
+
+@pytest.mark.root
+def test_programs_blinded_by_bpf_jit_harden_are_evaluated(node_dir: Path) -> None:
+    """net.core.bpf_jit_harden=2 (KSPP-style hardening) makes the verifier blind every constant of a
+    program loaded meanwhile: the translated code then goes through r11 and zeroes r0 with
+    "xor r0, r0". The setting is raised only while the program loads, then put back."""
+    require_bpf_cgroup()
+    harden = Path("/proc/sys/net/core/bpf_jit_harden")
+    if not os.access(harden, os.W_OK) or Path("/proc/sys/net/core/bpf_jit_enable").read_text().strip() == "0":
+        if in_ci():
+            pytest.fail("cannot raise net.core.bpf_jit_harden (or no BPF JIT) under CI=true")
+        pytest.skip("cannot raise net.core.bpf_jit_harden, or the BPF JIT is off (no blinding)")
+    code = b.runc_style([("c", 195, 0, "rw", True), ("c", 195, 255, "rw", True), ("c", 1, 3, "rwm", True)])
+    name = f"accelstats-test-{os.getpid()}-blinded"
+    old = harden.read_text().strip()
+    root = b.unified_root()
+    assert root is not None
+    directory = root / name
+    directory.mkdir()
+    try:
+        harden.write_text("2")
+        try:
+            fd = b.load_program(code)
+        finally:
+            harden.write_text(old)
+        try:
+            b.attach(directory, fd)
+        finally:
+            os.close(fd)
+        reader = BpfReader()
+        xlated = reader.instructions(reader.query(str(directory))[0])
+        assert any(i.dst == 11 or i.src == 11 for i in decode(xlated)), "not blinded: no r11 in the translated code"
+        probes = [(i, a) for i in range(len(DEVICES)) for a in ("r", "w", "rw")]
+        ours = [run(decode(xlated), DEV_CHAR if DEVICES[i][0] == "c" else DEV_BLOCK, DEVICES[i][1], DEVICES[i][2],
+                    ACCESS[a]) for i, a in probes]
+        assert ours == b.kernel_verdicts(directory, node_dir, DEVICES, probes)
+        assert DeviceProgramCache().grant(str(directory), [0, 3]).grant.minors == frozenset({0})
+    finally:
+        directory.rmdir()

@@ -7,7 +7,7 @@ controller"; ``kernel/bpf/cgroup.c`` ``__cgroup_bpf_check_dev_permission``).  Th
 ``struct bpf_cgroup_dev_ctx { u32 access_type; u32 major; u32 minor; }`` with ``access_type =
 (access << 16) | type`` (``include/uapi/linux/bpf.h``): type ``BPF_DEVCG_DEV_BLOCK`` 1 or
 ``BPF_DEVCG_DEV_CHAR`` 2, access bits ``BPF_DEVCG_ACC_MKNOD`` 1, ``READ`` 2, ``WRITE`` 4.  It
-returns 1 (allow) or 0 (deny).
+returns 1 (allow) or 0 (deny); the kernel reads bit 0 of the return value.
 
 The programs the runtimes attach (runc's ``libcontainer/cgroups/devices/devicefilter.go``, crun's
 ``src/libcrun/ebpf.c``, systemd's ``src/core/bpf-devices.c``, NVIDIA's legacy hook) call no helper
@@ -17,9 +17,9 @@ generator's instruction pattern, :func:`run` *executes* the translated instructi
 with the instruction set of ``Documentation/bpf/standardization/instruction-set.rst``: ALU and ALU64
 (including the signed division, sign-extending moves and byte swaps of v4), JMP and JMP32, loads
 from the context, stack stores and loads, 64-bit immediates.  A program that does anything else
-(calls a helper, reads a map, reads outside the context, jumps out of the program, runs more than
-:data:`MAX_STEPS` instructions) has no decision here: :class:`UndecidableError` says why, and the caller
-falls back to process evidence.
+(calls a helper, reads a map, reads outside the context or stack it never wrote, jumps out of the
+program, runs more than :data:`MAX_STEPS` instructions in all the questions asked of it) has no
+decision here: :class:`UndecidableError` says why, and the caller falls back to process evidence.
 
 Nothing here touches the kernel; reading the programs is :mod:`accelstats.cgroups.devices_bpf`.
 """
@@ -44,8 +44,11 @@ ACC_READ = 2
 ACC_WRITE = 4
 """``BPF_DEVCG_ACC_WRITE``: an ``open`` for writing."""
 
-MAX_STEPS = 1_000_000
-"""Instructions one evaluation may execute (the verifier's own limit on processed instructions)."""
+MAX_STEPS = 200_000
+"""Instructions all the evaluations of one grant may execute together (:func:`device_grant` asks a
+program a few dozen questions).  The programs runtimes generate run a few hundred instructions per
+question; the budget bounds what a hostile program attached by a privileged container can cost a
+scrape (about a quarter of a second of CPU, once: answers are cached)."""
 
 PROBE_MAJOR = 4095
 """Major of the probe device that tells an unrestricted program (the largest major: ``MINORBITS`` 20
@@ -198,8 +201,11 @@ class _Machine:
     def __init__(self, ctx: bytes) -> None:
         self.ctx = ctx
         self.stack = bytearray(_STACK_SIZE)
+        self.written = bytearray(_STACK_SIZE)  # 1 where the program stored a byte
         self.stack_ptrs: dict[int, _Ptr] = {}  # 8-byte spills of pointer registers, by stack offset
-        self.regs: list[_Value] = [None] * 11
+        # r0-r10, and r11: the verifier's auxiliary register (BPF_REG_AX), which constant blinding
+        # (net.core.bpf_jit_harden) writes into the translated code
+        self.regs: list[_Value] = [None] * 12
         self.regs[1] = _Ptr("ctx", 0)
         self.regs[10] = _Ptr("stack", _STACK_SIZE)
 
@@ -228,6 +234,8 @@ class _Machine:
             return self.stack_ptrs[at.off]
         if any(at.off < o + 8 and o < at.off + size for o in self.stack_ptrs):
             raise UndecidableError(f"instruction {where}: partial read of a spilled pointer")
+        if not all(self.written[at.off:at.off + size]):
+            raise UndecidableError(f"instruction {where}: reads stack bytes the program never wrote")
         return int.from_bytes(self.stack[at.off:at.off + size], "little")
 
     def store(self, at: _Ptr, size: int, value: _Value, where: int) -> None:
@@ -239,21 +247,36 @@ class _Machine:
             if size != 8:
                 raise UndecidableError(f"instruction {where}: partial spill of a pointer")
             self.stack_ptrs[at.off] = value
+            self.written[at.off:at.off + 8] = b"\x01" * 8
             return
         if value is None:
             raise UndecidableError(f"instruction {where}: store of an unwritten register")
         self.stack[at.off:at.off + size] = (value & ((1 << (8 * size)) - 1)).to_bytes(size, "little")
+        self.written[at.off:at.off + size] = b"\x01" * size
 
 
-def run(insns: Sequence[Insn], device_type: int, major: int, minor: int, access: int) -> bool:
+class Budget:
+    """Instructions left to execute, shared by the evaluations of one grant (:data:`MAX_STEPS`)."""
+
+    def __init__(self, steps: int = MAX_STEPS) -> None:
+        self.left = steps
+
+
+def run(insns: Sequence[Insn], device_type: int, major: int, minor: int, access: int,
+        budget: Budget | None = None) -> bool:
     """Whether the program allows ``access`` (a mask of :data:`ACC_MKNOD`/:data:`ACC_READ`/
     :data:`ACC_WRITE`) to device ``major:minor`` of ``device_type`` (:data:`DEV_CHAR` or
-    :data:`DEV_BLOCK`): its return value, nonzero meaning allow, as ``__cgroup_bpf_check_dev_permission``
-    reads it.  Raises :class:`UndecidableError` (see the module docstring)."""
+    :data:`DEV_BLOCK`): bit 0 of its return value, as ``bpf_prog_run_array_cg`` reads it.
+    ``budget``: the instructions it may execute (a fresh :data:`MAX_STEPS` when None).  Raises
+    :class:`UndecidableError` (see the module docstring)."""
+    budget = budget if budget is not None else Budget()
+    if any(i.dst > 11 or i.src > 11 for i in insns):
+        raise UndecidableError("an instruction names a register above r11")
     ctx = struct.pack("<III", ((access & 0xFFFF) << 16) | (device_type & 0xFFFF), major & _MASK32, minor & _MASK32)
     m = _Machine(ctx)
     pc = 0
-    for _ in range(MAX_STEPS):
+    while budget.left > 0:
+        budget.left -= 1
         if not 0 <= pc < len(insns):
             raise UndecidableError(f"jump to instruction {pc}, outside the program of {len(insns)}")
         insn = insns[pc]
@@ -265,7 +288,7 @@ def run(insns: Sequence[Insn], device_type: int, major: int, minor: int, access:
             if op == 0x90:  # EXIT
                 if cls != _JMP:
                     raise UndecidableError(f"instruction {pc}: unknown opcode {insn.code:#04x}")
-                return m.scalar(0, pc) != 0
+                return m.scalar(0, pc) & 1 == 1  # the kernel reads bit 0 (bpf_prog_run_array_cg)
             if op == 0x80:
                 raise UndecidableError(f"instruction {pc}: calls {'a function' if insn.src else f'helper {insn.imm}'}")
             if op == 0x00:  # JA (JMP32 | JA: 32-bit offset in imm, v4)
@@ -295,7 +318,7 @@ def run(insns: Sequence[Insn], device_type: int, major: int, minor: int, access:
             pc += 1
         else:  # pragma: no cover - the eight classes are all handled
             raise UndecidableError(f"instruction {pc}: unknown class {cls}")
-    raise UndecidableError(f"more than {MAX_STEPS} instructions executed")
+    raise UndecidableError(f"more than {MAX_STEPS} instructions executed for one grant")
 
 
 def _step_alu(m: _Machine, insn: Insn, pc: int, wide: bool) -> int:
@@ -322,6 +345,9 @@ def _step_alu(m: _Machine, insn: Insn, pc: int, wide: bool) -> int:
         m.regs[insn.dst] = _byte_swap(m.scalar(insn.dst, pc), insn.imm, not insn.code & 0x08, wide)
         return pc + 1
     dst = m.regs[insn.dst]
+    if op in (0x10, 0xA0) and insn.code & 0x08 and insn.src == insn.dst and not isinstance(dst, _Ptr):
+        m.regs[insn.dst] = 0  # "r ^= r", "r -= r": zero whatever r held, written or not (blinding emits
+        return pc + 1         # "xor r0, r0" for "r0 = 0")
     if isinstance(dst, _Ptr):  # pointer +/- a constant or a scalar register (a table indexed on the stack)
         if wide and op in (0x00, 0x10):
             delta = _signed(m.scalar(insn.src, pc), 64) if insn.code & 0x08 else insn.imm
@@ -349,19 +375,23 @@ def _step_ld(m: _Machine, insns: Sequence[Insn], insn: Insn, pc: int) -> int:
     return pc + 2
 
 
-def allows(programs: Iterable[Sequence[Insn]], device_type: int, major: int, minor: int, access: int) -> bool:
+def allows(programs: Iterable[Sequence[Insn]], device_type: int, major: int, minor: int, access: int,
+           budget: Budget | None = None) -> bool:
     """Whether every program allows the access (the kernel runs all programs in effect and denies
     when one returns 0; no program at all allows).  Raises :class:`UndecidableError` from any program."""
-    return all(run(p, device_type, major, minor, access) for p in programs)
+    budget = budget if budget is not None else Budget()
+    return all(run(p, device_type, major, minor, access, budget) for p in programs)
 
 
-def readable_or_writable(programs: Sequence[Sequence[Insn]], major: int, minor: int) -> frozenset[str]:
+def readable_or_writable(programs: Sequence[Sequence[Insn]], major: int, minor: int,
+                         budget: Budget | None = None) -> frozenset[str]:
     """Which of ``"r"``/``"w"`` the programs allow for char device ``major:minor``, each asked on
-    its own (as ``devices.list``'s ``r`` and ``w`` are read on v1).  Raises :class:`UndecidableError`."""
+    its own.  Raises :class:`UndecidableError`."""
+    budget = budget if budget is not None else Budget()
     out = set()
-    if allows(programs, DEV_CHAR, major, minor, ACC_READ):
+    if allows(programs, DEV_CHAR, major, minor, ACC_READ, budget):
         out.add("r")
-    if allows(programs, DEV_CHAR, major, minor, ACC_WRITE):
+    if allows(programs, DEV_CHAR, major, minor, ACC_WRITE, budget):
         out.add("w")
     return frozenset(out)
 
@@ -370,24 +400,32 @@ def device_grant(programs: Sequence[Sequence[Insn]], gpu_minors: Collection[int]
                  nvidia_major: int = NVIDIA_MAJOR, caps_major: int | None = None,
                  known_caps_minors: Collection[int] = ()) -> GpuGrant:
     """The GPUs (by NVML minor number) and MIG capability minors the device programs in effect let a
-    container use: the v2 counterpart of :func:`accelstats.cgroups.devices_list.gpu_grant`, with the
-    same meaning per row of spec/cgroups.md §2:
+    container use: the v2 counterpart of :func:`accelstats.cgroups.devices_list.gpu_grant`.
 
-    * a GPU counts when ``c 195:<minor>`` may be read or written (``m`` alone grants nothing);
+    * a GPU counts when ``c 195:<minor>`` may be opened for reading **and** writing in one call: the
+      question the kernel asks when NVML and CUDA open ``/dev/nvidia<N>`` with ``O_RDWR``
+      (spec/cgroups.md §5).  A program that allows only reading, or reading and writing by separate
+      rules (runc's code wants one rule granting all the access asked), lets no CUDA process use the
+      GPU, so it is no grant.  (On v1 a ``devices.list`` rule with ``r`` or ``w`` counts, as the
+      spec's v1 table says: there the kernel merges the rules before it checks.)
     * a program that lets the probe device ``c 4095:1048575`` be read or written allows every char
       device (``c *:*``, ``a *:*``): ``unrestricted``, attribute by process evidence instead;
     * no program at all (an empty ``programs``) is unrestricted too: nothing is checked;
-    * ``195:254``/``195:255`` are not GPUs; a MIG capability minor counts when it may be read.
+    * ``195:254``/``195:255`` are not GPUs; a MIG capability minor counts when it may be read (the
+      driver opens ``nvidia-cap<M>`` read-only).
 
-    ``programs``: the decoded programs in effect (:func:`decode`).  Raises :class:`UndecidableError`.
+    ``programs``: the decoded programs in effect (:func:`decode`).  All the questions share one
+    :class:`Budget`.  Raises :class:`UndecidableError`.
     """
     none = frozenset[int]()
-    if not programs or readable_or_writable(programs, PROBE_MAJOR, PROBE_MINOR):
+    budget = Budget()
+    if not programs or readable_or_writable(programs, PROBE_MAJOR, PROBE_MINOR, budget):
         return GpuGrant(minors=none, unrestricted=True, mig_caps_minors=none)
     gpus = frozenset(
         m for m in gpu_minors
-        if m not in (NVIDIA_CTL_MINOR, NVIDIA_MODESET_MINOR) and readable_or_writable(programs, nvidia_major, m))
+        if m not in (NVIDIA_CTL_MINOR, NVIDIA_MODESET_MINOR)
+        and allows(programs, DEV_CHAR, nvidia_major, m, ACC_READ | ACC_WRITE, budget))
     caps = frozenset(
         m for m in known_caps_minors
-        if caps_major is not None and allows(programs, DEV_CHAR, caps_major, m, ACC_READ))
+        if caps_major is not None and allows(programs, DEV_CHAR, caps_major, m, ACC_READ, budget))
     return GpuGrant(minors=gpus, unrestricted=False, mig_caps_minors=caps)

@@ -40,8 +40,10 @@ from accelstats.cgroups.devices_list import GpuGrant
 
 log = logging.getLogger(__name__)
 
-_SYS_BPF = {"x86_64": 321, "amd64": 321, "aarch64": 280, "arm64": 280, "ppc64le": 361, "s390x": 351,
-            "riscv64": 280, "loongarch64": 280}
+# little-endian architectures only: the instructions, the context and the attribute structs are
+# read and written little-endian here (a big-endian kernel such as s390x's would need the other order)
+_SYS_BPF = {"x86_64": 321, "amd64": 321, "aarch64": 280, "arm64": 280, "ppc64le": 361, "riscv64": 280,
+            "loongarch64": 280}
 _BPF_PROG_GET_FD_BY_ID = 13
 _BPF_OBJ_GET_INFO_BY_FD = 15
 _BPF_PROG_QUERY = 16
@@ -50,7 +52,8 @@ _BPF_F_QUERY_EFFECTIVE = 1
 _BPF_PROG_TYPE_CGROUP_DEVICE = 15
 _ATTR_SIZE = 120  # bytes of union bpf_attr we pass; every member used here fits, the rest stays zero
 _INFO_SIZE = 224  # bytes of struct bpf_prog_info we pass (the kernel fills what it knows)
-_MAX_PROGRAMS = 64  # BPF_CGROUP_MAX_PROGS
+_MAX_PROGRAMS = 64  # BPF_CGROUP_MAX_PROGS: per cgroup; with its ancestors' more can be in effect
+_MAX_EFFECTIVE = 64 * 64  # room asked for at most (64 programs at each of 64 levels)
 _MAX_INSNS = 1_000_000  # BPF_COMPLEXITY_LIMIT_INSNS: no program is longer
 
 
@@ -125,19 +128,25 @@ class BpfReader:
         except OSError as exc:
             raise _classify(exc, f"open {cgroup_dir}") from exc
         try:
-            ids = (ctypes.c_uint32 * _MAX_PROGRAMS)()
-            attr = ctypes.create_string_buffer(_ATTR_SIZE)
-            _put(attr, 0, fd, 4)  # target_fd
-            _put(attr, 4, _BPF_CGROUP_DEVICE, 4)  # attach_type
-            _put(attr, 8, _BPF_F_QUERY_EFFECTIVE, 4)  # query_flags
-            _put(attr, 16, ctypes.addressof(ids), 8)  # prog_ids
-            _put(attr, 24, _MAX_PROGRAMS, 4)  # prog_cnt
-            try:
-                self._bpf(_BPF_PROG_QUERY, attr, "BPF_PROG_QUERY")
-            except OSError as exc:
-                raise _classify(exc, "BPF_PROG_QUERY") from exc
-            count = min(_get(attr, 24, 4), _MAX_PROGRAMS)
-            return [int(ids[i]) for i in range(count)]
+            room = _MAX_PROGRAMS
+            while True:
+                ids = (ctypes.c_uint32 * room)()
+                attr = ctypes.create_string_buffer(_ATTR_SIZE)
+                _put(attr, 0, fd, 4)  # target_fd
+                _put(attr, 4, _BPF_CGROUP_DEVICE, 4)  # attach_type
+                _put(attr, 8, _BPF_F_QUERY_EFFECTIVE, 4)  # query_flags
+                _put(attr, 16, ctypes.addressof(ids), 8)  # prog_ids
+                _put(attr, 24, room, 4)  # prog_cnt
+                try:
+                    self._bpf(_BPF_PROG_QUERY, attr, "BPF_PROG_QUERY")
+                except OSError as exc:
+                    needed = _get(attr, 24, 4)
+                    if exc.errno == errno.ENOSPC and room < needed <= _MAX_EFFECTIVE:
+                        room = needed  # more programs in effect (with the ancestors') than room: ask again
+                        continue
+                    raise _classify(exc, "BPF_PROG_QUERY") from exc
+                count = min(_get(attr, 24, 4), room)
+                return [int(ids[i]) for i in range(count)]
         finally:
             os.close(fd)
 
@@ -165,6 +174,9 @@ class BpfReader:
             _put(info, 20, length, 4)  # xlated_prog_len
             _put(info, 32, ctypes.addressof(insns), 8)  # xlated_prog_insns
             self._info(fd, info, prog_id)
+            if _get(info, 32, 8) == 0:  # bpf_prog_get_info_by_fd zeroes the pointer instead of copying
+                raise DeviceProgramsError("unreadable", f"program {prog_id}: the kernel hides its instructions "
+                                                        "(a blinded program and kernel.kptr_restrict)")
             return insns.raw[:min(length, _get(info, 20, 4))]
         finally:
             os.close(fd)
@@ -205,7 +217,8 @@ class DeviceProgramCache:
         self._decoded: OrderedDict[bytes, tuple[Insn, ...]] = OrderedDict()
         self._grants: OrderedDict[tuple[tuple[bytes, ...], frozenset[int], int | None, frozenset[int]], GpuGrant] = (
             OrderedDict())
-        self._by_ids: dict[tuple[tuple[int, ...], frozenset[int], int | None, frozenset[int]], GpuGrant] = {}
+        self._by_ids: dict[tuple[tuple[int, ...], frozenset[int], int | None, frozenset[int]],
+                           GpuGrant | UndecidableError] = {}
         self._max_programs = max_programs
         self._max_texts = max_texts
         self._lock = threading.Lock()
@@ -229,6 +242,8 @@ class DeviceProgramCache:
         by_ids = (ids, minors, caps_major, caps)
         with self._lock:  # the common case: these very programs were asked this question before
             cached = self._by_ids.get(by_ids)
+            if isinstance(cached, UndecidableError):
+                raise cached
             if cached is not None:
                 return ProgramsGrant(cached, ids)
         texts = tuple(self._text(reader, i) for i in ids)
@@ -240,15 +255,20 @@ class DeviceProgramCache:
                 self._remember(by_ids, cached)
                 return ProgramsGrant(cached, ids)
         programs = []
-        for prog_id, text in zip(ids, texts, strict=True):
-            try:
-                programs.append(self._decode(text))
-            except UndecidableError as exc:
-                raise UndecidableError(f"device program {prog_id}: {exc}") from exc
         try:
-            found = device_grant(programs, minors, caps_major=caps_major, known_caps_minors=caps)
+            for prog_id, text in zip(ids, texts, strict=True):
+                try:
+                    programs.append(self._decode(text))
+                except UndecidableError as exc:
+                    raise UndecidableError(f"device program {prog_id}: {exc}") from exc
+            try:
+                found = device_grant(programs, minors, caps_major=caps_major, known_caps_minors=caps)
+            except UndecidableError as exc:
+                raise UndecidableError(f"device programs {', '.join(map(str, ids))}: {exc}") from exc
         except UndecidableError as exc:
-            raise UndecidableError(f"device programs {', '.join(map(str, ids))}: {exc}") from exc
+            with self._lock:  # no decision is an answer too: a costly program is not run again every scrape
+                self._remember(by_ids, exc)
+            raise
         with self._lock:
             self._grants[key] = found
             while len(self._grants) > self._max_texts:
@@ -257,7 +277,7 @@ class DeviceProgramCache:
         return ProgramsGrant(found, ids)
 
     def _remember(self, key: tuple[tuple[int, ...], frozenset[int], int | None, frozenset[int]],
-                  found: GpuGrant) -> None:
+                  found: GpuGrant | UndecidableError) -> None:
         """Keep the answer for these program IDs (under the lock); bounded like the ID cache."""
         self._by_ids[key] = found
         if len(self._by_ids) > self._max_programs:
