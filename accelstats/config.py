@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import sys
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -253,7 +254,8 @@ def _runtimes(where: str, table: dict[str, Any], base: RuntimeRoots) -> RuntimeR
         text = _expect(where, f"runtimes.{key}", value, str)
         if not text.startswith("/") or "\0" in text:
             raise ConfigError(f"{where}: key 'runtimes.{key}': expected an absolute host path, got {text!r}")
-        changes[key] = Path(text)
+        # "//x" and "/a/../b" name host paths too: normalised, and ".." never climbs above the root
+        changes[key] = Path("/" + os.path.normpath(text).lstrip("/"))
     return replace(base, **changes, explicit=base.explicit | frozenset(changes))
 
 

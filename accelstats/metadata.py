@@ -175,7 +175,7 @@ class MetadataReader:
         self.max_entries = max_entries
         self._errors = 0
         self._clock = clock
-        self._cache: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str, str], _Entry] = OrderedDict()
         self._warned: OrderedDict[Path, None] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -190,7 +190,7 @@ class MetadataReader:
         base = _from_identity(identity)
         if identity.runtime not in _SOURCES or not _SAFE_ID_RE.fullmatch(identity.id):
             return base
-        key = (identity.runtime, identity.id)
+        key = (identity.runtime, identity.id, identity.state_namespace)
         with self._lock:
             now = self._clock()
             entry = self._cache.get(key)
@@ -199,7 +199,7 @@ class MetadataReader:
                 return entry.metadata
             found = None
             for source in _SOURCES[identity.runtime]:
-                found = source(self, identity.id)
+                found = source(self, identity)
                 if found is not None:
                     break
             metadata = _merge(base, found) if found is not None else replace(base, reason=self._why_not(identity))
@@ -226,7 +226,8 @@ class MetadataReader:
 
     # -- sources: each gives the metadata its file holds, or None when it has no usable file --------
 
-    def _docker(self, cid: str) -> ContainerMetadata | None:
+    def _docker(self, identity: ContainerIdentity) -> ContainerMetadata | None:
+        cid = identity.id
         doc = self._read_object(self.runtimes.docker_containers() / cid / "config.v2.json")
         if doc is None:
             return None
@@ -240,8 +241,9 @@ class MetadataReader:
             namespace=_text(labels, _K8S_NAMESPACE),
         )
 
-    def _containerd(self, cid: str) -> ContainerMetadata | None:
-        for namespace_dir in self._containerd_namespaces(cid):
+    def _containerd(self, identity: ContainerIdentity) -> ContainerMetadata | None:
+        cid = identity.id
+        for namespace_dir in self._containerd_namespaces(cid, identity.state_namespace):
             spec = self._read_object(namespace_dir / cid / "config.json")
             if spec is None:
                 continue
@@ -257,10 +259,13 @@ class MetadataReader:
             )
         return None
 
-    def _containerd_namespaces(self, cid: str) -> Iterator[Path]:
-        seen: set[str] = set()
+    def _containerd_namespaces(self, cid: str, namespace: str = "") -> Iterator[Path]:
+        """Where a task's bundle may be: the namespace its cgroup path names first (``ctr -n <ns>``),
+        then the one whose tasks hold the ID, then the usual ones and a few others, in each task
+        directory (v2 and v1 runtimes)."""
+        known = namespace or self.runtimes.containerd_namespace(cid)
         for tasks in self.runtimes.containerd_tasks():
-            known = self.runtimes.containerd_namespace(cid)
+            seen: set[str] = set()
             for name in (*((known,) if known else ()), *CONTAINERD_NAMESPACES):
                 if name not in seen:
                     seen.add(name)
@@ -274,7 +279,8 @@ class MetadataReader:
                 seen.add(name)
                 yield tasks / name
 
-    def _crio(self, cid: str) -> ContainerMetadata | None:
+    def _crio(self, identity: ContainerIdentity) -> ContainerMetadata | None:
+        cid = identity.id
         entry = self.runtimes.storage_entry(cid)
         folders = [entry.index.parent] if entry is not None else []
         folders += [root / "overlay-containers" for root in self.runtimes.storage_roots()]
@@ -293,7 +299,8 @@ class MetadataReader:
             )
         return None
 
-    def _storage(self, cid: str) -> ContainerMetadata | None:
+    def _storage(self, identity: ContainerIdentity) -> ContainerMetadata | None:
+        cid = identity.id
         entry = self.runtimes.storage_entry(cid)
         if entry is None:
             return None
@@ -372,7 +379,7 @@ class MetadataReader:
             self._warned.popitem(last=False)
 
 
-_SOURCES: dict[str, tuple[Callable[[MetadataReader, str], ContainerMetadata | None], ...]] = {
+_SOURCES: dict[str, tuple[Callable[[MetadataReader, ContainerIdentity], ContainerMetadata | None], ...]] = {
     "docker": (MetadataReader._docker,),
     "containerd": (MetadataReader._containerd, MetadataReader._docker),
     "cri-o": (MetadataReader._crio, MetadataReader._storage),

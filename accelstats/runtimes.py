@@ -53,11 +53,12 @@ log = logging.getLogger(__name__)
 RACY_SECONDS = 2.0
 """A directory or file changed less than this long ago is read again at the next collection."""
 
-MAX_NAMESPACES = 64
-"""containerd namespaces listed at most (in name order)."""
+MAX_NAMESPACES = 1024
+"""containerd namespaces listed at most (in name order); beyond it one warning names the cap."""
 
-MAX_INDEX_BYTES = 64 * 1024 * 1024
-"""A containers/storage index larger than this is not parsed (counted as an error)."""
+MAX_INDEX_BYTES = 16 * 1024 * 1024
+"""A containers/storage index larger than this is not parsed (counted as an error): 10 000 podman
+containers make about 5 MiB."""
 
 _HEX64_RE = re.compile(r"[0-9a-f]{64}")
 _UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -93,6 +94,13 @@ class _Parsed:
 
 def _signature(st: os.stat_result) -> tuple[int, int, int, int]:
     return (st.st_ino, st.st_mtime_ns, st.st_nlink, st.st_size)
+
+
+def _racy(st: os.stat_result, now: float) -> bool:
+    """Changed so recently (within :data:`RACY_SECONDS` of ``now``, either way) that another change
+    in the same clock tick would not move the modification time: read again next time. A time far
+    in the future (a clock stepped back) is not racy: it would be re-read forever."""
+    return abs(now - st.st_mtime) < RACY_SECONDS
 
 
 class RuntimeState:
@@ -168,7 +176,13 @@ class RuntimeState:
             self._docker = frozenset(n for n in self._list(self.docker_containers(), now) if _HEX64_RE.fullmatch(n))
             containerd: dict[str, set[str]] = {}
             for tasks in self.containerd_tasks():
-                for ns in sorted(self._list(tasks, now))[:MAX_NAMESPACES]:
+                names = sorted(self._list(tasks, now))
+                if len(names) > MAX_NAMESPACES and tasks not in self._warned:
+                    self._warned.add(tasks)
+                    log.warning("runtime state: %s holds %d containerd namespaces; only the first %d (in name order) "
+                                "are read, containers of the others are recognised by their cgroup paths only",
+                                tasks, len(names), MAX_NAMESPACES)
+                for ns in names[:MAX_NAMESPACES]:
                     if _NAME_RE.fullmatch(ns):
                         ids = {n for n in self._list(tasks / ns, now) if _NAME_RE.fullmatch(n)}
                         containerd.setdefault(ns, set()).update(ids)
@@ -210,7 +224,7 @@ class RuntimeState:
                         continue
         except OSError as exc:
             log.debug("runtime state: cannot list %s: %s", directory, exc)
-        listing = _Listing(signature, frozenset(names), now - st.st_mtime < RACY_SECONDS)
+        listing = _Listing(signature, frozenset(names), _racy(st, now))
         self._listings[directory] = listing
         return listing.names
 
@@ -226,7 +240,7 @@ class RuntimeState:
         if cached is not None and cached.signature == signature and not cached.racy:
             return cached.entries
         entries = dict(self._parse_index(path, st, signature))
-        self._indexes[path] = _Parsed(signature, entries, now - st.st_mtime < RACY_SECONDS)
+        self._indexes[path] = _Parsed(signature, entries, _racy(st, now))
         return entries
 
     def _parse_index(self, path: Path, st: os.stat_result,
@@ -273,28 +287,33 @@ class RuntimeState:
             log.warning("runtime state: %s: %s; its containers are recognised by their cgroup paths only", path, why)
 
     # -- questions ----------------------------------------------------------------------------------
-    def known(self, candidate: str, parent: str) -> tuple[str, str, str] | None:
-        """``(runtime, id, where)`` when a runtime knows the container ``candidate`` (a cgroup name with
+    def known(self, candidate: str, parent: str) -> tuple[str, str, str, str] | None:
+        """``(runtime, id, where, containerd namespace or "")`` when a runtime knows the container
+        ``candidate`` (a cgroup name with
         its runtime prefix removed, see :func:`accelstats.cgroups.identity.id_candidates`), else None.
 
         docker and containers/storage IDs (64 hex) match on any path; a containerd ID matches when
         its namespace is the parent cgroup's name (``ctr -n <namespace>`` puts containers at
         ``/<namespace>/<id>``) or it is 64 hex (Kubernetes, nerdctl); a Nomad allocation ID matches
-        ``<alloc id>.<task>``.  The :class:`accelstats.cgroups.identity.KnownLookup` of this host.
+        ``<alloc id>.<task>``.  A task in containerd's ``moby`` or ``plugins.moby`` namespace is a
+        docker container (dockerd runs its containers there), so it is docker's even when docker's
+        own data-root is not where ``[runtimes]`` says.  The
+        :class:`accelstats.cgroups.identity.KnownLookup` of this host.
         """
         if candidate in self._docker:
-            return "docker", candidate, str(self.roots.docker_data_root / "containers")
+            return "docker", candidate, str(self.roots.docker_data_root / "containers"), ""
         entry = self._storage.get(candidate)
         if entry is not None:
-            return ("cri-o" if entry.crio else "podman"), candidate, str(entry.index.relative_to(self.rootfs))
+            return ("cri-o" if entry.crio else "podman"), candidate, str(entry.index.relative_to(self.rootfs)), ""
         ids = self._containerd.get(parent)
         if ids is not None and candidate in ids:
-            return "containerd", candidate, f"{self.roots.containerd_state} namespace {parent}"
+            return (_containerd_runtime(parent), candidate, f"{self.roots.containerd_state} namespace {parent}",
+                    parent)
         ns = self._containerd_hex.get(candidate)
         if ns is not None:
-            return "containerd", candidate, f"{self.roots.containerd_state} namespace {ns}"
+            return _containerd_runtime(ns), candidate, f"{self.roots.containerd_state} namespace {ns}", ns
         if candidate in self._nomad:
-            return "nomad", candidate, str(self.roots.nomad_data_dir / "alloc")
+            return "nomad", candidate, str(self.roots.nomad_data_dir / "alloc"), ""
         return None
 
     def storage_entry(self, cid: str) -> StorageEntry | None:
@@ -332,3 +351,12 @@ def _json_object(value: object) -> dict[str, Any]:
     except (ValueError, RecursionError):
         return {}
     return found if isinstance(found, dict) else {}
+
+
+DOCKER_NAMESPACES = frozenset({"moby", "plugins.moby"})
+"""The containerd namespaces dockerd keeps its containers and plugins in."""
+
+
+def _containerd_runtime(namespace: str) -> str:
+    """``docker`` for dockerd's containerd namespaces, else ``containerd``."""
+    return "docker" if namespace in DOCKER_NAMESPACES else "containerd"

@@ -72,12 +72,16 @@ class ContainerIdentity:
     how: str = field(default="", compare=False)
     """What identified it, for ``--log-level debug`` and ``accelstats containers --json``
     (``identified_by``): ``"path rule: …"`` or ``"runtime state: …"``; not part of equality."""
+    state_namespace: str = field(default="", compare=False)
+    """The containerd namespace whose tasks hold it, when the runtime state says (the same ID may
+    exist in two namespaces); not part of equality."""
 
 
-KnownLookup = Callable[[str, str], "tuple[str, str, str] | None"]
-"""``known(candidate id, parent component) -> (runtime, id, where) | None``: whether a container
-runtime's own state on this host knows ``candidate`` (``where`` names the state, for
-:attr:`ContainerIdentity.how`).  :class:`accelstats.runtimes.RuntimeState` provides it."""
+KnownLookup = Callable[[str, str], "tuple[str, str, str, str] | None"]
+"""``known(candidate id, parent component) -> (runtime, id, where, namespace) | None``: whether a
+container runtime's own state on this host knows ``candidate`` (``where`` names the state, for
+:attr:`ContainerIdentity.how`; ``namespace`` the containerd namespace, else ``""``).
+:class:`accelstats.runtimes.RuntimeState` provides it."""
 
 
 def _pod_uid(ancestors: list[str]) -> str:
@@ -211,14 +215,14 @@ def _known(comp: str, ancestors: list[str], known: KnownLookup) -> ContainerIden
         found = known(candidate, parent)
         if found is None:
             continue
-        runtime, cid, where = found
+        runtime, cid, where, namespace = found
         how = f"runtime state: {where}"
         if runtime == "nomad":
             nomad = _NOMAD_V1_RE.fullmatch(comp.removesuffix(".scope"))
             task = nomad.group(2) if nomad is not None else ""
             return ContainerIdentity("nomad", f"{cid}.{task}" if task else cid, alloc_id=cid, task=task, how=how)
         pod = _podman_pod(ancestors) if runtime == "podman" else _pod_uid(ancestors)
-        return ContainerIdentity(runtime, cid, pod, how=how)
+        return ContainerIdentity(runtime, cid, pod, how=how, state_namespace=namespace)
     return None
 
 
@@ -269,10 +273,15 @@ def identify_with_root(cgroup_path: str, known: KnownLookup | None = None) -> tu
     return None
 
 
+_CONMON_RE = re.compile(rf"(?:libpod|crio)-conmon-{_HEX64}\.scope")
+
+
 def is_host_cgroup(cgroup_path: str) -> bool:
     """True for cgroups of host processes rather than of some container: the root ``/``, systemd
-    services, mounts, sockets, slices, ``init.scope``, and transient scopes in ``system.slice`` /
-    ``user.slice`` (login sessions, ``systemd-run --scope``) — spec/cgroups.md §3, last row. A path
+    services, mounts, sockets, slices, ``init.scope``, transient scopes in ``system.slice`` /
+    ``user.slice`` (login sessions, ``systemd-run --scope``) — spec/cgroups.md §3, last row — and the
+    container monitors podman and CRI-O run beside each container (``conmon`` under
+    ``libpod_parent``, ``libpod-conmon-<id>.scope``, ``crio-conmon-<id>.scope``). A path
     for which this is False and :func:`identify` finds nothing is a container no rule recognises
     (``runtime="unknown"``). Never raises."""
     comps = [c for c in cgroup_path.strip().split("/") if c]
@@ -280,6 +289,8 @@ def is_host_cgroup(cgroup_path: str) -> bool:
         return True
     last = comps[-1]
     if last.endswith((".service", ".mount", ".slice", ".socket", ".swap")) or last == "init.scope":
+        return True
+    if last == "conmon" or _CONMON_RE.fullmatch(last):  # podman's and CRI-O's container monitors
         return True
     # Transient scopes systemd makes for host programs (systemd-run --scope, login sessions, desktop
     # apps: run-r….scope, session-3.scope, app-….scope) live in system.slice and user.slice; a

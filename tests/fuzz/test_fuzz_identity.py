@@ -125,7 +125,8 @@ SPEC_NOT_CONTAINERS = [
     ("/system.slice/nginx.service", True),
     ("/", True),
     (f"/kubepods.slice/kubepods-besteffort.slice/crio-{'0' * 64}", False),  # CRI-O pod sandbox (no .scope)
-    (f"/kubepods.slice/kubepods-besteffort.slice/crio-conmon-{'0' * 64}.scope", False),  # conmon
+    # conmon, CRI-O's container monitor: not a container, and never listed as an unknown one either
+    (f"/kubepods.slice/kubepods-besteffort.slice/crio-conmon-{'0' * 64}.scope", True),
 ]
 
 
