@@ -18,8 +18,10 @@
 8. name each container from its runtime's state files when readable (:mod:`accelstats.metadata`).
 
 Only containers that matter are returned: those with a device attributed, an unrestricted devices
-cgroup (it may open any GPU) or rules that could not be read; a container whose rules grant no GPU
-and that holds none is left out.
+cgroup (it may open any GPU), a ``devices.list`` that could not be read, or one that names the GPUs
+but grants no access (lost GPU access); a container whose rules grant no GPU and that holds none is
+left out, and so, on cgroup v2 without ``CAP_SYS_ADMIN`` (the device programs cannot be read), is a
+container that holds no GPU by process or open node: :attr:`Attributor.notes` says so once.
 
 Everything that vanishes or cannot be read mid-way (a PID that exited, a cgroup removed during the
 walk, an fd directory of another user) is skipped and counted in :attr:`Attributor.skipped`
@@ -70,7 +72,7 @@ log = logging.getLogger(__name__)
 SKIP_REASONS = ("cgroup_vanished", "cgroup_unreadable", "cgroup_too_deep", "devices_list_unreadable",
                 "pid_vanished", "pid_unreadable", "bad_cgroup_path", "foreign_cgroupns", "fd_unreadable",
                 "mig_minors_line", "device_programs_denied", "device_programs_unreadable",
-                "device_program_undecidable")
+                "device_program_undecidable", "cgroup_unrecognised_too_many")
 _USER_MANAGER_RE = re.compile(r"user@[0-9]+\.service")
 _MAX_LOGGED = 10_000
 
@@ -120,6 +122,9 @@ class Attributor:
         self._mig_lines_seen: set[str] = set()
         self._programs_logged: set[str] = set()
         self._identities_logged: set[tuple[str, str]] = set()
+        self.notes: dict[str, str] = {}
+        """Host-wide conditions of the last attribution worth one line to a user (``accelstats
+        containers`` prints them): key -> text."""
         self._roots_warned: set[str] = set()
         for setting, path in self.runtimes.missing_roots():
             if setting in self.runtimes.roots.explicit:
@@ -138,6 +143,7 @@ class Attributor:
         """The containers that hold a device or may open any (see the module docstring), and the
         view they were built from."""
         view = HostView(snapshot=snapshot)
+        self.notes = {}
         if self.hierarchy is None:
             return [], view
         self.runtimes.refresh()
@@ -147,6 +153,7 @@ class Attributor:
         self.skipped["cgroup_vanished"] += found.stats.skipped_vanished
         self.skipped["cgroup_unreadable"] += found.stats.skipped_unreadable
         self.skipped["cgroup_too_deep"] += found.stats.skipped_too_deep
+        self.skipped["cgroup_unrecognised_too_many"] += found.stats.skipped_unrecognised
         gpu_pids = {p.pid for s in snapshot.samples.values() for p in s.processes or ()}
         view.mps_clients = mps_clients_not_listed(snapshot)
         gpu_pids |= {p.pid for ps in view.mps_clients.values() for p in ps}
@@ -180,7 +187,22 @@ class Attributor:
         if self.scanner is not None:
             view.open_minors = self._open_minors([d for _, d, _ in targets], walked, gone)
 
-        out = []
+        out: list[ContainerStats] = []
+        try:
+            root_fd: int | None = os.open(self.hierarchy, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            root_fd = None  # _delegated opens it itself, and says what fails
+        try:
+            self._build(targets, view, walked, gone, on_skipped, root_fd, out)
+        finally:
+            if root_fd is not None:
+                os.close(root_fd)
+        return out, view
+
+    def _build(self, targets: list[tuple[str, Path, ContainerIdentity | None]], view: HostView, walked: set[Path],
+               gone: set[Path], on_skipped: Callable[[str, tuple[str, ...]], None] | None, root_fd: int | None,
+               out: list[ContainerStats]) -> None:
+        """Each target's stats, its identity checked, appended to ``out`` when it is a GPU container."""
         for path, directory, identity in targets:
             if directory in gone:
                 continue  # the container stopped during the collection: it is not listed
@@ -196,43 +218,72 @@ class Attributor:
             if vanished:  # a GPU process's cgroup the walk never saw: listed, its devices.list unread
                 self._devices_list_unreadable()
             if not stats.accelerators and (identity is None or (
-                    stats.devices_cgroup not in ("unrestricted", "unreadable") and not vanished)):
+                    stats.devices_cgroup not in ("unrestricted", "unreadable") and not stats.lost_gpu_access
+                    and not vanished)):
                 continue  # its rules grant no GPU and it holds none: not a GPU container
-            if identity is None:
+            why = self._delegated(path, root_fd)
+            if why is None and directory in walked:  # removed meanwhile: a container that stopped, or a
+                self.skipped["cgroup_vanished"] += 1  # look-alike pulled away
+                continue
+            if why is None:  # a GPU process's cgroup that is not in the hierarchy read here
+                why = "its cgroup is not in the hierarchy accelstats reads, so who made it cannot be checked"
+            if why:
+                # its id is its whole cgroup path: never equal to the container ID it may imitate; and
+                # no name, not even the one its path spells (lxc.payload.<name>)
+                looks = f"a {identity.runtime} container" if identity is not None else "a container"
+                stats.identity = identity = ContainerIdentity(
+                    runtime="unknown", id=path, how=f"delegated cgroup, identity not trusted: {why}")
+                stats.metadata = ContainerMetadata()
+                stats.add_reason(f"looks like {looks} but {why}: identity not trusted (rootless containers and "
+                                 "look-alike names are reported as unknown)")
+            elif identity is None:
                 stats.identity = identity = _unknown(path, "no runtime state and no path rule recognises it")
                 stats.add_reason("no runtime's state knows it and no path rule recognises it (is the runtime's "
                                  "state root, [runtimes] in the config, right?)")
-            if identity is not None and identity.runtime != "unknown":
-                why = self._delegated(path, directory)
-                if why:
-                    # its id is its whole cgroup path: never equal to the container ID it imitates
-                    stats.identity = identity = ContainerIdentity(
-                        runtime="unknown", id=path, how=f"delegated cgroup, identity not trusted: {why}")
-                    stats.add_reason(f"looks like a {found_runtime(path)} container but {why}: identity not "
-                                     "trusted (rootless containers and look-alike names are reported as unknown)")
-            if stats.accelerators and identity is not None and identity.runtime != "unknown":
-                # state files only for containers that matter
+            if identity.runtime != "unknown":  # state files only for the containers listed
                 stats.metadata = self.metadata.lookup_pod(identity, self.metadata.lookup(identity))
                 if stats.metadata.reason:
                     stats.add_reason(stats.metadata.reason)
                     self._metadata_root_missing(identity.runtime)
             self._log_identity(path, stats)
             out.append(stats)
-        return out, view
 
-    def _delegated(self, path: str, directory: Path) -> str:
-        """Why ``path`` is in a delegated subtree (a user may create cgroups there), or ``""``: a
-        ``user@<uid>.service`` component (systemd's per-user manager, ``Delegate=yes``), or a cgroup
-        directory not owned by root (cgroup v2 delegation chowns the subtree; cgroup-v2.rst
-        "Delegation")."""
+    def _delegated(self, path: str, root_fd: int | None = None) -> str | None:
+        """Why ``path`` may have been made by a user rather than a runtime, ``""`` when only root
+        could have made it, or ``None`` when it is gone. Untrusted: a ``user@<uid>.service``
+        component (systemd's per-user manager, ``Delegate=yes``), or a parent cgroup a user may write
+        to: owned by another uid than root, or writable by group or others (cgroup v2 delegation
+        chowns the delegated subtree's directories; cgroup-v2.rst "Delegation"). The parent, not the
+        cgroup itself, says who could create it: runtimes chown a container's own cgroup to its
+        (user-namespaced) root user, as unprivileged LXC and runc with a user namespace do, and that
+        must not make the container untrusted. The parent is looked up relative to the hierarchy (no
+        ``PATH_MAX`` limit on the whole path; ``root_fd``: an ``O_PATH`` descriptor of the hierarchy
+        root, opened here when None); anything but a clear answer is untrusted or gone, never trusted."""
         for comp in path.split("/"):
             if _USER_MANAGER_RE.fullmatch(comp):
                 return f"it is under {comp}"
+        comps = [c for c in path.split("/") if c]
+        if comps and comps[-1] == "container":  # podman's payload child: its parent is what was named
+            comps = comps[:-1]
+        parent = "/".join(comps[:-1]) or "."
+        assert self.hierarchy is not None
         try:
-            uid = os.lstat(directory).st_uid
-        except OSError:
-            return ""
-        return f"its cgroup is owned by uid {uid}, not root" if uid != 0 else ""
+            root = root_fd if root_fd is not None else os.open(self.hierarchy,
+                                                                os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                st = os.stat(parent, dir_fd=root, follow_symlinks=False)
+            finally:
+                if root_fd is None:
+                    os.close(root)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            return f"who made its parent cgroup cannot be checked ({exc.strerror or exc})"
+        if st.st_uid != 0:
+            return f"its parent cgroup is owned by uid {st.st_uid} (a delegated subtree)"
+        if st.st_mode & 0o022:
+            return "its parent cgroup is writable by group or others"
+        return ""
 
     def _metadata_root_missing(self, runtime: str) -> None:
         """Warn once per setting when a container of ``runtime`` is attributed but that runtime's
@@ -283,12 +334,21 @@ class Attributor:
                 why = (f"the cgroup v2 device programs could not be read ({exc}); attributed by processes and "
                        "open device nodes only, so a GPU granted but unused is not seen")
                 self._log_programs(exc.kind, why)
+                if exc.kind == "denied":
+                    self.notes["device_programs"] = (f"cgroup v2 device programs not readable ({exc}): containers "
+                                                     "granted a GPU that run nothing on it are not listed")
                 return None, why
             except UndecidableError as exc:
                 self.skipped["device_program_undecidable"] += 1
                 why = f"{exc}: no decision, attributed by processes and open device nodes only"
                 self._log_programs(str(exc), why)
                 return None, why
+            except Exception as exc:  # a bug here must cost one container its grant, never the scrape
+                self.skipped["device_program_undecidable"] += 1
+                if type(exc).__name__ not in self._programs_logged:
+                    self._programs_logged.add(type(exc).__name__)
+                    log.exception("devices cgroup (v2): evaluating the device programs of %s failed", directory)
+                return None, f"evaluating its device programs failed ({type(exc).__name__}: {exc})"
             return found.grant, ""
 
         return grant
@@ -362,9 +422,3 @@ def _unknown(path: str, how: str) -> ContainerIdentity:
     if len(comps) > 1 and comps[-1] == "container":
         comps = comps[:-1]
     return ContainerIdentity(runtime="unknown", id=comps[-1] if comps else path, how=how)
-
-
-def found_runtime(path: str) -> str:
-    """The runtime the path rules alone would name for ``path`` ("container" when none): for reasons."""
-    rooted = identify_with_root(path)
-    return rooted[1].runtime if rooted is not None else "container"

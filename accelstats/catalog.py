@@ -168,7 +168,11 @@ CONTAINER_SM = Family("accelstats_container_gpu_sm_utilization_ratio", "gauge",
                       CONTAINER_GPU_LABELS)
 CONTAINER_PROCESSES = Family("accelstats_container_gpu_processes", "gauge",
                              "The container's processes on the device.", CONTAINER_GPU_LABELS)
-CONTAINER = (CONTAINER_INFO, CONTAINER_MEMORY, CONTAINER_SM, CONTAINER_PROCESSES)
+CONTAINER_DEVICE_OPEN = Family(
+    "accelstats_container_gpu_device_open", "gauge",
+    "1 when a process of the container holds the device's /dev/nvidia<minor> open (NVML users such as "
+    "monitoring agents do without running on it), 0 when none does.", CONTAINER_GPU_LABELS)
+CONTAINER = (CONTAINER_INFO, CONTAINER_MEMORY, CONTAINER_SM, CONTAINER_PROCESSES, CONTAINER_DEVICE_OPEN)
 
 # --- §4 file devices and the exporter itself -------------------------------------------------------
 FILE_INFO = Family("accelstats_file_device_info", "gauge", "A file device (Nomad example-plugin model); value 1.",

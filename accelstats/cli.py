@@ -280,15 +280,25 @@ def devices(as_json: bool, **opts: Any) -> None:
 def containers(as_json: bool, **opts: Any) -> None:
     """List the containers that hold a GPU grant, a GPU process or an open GPU node, with the devices
     attributed to each and, in REASON, what could not be read."""
-    rows = containers_json(_collect(**opts))
+    collection = _collect(**opts)
+    rows = containers_json(collection)
+    for note in collection.notes.values():
+        click.echo(f"# {note}", err=True)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
     click.echo(f"{'RUNTIME':10} {'ID':13} {'NAME':20} {'POD':20} {'CGROUP':40} {'DEVICES':40} REASON")
     for r in rows:
         devs = ", ".join(f"{d['uuid'][:12]}…({d['attribution']})" for d in r["devices"]) or "-"
-        click.echo(f"{r['runtime']:10} {r['id'][:12]:13} {r['name'][:20]:20} {r['pod'][:20]:20} "
-                   f"{_tail(r['cgroup'], 40):40} {devs:40} {r['reason'] or '-'}")
+        click.echo(f"{r['runtime']:10} {_shown(r['id'][:12]):13} {_shown(r['name'][:20]):20} "
+                   f"{_shown(r['pod'][:20]):20} {_shown(_tail(r['cgroup'], 40)):40} {devs:40} "
+                   f"{_shown(r['reason']) or '-'}")
+
+
+def _shown(text: str) -> str:
+    """``text`` safe for a terminal: control and other unprintable characters (a name from a state
+    file may hold escape sequences) as ``?``."""
+    return "".join(c if c.isprintable() else "?" for c in text)
 
 
 def _tail(text: str, width: int) -> str:

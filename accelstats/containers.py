@@ -58,7 +58,7 @@ class AcceleratorStats:
     ``memory_*`` are device-wide bytes, ``duty_cycle`` device-wide percent 0-100 (cAdvisor
     compatibility); ``container_memory_used_bytes`` / ``container_sm_utilization_ratio`` /
     ``container_processes`` are the container's own share, ``None`` when NVML's process list is
-    not readable.
+    not readable; ``device_open`` whether one of its processes holds the device node open.
     """
 
     make: str
@@ -73,6 +73,9 @@ class AcceleratorStats:
     container_memory_used_bytes: int | None
     container_sm_utilization_ratio: float | None
     container_processes: int | None
+    device_open: bool | None = None
+    """A process of the container holds the device's node (``/dev/nvidia<minor>``; a MIG instance's
+    parent GPU's) open, from the open-fd scan; ``None`` when the scan is off."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,11 @@ class ContainerStats:
     """What the devices cgroup says: ``"restricted"`` (rules read; GPUs granted by name, maybe
     none), ``"unrestricted"`` (every char device allowed: proves nothing), ``"unreadable"`` (the rules
     exist but could not be read), ``""`` (not read: v2 device programs without the capability)."""
+
+    lost_gpu_access: bool = False
+    """Its ``devices.list`` names the GPUs but grants no read or write (``c 195:* m``: what a
+    ``systemctl daemon-reload`` leaves with the systemd cgroup driver, spec/cgroups.md §2): listed
+    with zero GPUs and the reason, because its processes will fail NVML."""
 
     def add_reason(self, reason: str) -> None:
         """Append ``reason`` to :attr:`reason` (``"; "``-separated, each once)."""
@@ -290,10 +298,15 @@ class ContainerCollector:
                     self.on_unreadable()
                 return
             mig = self.view.mig
-            grant, skipped = _grant(text, frozenset(gpus_by_minor), mig.caps_major if mig else None,
-                                    frozenset(mig.caps) if mig else frozenset())
+            grant, skipped, names_gpus = _grant(text, frozenset(gpus_by_minor), mig.caps_major if mig else None,
+                                                frozenset(mig.caps) if mig else frozenset())
             if skipped and self.on_skipped is not None:
                 self.on_skipped(self.cgroup, skipped)
+            if names_gpus and not grant.minors and not grant.unrestricted:
+                stats.lost_gpu_access = True
+                stats.add_reason("its devices.list names the NVIDIA GPUs but grants neither read nor write (e.g. "
+                                 "c 195:* m): it lost GPU access, as systemctl daemon-reload does to containers of "
+                                 "the systemd cgroup driver; its processes will fail to use a GPU")
         elif self.view.device_programs is not None:
             grant, why = self.view.device_programs(self.directory)
             stats.add_reason(why)
@@ -311,14 +324,19 @@ class ContainerCollector:
             for parent in {d.parent_uuid for d, _ in chosen.values() if d.kind == "mig"}:
                 if parent in chosen and chosen[parent][1] == "process":
                     del chosen[parent]
+        open_minors: frozenset[int] | None = None
         if self.view.open_minors is not None:
+            open_minors = self.view.open_minors(self.directory)
             held = {d.uuid for d, _ in chosen.values()} | {d.parent_uuid for d, _ in chosen.values()}
-            for minor in sorted(self.view.open_minors(self.directory)):
+            for minor in sorted(open_minors):
                 gpu = gpus_by_minor.get(minor)
                 if gpu is not None and gpu.uuid not in held:
                     chosen[gpu.uuid] = (gpu, "open_fd")
+        parents = {d.uuid: d for d in snapshot.devices}
         for device, attribution in chosen.values():
-            stats.accelerators.append(self.stats_for(device, attribution))
+            node = parents.get(device.parent_uuid or "", device) if device.kind == "mig" else device
+            opened = None if open_minors is None else node.minor in open_minors
+            stats.accelerators.append(self.stats_for(device, attribution, opened))
         if not chosen and stats.devices_cgroup == "unrestricted":
             rules = "a *:* rwm" if self.devices_list else "its device programs allow every device, or none is attached"
             stats.add_reason(f"unrestricted devices cgroup ({rules}) and none of its processes is on a GPU")
@@ -351,8 +369,9 @@ class ContainerCollector:
                 own.append(p)
         return own
 
-    def stats_for(self, device: Device, attribution: str) -> AcceleratorStats:
-        """The AcceleratorStats of ``device`` for this container, with its own process share."""
+    def stats_for(self, device: Device, attribution: str, device_open: bool | None = None) -> AcceleratorStats:
+        """The AcceleratorStats of ``device`` for this container, with its own process share;
+        ``device_open``: whether one of its processes holds the device node open (None: not scanned)."""
         sample = self.view.snapshot.samples.get(device.uuid)
         mine = self._own_processes(device)
         util = sample.utilization_ratio if sample is not None else None
@@ -365,19 +384,23 @@ class ContainerCollector:
             container_memory_used_bytes=_sum_memory(mine),
             container_sm_utilization_ratio=_sum_sm(mine),
             container_processes=len(mine) if mine is not None else None,
+            device_open=device_open,
         )
 
 
 @functools.lru_cache(maxsize=4096)
 def _grant(devices_list_text: str, minors: frozenset[int], caps_major: int | None,
-           caps_minors: frozenset[int]) -> tuple[GpuGrant, tuple[str, ...]]:
-    """(grant, skipped lines) of a ``devices.list`` text. Parsing and granting are pure and a
-    host's containers share a handful of rule sets, so this is cached by text (strings cache their
-    hash; the parsed rules do not)."""
+           caps_minors: frozenset[int]) -> tuple[GpuGrant, tuple[str, ...], bool]:
+    """(grant, skipped lines, whether a char rule names the NVIDIA major with ``*`` or a GPU's minor,
+    whatever its access) of a ``devices.list`` text. Parsing and granting are pure and a host's
+    containers share a handful of rule sets, so this is cached by text (strings cache their hash;
+    the parsed rules do not)."""
     parsed = parse_devices_list(devices_list_text)
     grant = gpu_grant(parsed, minors, nvidia_major=NVIDIA_MAJOR, caps_major=caps_major,
                       known_caps_minors=caps_minors)
-    return grant, parsed.skipped_lines
+    names_gpus = any(r.type == "c" and r.major == NVIDIA_MAJOR and (r.minor is None or r.minor in minors)
+                     for r in parsed.rules)
+    return grant, parsed.skipped_lines, names_gpus
 
 
 def _sum_memory(procs: list[ProcessUsage] | None) -> int | None:

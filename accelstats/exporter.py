@@ -118,6 +118,8 @@ def render(collection: Collection) -> Iterator[Metric]:
                 add(catalog.CONTAINER_SM, labels, a.container_sm_utilization_ratio)
             if a.container_processes is not None:
                 add(catalog.CONTAINER_PROCESSES, labels, a.container_processes)
+            if a.device_open is not None:
+                add(catalog.CONTAINER_DEVICE_OPEN, labels, 1 if a.device_open else 0)
 
     for m in snap.mps:
         add(catalog.MPS_UP, [m.resource], 1.0 if m.up else 0.0)

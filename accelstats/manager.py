@@ -58,6 +58,7 @@ class Collection:
     view: HostView | None = None
     nvml_errors: dict[tuple[str, str], int] = field(default_factory=dict)
     started: float = 0.0
+    notes: dict[str, str] = field(default_factory=dict)  # host-wide attribution conditions, for the CLI
 
 
 class AcceleratorManager:
@@ -208,6 +209,7 @@ class AcceleratorManager:
             return CollectorResult("attribution", False, time.perf_counter() - t0, str(exc))
         finally:
             collection.attribution_skipped = dict(self._attributor.skipped)
+            collection.notes = dict(self._attributor.notes)
         return CollectorResult("attribution", True, time.perf_counter() - t0)
 
     def _run(self, collector: Collector, snapshot: DeviceSnapshot) -> CollectorResult:

@@ -13,6 +13,8 @@ import pytest
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from accelstats.attribution import Attributor
+from accelstats.cgroups import CgroupLayout, CgroupMode
 from accelstats.config import Settings
 from accelstats.containers import ContainerMetadata, ContainerStats, container_of
 from accelstats.exporter import render
@@ -133,6 +135,46 @@ def test_v2_unrecognised_cgroup_holding_a_gpu_is_listed_as_unknown(tmp_path: Pat
     box = r["/mystery/box1"]
     assert box.identity is not None and (box.identity.runtime, box.identity.id) == ("unknown", "box1")
     assert table(box) == [(GPU1, "process", GIB, 1)]
+
+
+@pytest.mark.root  # chown needs CAP_CHOWN
+def test_who_could_have_made_a_cgroup_decides_whether_its_identity_is_trusted(tmp_path: Path, h200: Path) -> None:
+    """A cgroup in a parent a user may write to (owned by the user, or group/other-writable) or under
+    user@<uid>.service is never a runtime's container; a container whose own cgroup its runtime chowned
+    to the container's root (unprivileged LXC, runc with a user namespace) under a root-owned parent
+    keeps its identity.  The untrusted ones get their whole cgroup path as id, so not even an unknown
+    row carries another container's ID."""
+    host = Host(tmp_path, h200, v2=False)
+    rule = "c 195:1 rw\n"
+    lxc = host.container("/lxc.payload.train", [], devices_list=rule)
+    os.chown(lxc, 100000, 100000)
+    host.container("/deleg", [], devices_list="a *:* rwm\n")
+    os.chown(host.cgroup / "devices" / "deleg", 1000, 1000)
+    host.container(f"/deleg/docker-{C1}.scope", [], devices_list=rule)
+    host.container(f"/deleg/{C2}", [], devices_list=rule)  # unrecognised leaf named like a container ID
+    host.container("/deleg/lxc.payload.victim", [], devices_list=rule)  # its path spells a name: not kept
+    host.container("/open", [], devices_list="a *:* rwm\n")
+    (host.cgroup / "devices" / "open").chmod(0o777)
+    host.container(f"/open/docker-{C3}.scope", [], devices_list=rule)
+    userd = f"/user.slice/user-1000.slice/user@1000.service/docker-{C3}.scope"
+    host.container(userd, [901], devices_list=rule)  # not walked (a user's subtree): found by its process
+    host.process(901, userd, gpu=1)
+    r = rows(host.collect())
+    assert (r["/lxc.payload.train"].identity.runtime, r["/lxc.payload.train"].metadata.name) == ("lxc", "train")
+    for path, why in ((f"/deleg/docker-{C1}.scope", "owned by uid 1000"), (f"/deleg/{C2}", "owned by uid 1000"),
+                      ("/deleg/lxc.payload.victim", "owned by uid 1000"),
+                      (f"/open/docker-{C3}.scope", "writable by group or others"),
+                      (f"/user.slice/user-1000.slice/user@1000.service/docker-{C3}.scope", "user@1000.service")):
+        row = r[path]
+        assert row.identity is not None and (row.identity.runtime, row.identity.id) == ("unknown", path), path
+        used = (GIB, 1) if path == userd else (0, 0)
+        assert why in row.reason and table(row) == [(GPU1, "devices_cgroup", *used)], (path, row.reason)
+        assert row.metadata.name == "", path
+    # gone before its parent could be looked at (removed mid-collection, or pulled away on purpose):
+    # not trusted, not listed
+    attributor = Attributor(CgroupLayout(CgroupMode.V1, host.cgroup / "devices", None), host.proc, host.rootfs)
+    assert attributor._delegated(f"/gone/docker-{C1}.scope") is None
+    assert attributor._delegated("/lxc.payload.train") == ""  # the root's child: only root made it
 
 
 @pytest.mark.root  # mknod of a 195:N node in tmp_path needs CAP_MKNOD

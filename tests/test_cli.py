@@ -223,3 +223,10 @@ def test_roots_that_are_not_directories_exit_2(tmp_path: Path, option: str) -> N
     proc = run("containers", option, str(tmp_path / "absent"))
     assert proc.returncode == 2
     assert "is not a directory" in proc.stderr and proc.stderr.count("accelstats: error:") == 1
+
+
+def test_the_containers_table_shows_no_control_characters() -> None:
+    """Names come from runtime state files; an escape sequence in one must not reach the terminal."""
+    from accelstats.cli import _shown
+    assert _shown("evil\x1b[2J\nname\u202e") == "evil?[2J?name?"
+    assert _shown("plain-name_1.2") == "plain-name_1.2"

@@ -50,7 +50,8 @@ def test_malformed_lines_are_skipped_counted_and_the_rest_used(tmp_path: Path, f
     collection = m.collect()
     by_id = {c.identity.id: c for c in collection.containers if c.identity}
     assert [a.minor for a in by_id[DOCKER_A].accelerators] == [1]
-    assert DOCKER_B not in by_id  # lost GPU access after daemon-reload: zero GPUs, so not a GPU container
+    assert by_id[DOCKER_B].accelerators == []  # lost GPU access after daemon-reload: zero GPUs, listed
+    assert by_id[DOCKER_B].lost_gpu_access and "lost GPU access" in by_id[DOCKER_B].reason
     assert collection.devices_list_skipped_lines_total == 2
     text = exposition(m).decode()
     families = {f.name: f for f in text_string_to_metric_families(text)}

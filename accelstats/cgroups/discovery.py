@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,10 @@ from accelstats.cgroups.identity import ContainerIdentity, KnownLookup, identify
 
 DEFAULT_MAX_DEPTH = 16
 """Directories deeper than this below the hierarchy root are not entered (counted instead)."""
+MAX_UNRECOGNISED = 4096
+"""Unrecognised leaf cgroups kept per walk at most (the rest are counted, not kept): anyone with a
+delegated cgroup can make thousands, and each kept one costs reads at every collection."""
+_USER_MANAGER = re.compile(r"user@[0-9]+\.service")
 _PAYLOAD_CHILD = "container"
 _MAX_DEVICES_LIST_BYTES = 1 << 20
 
@@ -43,11 +48,13 @@ class ContainerCgroup:
 class WalkStats:
     """What a walk could not look at: directories that vanished (``FileNotFoundError``/
     ``NotADirectoryError``, e.g. a container that exited), directories that could not be read
-    (permission or other ``OSError``), and directories not entered because of the depth bound."""
+    (permission or other ``OSError``), directories not entered because of the depth bound, and
+    unrecognised leaves beyond :data:`MAX_UNRECOGNISED`."""
 
     skipped_vanished: int = 0
     skipped_unreadable: int = 0
     skipped_too_deep: int = 0
+    skipped_unrecognised: int = 0
 
 
 @dataclass(frozen=True)
@@ -92,7 +99,7 @@ def _walk(root: Path, max_depth: int, known: KnownLookup | None = None) -> Disco
     # Plain strings rather than pathlib in the loop: a scrape walks every cgroup directory.
     found: list[ContainerCgroup] = []
     leaves: list[ContainerCgroup] = []
-    vanished = unreadable = too_deep = 0
+    vanished = unreadable = too_deep = too_many = 0
     base = str(root)
     stack: list[tuple[str, ...]] = [()]
     while stack:
@@ -118,11 +125,17 @@ def _walk(root: Path, max_depth: int, known: KnownLookup | None = None) -> Disco
             unreadable += 1
             continue
         if not children and parts and not is_host_cgroup(_cgroup_path(parts)):
-            leaves.append(ContainerCgroup(_cgroup_path(parts), Path(directory), None))
-        stack.extend((*parts, name) for name in reversed(children))
+            if len(leaves) < MAX_UNRECOGNISED:
+                leaves.append(ContainerCgroup(_cgroup_path(parts), Path(directory), None))
+            else:
+                too_many += 1
+        # A user's delegated subtree (systemd's user@<uid>.service) is not walked: nothing in it may be
+        # given a runtime's identity, its device rules are its parent's, and its owner could fill it
+        # with cgroups to slow every scrape. GPU processes in it are still found (NVML's lists).
+        stack.extend((*parts, name) for name in reversed(children) if not _USER_MANAGER.fullmatch(name))
     found.sort(key=lambda c: c.path)
     leaves.sort(key=lambda c: c.path)
-    return Discovery(tuple(found), WalkStats(vanished, unreadable, too_deep), tuple(leaves))
+    return Discovery(tuple(found), WalkStats(vanished, unreadable, too_deep, too_many), tuple(leaves))
 
 
 def discover_v1_containers(devices_root: Path, *, max_depth: int = DEFAULT_MAX_DEPTH,
