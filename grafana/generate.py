@@ -261,15 +261,19 @@ def containers() -> Dashboard:
     ])
     # GPUs allocated and idle: the one-line query of docs/containers.md and of the alert
     # AccelstatsGpuAllocatedIdle (prometheus/accelstats.rules.yml)
-    idle = _in_containers("accelstats_container_gpu_processes", extra=', attribution="devices_cgroup"') + " == 0"
+    idle = (_in_containers("accelstats_container_gpu_processes", extra=', attribution="devices_cgroup"') + " == 0 "
+            "unless on (instance, job, id, uuid) accelstats_container_gpu_device_open == 1")
     allocated: Row = ("Allocated and idle", [
         single("GPU allocations idle", "GPUs granted to a container by its devices cgroup (cgroup v1 devices.list, "
-               "v2 device programs) on which none of its processes runs: paid for and unused "
-               '(accelstats_container_gpu_processes{attribution="devices_cgroup"} == 0).', "none",
+               "v2 device programs) on which none of its processes runs and which none of them holds open: paid "
+               'for and unused (accelstats_container_gpu_processes{attribution="devices_cgroup"} == 0, unless '
+               "accelstats_container_gpu_device_open == 1: monitoring agents hold the GPUs they watch open).",
+               "none",
                [query(f"count({idle}) or vector(0)")], 4, 8),
         grid("Idle GPU allocations", "One line per (container, GPU) allocated and idle: the container, its pod or "
              "Nomad allocation, and the GPU (accelstats_container_gpu_processes == 0 with attribution "
-             "devices_cgroup).", "short", [query(idle)], 20, 8, columns={"Value": "processes"}),
+             "devices_cgroup, and no process of it holding the device open).", "short", [query(idle)], 20, 8,
+             columns={"Value": "processes"}),
     ])
     identity: Row = ("Identity", [
         grid("Container identity", "Every container holding a GPU: runtime, container id, image, pod uid, Nomad "

@@ -58,6 +58,7 @@ class Expect:
     reason: str = ""  # a fragment the REASON must hold ("" = no reason)
     pod_uid: str = ""
     by: str = "runtime state"  # how it was identified: "runtime state" or "path rule"
+    cgroup: str = ""  # the cgroup path the runtime made, with {id} (and {pod}) for the IDs
 
 
 @dataclass
@@ -129,24 +130,33 @@ def host() -> Iterator[Host]:
         pids["ctr"] = containerd.run(f"gpus-{t}", ids["ctr"], nodes[1])
         cgroups = {label: devices_cgroup_path(pid) for label, pid in pids.items()}
         expect = {
-            "docker_default": Expect("docker", f"plain-{t}", IMAGE, [(GPU0, "devices_cgroup")]),
-            "docker_parent": Expect("docker", f"parent-{t}", IMAGE, [(GPU1, "devices_cgroup")]),
+            "docker_default": Expect("docker", f"plain-{t}", IMAGE, [(GPU0, "devices_cgroup")], cgroup="/docker/{id}"),
+            "docker_parent": Expect("docker", f"parent-{t}", IMAGE, [(GPU1, "devices_cgroup")],
+                                    cgroup=f"/gpujobs-{t}/{{id}}"),
             "docker_parent2": Expect("docker", f"two-gpus-{t}", IMAGE,
-                                     [(GPU0, "devices_cgroup"), (GPU1, "devices_cgroup")]),
-            "docker_compose": Expect("docker", f"proj{t}-train-1", IMAGE, [(GPU1, "devices_cgroup")]),
-            "docker_nogpu": Expect("docker", f"nogpu-{t}", IMAGE, [], listed=False),
-            "podman_default": Expect("podman", f"pm-{t}", IMAGE, [(GPU0, "devices_cgroup")]),
+                                     [(GPU0, "devices_cgroup"), (GPU1, "devices_cgroup")],
+                                     cgroup=f"/gpujobs-{t}/team/{{id}}"),
+            "docker_compose": Expect("docker", f"proj{t}-train-1", IMAGE, [(GPU1, "devices_cgroup")],
+                                     cgroup="/docker/{id}"),
+            "docker_nogpu": Expect("docker", f"nogpu-{t}", IMAGE, [], listed=False, cgroup="/docker/{id}"),
+            "podman_default": Expect("podman", f"pm-{t}", IMAGE, [(GPU0, "devices_cgroup")],
+                                     cgroup="/libpod_parent/libpod-{id}"),
             "podman_pod": Expect("podman", f"in-pod-{t}", IMAGE, [(GPU1, "devices_cgroup")],
-                                 reason="pod name not read", pod_uid=pod_id),
-            "podman_parent": Expect("podman", f"ml-{t}", IMAGE, [(GPU0, "devices_cgroup")]),
+                                 reason="pod name not read", pod_uid=pod_id, cgroup="/libpod_parent/{pod}/libpod-{id}"),
+            "podman_parent": Expect("podman", f"ml-{t}", IMAGE, [(GPU0, "devices_cgroup")],
+                                    cgroup=f"/mlpods-{t}/libpod-{{id}}"),
             # privileged: a *:* rwm proves nothing; its process on GPU 0 (the replay lists it) does
-            "podman_privileged": Expect("podman", f"priv-{t}", IMAGE, [(GPU0, "process")]),
+            "podman_privileged": Expect("podman", f"priv-{t}", IMAGE, [(GPU0, "process")],
+                                        cgroup="/libpod_parent/libpod-{id}"),
             # vfs storage in another graphroot than the one configured here (test_vfs_storage configures
             # it): podman's default path, so podman by the path rule, without a name
             "podman_vfs": Expect("podman", "", "", [(GPU1, "devices_cgroup")], reason="has no file for this container",
-                                 by="path rule"),
-            "ctr": Expect("containerd", ids["ctr"], "", [(GPU1, "devices_cgroup")], reason=CTR_IMAGE_REASON),
+                                 by="path rule", cgroup="/libpod_parent/libpod-{id}"),
+            "ctr": Expect("containerd", ids["ctr"], "", [(GPU1, "devices_cgroup")], reason=CTR_IMAGE_REASON,
+                          cgroup=f"/gpus-{t}/{{id}}"),
         }
+        for label, want in expect.items():  # the paths of docs/containers.md, as these runtimes made them
+            assert cgroups[label] == want.cgroup.format(id=ids[label], pod=pod_id), (label, cgroups[label])
         yield Host(docker, podman, vfs, containerd, nodes, ids, cgroups, pids, expect)
 
 
@@ -275,14 +285,21 @@ def test_containers_started_and_removed_while_serve_is_scraped(host: Host, tmp_p
         ns = f"late-{t}"
         host.containerd.run(ns, f"late-{t}", host.nodes[1])
         started["containerd"] = f"late-{t}"
+        gpu = {"docker": GPU1, "podman": GPU0, "containerd": GPU1}
         for runtime, cid in started.items():
             assert f'container_id="{cid}"' not in before
             text = wait_for(port, lambda s, c=cid: f'container_id="{c}"' in s, f"{runtime} container to appear")
             info = next(line for line in text.splitlines()
                         if line.startswith("accelstats_container_info{") and f'container_id="{cid}"' in line)
             assert f'runtime="{runtime}"' in info
-            if runtime != "containerd":
-                assert f'name="late-{t}"' in info
+            assert f'name="{cid if runtime == "containerd" else f"late-{t}"}"' in info
+            assert f'image="{"" if runtime == "containerd" else IMAGE}"' in info
+            cgroup = re.search(r'[{,]id="([^"]*)"', info)
+            assert cgroup is not None
+            procs = [line for line in text.splitlines() if line.startswith("accelstats_container_gpu_processes{")
+                     and f',id="{cgroup.group(1)}"' in line.replace("{", ",")]
+            assert len(procs) == 1 and f'uuid="{gpu[runtime]}"' in procs[0], procs  # its GPU, and only it
+            assert 'attribution="devices_cgroup"' in procs[0] and procs[0].endswith(" 0.0"), procs
         host.docker.remove(started["docker"])
         host.podman.remove(started["podman"])
         host.containerd.remove(ns, started["containerd"])
@@ -296,9 +313,12 @@ def test_containers_started_and_removed_while_serve_is_scraped(host: Host, tmp_p
 
 
 def _make_cgroup(path: Path, uid: int, pid: int, rules: list[str]) -> None:
-    """A v1 devices cgroup at ``path`` (parents made too), restricted to ``rules``, owned by ``uid`` as a
-    delegated one is, holding ``pid``."""
-    path.mkdir(parents=True)
+    """A v1 devices cgroup at ``path`` restricted to ``rules`` and holding ``pid``, made as a user with
+    a delegated subtree makes it: the parent (root made it, then delegated it) and the cgroup are owned
+    by ``uid``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.chown(path.parent, uid, uid)
+    path.mkdir()
     (path / "devices.deny").write_text("a")
     for rule in rules:
         (path / "devices.allow").write_text(rule)
@@ -331,7 +351,8 @@ def test_look_alikes_in_delegated_cgroups_never_get_a_containers_identity(host: 
         for cgroup, why in ((delegated, "under user@1000.service"), (owned, "owned by uid 1000")):
             row = rows["/" + str(cgroup.relative_to(devices))]
             assert (row["runtime"], row["name"], row["image"], row["pod"]) == ("unknown", "", "", ""), row
-            assert row["id"] != victim and why in row["reason"], row
+            assert row["id"] == row["cgroup"] != victim and why in row["reason"], row
+            assert "looks like a docker container" in row["reason"], row
             assert [(d["uuid"], d["attribution"], d["memory_used_bytes"]) for d in row["devices"]] == [
                 (GPU1, "devices_cgroup", GIB)]
         real = rows[host.cgroups["docker_default"]]
