@@ -377,12 +377,15 @@ def mps_status(as_json: bool, **opts: Any) -> None:
     """Each daemon's health, servers, clients (with their containers) and settings; exit status 1 when
     a daemon is unhealthy (as ``systemctl status`` does for a failed unit)."""
     from accelstats.mpsctl import client_containers
+    from accelstats.runtimes import RuntimeState
 
     mgr, settings, _ = _mps_manager(opts, strict=False)
+    state = RuntimeState(settings.rootfs, settings.runtimes)
+    state.refresh()
     rows = []
     for daemon, status in zip(mgr.daemons(), mgr.status_all().values(), strict=True):
         pids = [c for clients in status.clients.values() for c in clients]
-        containers = client_containers(pids, settings.proc_root)
+        containers = client_containers(pids, settings.proc_root, state.known)
         rows.append({
             "resource": daemon.resource.name, "devices": list(daemon.resource.devices),
             "replicas": daemon.resource.replicas, "pipe_dir": str(daemon.pipe_dir),

@@ -15,6 +15,7 @@ from functools import partial
 from pathlib import Path
 
 from accelstats.cgroups import identify_with_root, parse_proc_cgroup
+from accelstats.cgroups.identity import KnownLookup
 from accelstats.config import MpsResourceSettings, MpsSettings
 from accelstats.fsread import read_small
 from collectors.deadline import DeadlineWorker
@@ -83,9 +84,10 @@ def lenient_manager(settings: MpsSettings, gpus: list[MpsGpu],
                    exclusive_process=settings.exclusive_process), problems
 
 
-def client_containers(pids: list[int], proc_root: Path) -> dict[int, str]:
+def client_containers(pids: list[int], proc_root: Path, known: KnownLookup | None = None) -> dict[int, str]:
     """``{client pid: container cgroup path}`` for MPS client PIDs that belong to a container
-    (host processes and vanished PIDs are left out)."""
+    (host processes and vanished PIDs are left out); ``known``: the runtimes' state
+    (:meth:`accelstats.runtimes.RuntimeState.known`), so that containers on any path are found."""
     out = {}
     for pid in pids:
         data = read_small(proc_root / str(pid) / "cgroup")
@@ -93,7 +95,7 @@ def client_containers(pids: list[int], proc_root: Path) -> dict[int, str]:
             continue
         parsed = parse_proc_cgroup(data.decode("utf-8", errors="surrogateescape"))
         path = parsed.get("devices") or parsed.get("")
-        rooted = identify_with_root(path) if path else None
+        rooted = identify_with_root(path, known) if path else None
         if rooted is not None:
             out[pid] = rooted[0]
     return out

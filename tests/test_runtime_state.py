@@ -199,3 +199,14 @@ def test_runtime_roots_are_normalised(tmp_path: Path, value: str, expected: str)
     roots = load_config(cfg).runtimes
     assert roots.docker_data_root == Path(expected)
     assert RuntimeState(tmp_path, roots).docker_containers() == tmp_path / expected.lstrip("/") / "containers"
+
+
+def test_mps_clients_are_named_by_the_runtime_state_too(state: RuntimeState, tmp_path: Path) -> None:
+    """``accelstats mps status``: a client in ``ctr -n gpus`` container job1 (a path no rule knows)."""
+    from accelstats.mpsctl import client_containers
+    proc = tmp_path / "proc"
+    for pid, path in ((41, "/gpus/job1"), (42, "/gpus/other")):
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "cgroup").write_text(f"0::{path}\n")
+    assert client_containers([41, 42], proc, state.known) == {41: "/gpus/job1"}
+    assert client_containers([41, 42], proc) == {}
