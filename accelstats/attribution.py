@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from collections import Counter
 from collections.abc import Callable, Iterable
 from functools import partial
@@ -51,6 +50,7 @@ from accelstats.cgroups import (
 )
 from accelstats.cgroups.bpf_program import UndecidableError
 from accelstats.cgroups.devices_bpf import DeviceProgramCache, DeviceProgramsError
+from accelstats.cgroups.trust import untrusted_because
 from accelstats.config import RuntimeRoots
 from accelstats.containers import (
     ContainerCollector,
@@ -73,7 +73,6 @@ SKIP_REASONS = ("cgroup_vanished", "cgroup_unreadable", "cgroup_too_deep", "devi
                 "pid_vanished", "pid_unreadable", "bad_cgroup_path", "foreign_cgroupns", "fd_unreadable",
                 "mig_minors_line", "device_programs_denied", "device_programs_unreadable",
                 "device_program_undecidable", "cgroup_unrecognised_too_many")
-_USER_MANAGER_RE = re.compile(r"user@[0-9]+\.service")
 _MAX_LOGGED = 10_000
 
 
@@ -249,41 +248,9 @@ class Attributor:
             out.append(stats)
 
     def _delegated(self, path: str, root_fd: int | None = None) -> str | None:
-        """Why ``path`` may have been made by a user rather than a runtime, ``""`` when only root
-        could have made it, or ``None`` when it is gone. Untrusted: a ``user@<uid>.service``
-        component (systemd's per-user manager, ``Delegate=yes``), or a parent cgroup a user may write
-        to: owned by another uid than root, or writable by group or others (cgroup v2 delegation
-        chowns the delegated subtree's directories; cgroup-v2.rst "Delegation"). The parent, not the
-        cgroup itself, says who could create it: runtimes chown a container's own cgroup to its
-        (user-namespaced) root user, as unprivileged LXC and runc with a user namespace do, and that
-        must not make the container untrusted. The parent is looked up relative to the hierarchy (no
-        ``PATH_MAX`` limit on the whole path; ``root_fd``: an ``O_PATH`` descriptor of the hierarchy
-        root, opened here when None); anything but a clear answer is untrusted or gone, never trusted."""
-        for comp in path.split("/"):
-            if _USER_MANAGER_RE.fullmatch(comp):
-                return f"it is under {comp}"
-        comps = [c for c in path.split("/") if c]
-        if comps and comps[-1] == "container":  # podman's payload child: its parent is what was named
-            comps = comps[:-1]
-        parent = "/".join(comps[:-1]) or "."
+        """:func:`accelstats.cgroups.trust.untrusted_because` for ``path`` in this hierarchy."""
         assert self.hierarchy is not None
-        try:
-            root = root_fd if root_fd is not None else os.open(self.hierarchy,
-                                                                os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                st = os.stat(parent, dir_fd=root, follow_symlinks=False)
-            finally:
-                if root_fd is None:
-                    os.close(root)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        except OSError as exc:
-            return f"who made its parent cgroup cannot be checked ({exc.strerror or exc})"
-        if st.st_uid != 0:
-            return f"its parent cgroup is owned by uid {st.st_uid} (a delegated subtree)"
-        if st.st_mode & 0o022:
-            return "its parent cgroup is writable by group or others"
-        return ""
+        return untrusted_because(self.hierarchy, path, root_fd)
 
     def _metadata_root_missing(self, runtime: str) -> None:
         """Warn once per setting when a container of ``runtime`` is attributed but that runtime's
