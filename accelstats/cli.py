@@ -146,7 +146,7 @@ def main() -> None:
 @source_options
 def serve(listen: str | None, collectors: tuple[str, ...], web_config: str | None, **opts: Any) -> None:
     """Serve /metrics, /healthz and / until SIGTERM or SIGINT."""
-    from accelstats.exporter import serve as start_server
+    from accelstats.httpserver import serve as start_server
     from accelstats.webconfig import WebConfigError, WebConfigSource
 
     settings = build_settings(listen=listen, collectors=collectors, **opts)

@@ -1,6 +1,6 @@
 """Soak: many scrapes in one process; RSS, open fds and threads must not grow (issue 7, part 4).
 
-One process holds both sides: the exporter (``accelstats.exporter.serve`` on ``127.0.0.1``, an
+One process holds both sides: the exporter (``accelstats.httpserver.serve`` on ``127.0.0.1``, an
 ephemeral port, over the scrape benchmark's synthetic host: 1 replayed H200 x 10 containers by
 default, so 100 000 scrapes take minutes) and the client (``http.client``, one connection per
 request, as Prometheus' HTTP/1.0 exchanges with this server are). HTTP rather than
@@ -39,7 +39,8 @@ from prometheus_client.exposition import generate_latest
 from scrape import build_host, default_shared, loadavg, machine  # benchmarks/ is sys.path[0]
 
 from accelstats.config import Settings
-from accelstats.exporter import make_registry, serve
+from accelstats.exporter import make_registry
+from accelstats.httpserver import serve
 from accelstats.manager import AcceleratorManager
 from collectors.nvml_replay import ReplayNVML
 

@@ -1,6 +1,6 @@
 """Helpers of the fault matrix (tests/test_fault_matrix*.py): the two surfaces, served for real.
 
-* :class:`Exporter`: an ``AcceleratorManager`` served by :func:`accelstats.exporter.serve` on a free
+* :class:`Exporter`: an ``AcceleratorManager`` served by :func:`accelstats.httpserver.serve` on a free
   loopback port; :meth:`Exporter.scrape` is an HTTP GET of ``/metrics``, timed and parsed.
 * :func:`serve_subprocess`: ``python3 -m accelstats serve`` as a child process (optionally as
   another user), waited for until ``/healthz`` answers.
@@ -37,7 +37,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from accelstats.config import Settings
-from accelstats.exporter import serve
+from accelstats.httpserver import serve
 from accelstats.manager import AcceleratorManager
 from accelstats.nomad import config as plugin_config
 from accelstats.nomad import devices

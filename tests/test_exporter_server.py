@@ -8,7 +8,7 @@ from pathlib import Path
 from conftest import require_tool
 
 from accelstats.config import Settings
-from accelstats.exporter import serve
+from accelstats.httpserver import serve
 from accelstats.manager import AcceleratorManager
 
 
@@ -39,7 +39,7 @@ def test_scrapes_sharing_a_collection_share_one_encoded_body(tmp_path: Path, fix
 
     from prometheus_client.parser import text_string_to_metric_families
 
-    from accelstats.exporter import SharedExposition
+    from accelstats.httpserver import SharedExposition
     from collectors.nvml_replay import ReplayNVML
 
     manager = AcceleratorManager(Settings(cgroup_root=tmp_path, proc_root=tmp_path, collectors=("nvidia",)),

@@ -1,7 +1,7 @@
 """``--web-config``: exporter-toolkit's web configuration file, and a real TLS + basic-auth server.
 
 Part one is the parser's table: a valid file, and for each mistake the key the message names.
-Part two starts the real server in-process (``accelstats.exporter.serve``) with certificates made by
+Part two starts the real server in-process (``accelstats.httpserver.serve``) with certificates made by
 ``openssl`` (tests/tls_pki.py) and talks to it over real sockets; part three runs ``python3 -m
 accelstats serve --web-config`` as a user would.
 """
@@ -29,7 +29,7 @@ from tls_pki import Pki, make_pki, openssl_missing
 
 from accelstats import webauth
 from accelstats.config import Settings, load_config
-from accelstats.exporter import serve
+from accelstats.httpserver import serve
 from accelstats.manager import AcceleratorManager
 from accelstats.webconfig import (
     GO_CIPHERS,

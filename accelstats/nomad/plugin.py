@@ -117,7 +117,7 @@ class DevicePluginState:
             self._metrics_server, self._metrics_listen = None, ""
         if listen:
             from accelstats.config import parse_listen
-            from accelstats.exporter import serve
+            from accelstats.httpserver import serve
 
             host, port = parse_listen(listen)
             try:
