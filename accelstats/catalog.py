@@ -96,6 +96,10 @@ GPU_INFO = Family("accelstats_gpu_info", "gauge",
 GPU_UP = Family("accelstats_gpu_up", "gauge",
                 "1 when the device answered NVML in this collection, 0 when lost or past the deadline.",
                 GPU_LABELS)
+GPU_LAST_SUCCESS = Family(
+    "accelstats_gpu_last_success_timestamp_seconds", "gauge",
+    "Unix time of the last collection that read the device through NVML; a reading older than the scrape "
+    "interval is being served from an earlier collection (the device hangs, or NVML is down).", GPU_LABELS)
 GPU_SAMPLED: tuple[Family, ...] = (
     _gpu("accelstats_gpu_utilization_ratio",
          "Mean GPU utilisation over NVML samples since the previous collection (0-1).",
@@ -212,6 +216,20 @@ ATTRIBUTION_SKIPPED = Family(
     "Items skipped during attribution because they vanished or could not be read, by reason.", ("reason",))
 NVML_ERRORS = Family("accelstats_nvml_errors_total", "counter",
                      "NVML calls that failed, by call and NVML error (NOT_SUPPORTED excluded).", ("call", "error"))
-EXPORTER = (BUILD_INFO, COLLECTOR_SUCCESS, COLLECTOR_DURATION, SKIPPED_LINES, ATTRIBUTION_SKIPPED, NVML_ERRORS)
+COLLECTOR_LAST_SUCCESS = Family(
+    "accelstats_scrape_collector_last_success_timestamp_seconds", "gauge",
+    "Unix time of the last collection in which the collector succeeded; the families it feeds are as of then "
+    "when it fails or runs past the collection deadline.", ("collector",))
+HTTP_REFUSED = Family(
+    "accelstats_http_connections_refused_total", "counter",
+    "HTTP connections the server closed without serving them, by reason (connection limit, header or TLS "
+    "handshake deadline, idle keep-alive).", ("reason",))
+WEB_CONFIG_RELOAD_FAILURES = Family(
+    "accelstats_web_config_reload_failures_total", "counter",
+    "Changes of the web configuration file (or its certificate or key) that were refused: the last good "
+    "configuration stays in force.", ())
+EXPORTER = (BUILD_INFO, COLLECTOR_SUCCESS, COLLECTOR_DURATION, COLLECTOR_LAST_SUCCESS, SKIPPED_LINES,
+            ATTRIBUTION_SKIPPED, NVML_ERRORS, HTTP_REFUSED, WEB_CONFIG_RELOAD_FAILURES)
 
-ALL: tuple[Family, ...] = (*CADVISOR, GPU_INFO, GPU_UP, *GPU_SAMPLED, *CONTAINER, *FILES, *MPS, *EXPORTER)
+ALL: tuple[Family, ...] = (*CADVISOR, GPU_INFO, GPU_UP, GPU_LAST_SUCCESS, *GPU_SAMPLED, *CONTAINER, *FILES, *MPS,
+                           *EXPORTER)
