@@ -13,6 +13,7 @@ settings as the command line::
     log_level = "info"
     nvml_retry_interval = 30.0         # seconds between NVML init attempts while unavailable
     nvml_deadline = 1.5                # seconds a collection waits for NVML before marking a GPU down
+    collection_deadline = 4.0          # seconds a whole collection may take; late parts are served as of their last run
     nvml_pcie_interval = 10.0          # seconds between background PCIe throughput reads; 0 = off
     collectors = ["nvidia", "files"]   # enabled collectors (default: those enabled by default)
     web_config = ""                    # exporter-toolkit web config (TLS, basic auth); "" = plain HTTP
@@ -128,6 +129,7 @@ class Settings:
     log_level: str = "info"
     nvml_retry_interval: float = 30.0
     nvml_deadline: float = 1.5
+    collection_deadline: float = 4.0  # a collection answers by then; a late part serves its last result
     nvml_pcie_interval: float = 10.0  # 0: PCIe throughput not read (collectors/pcie.py)
     collectors: tuple[str, ...] | None = None  # None: each collector's default
     file_devices: FileDevicesSettings = field(default_factory=FileDevicesSettings)
@@ -183,7 +185,8 @@ def load_config(path: Path, base: Settings | None = None) -> Settings:
     where = str(path)
     folder = path.parent
     known = {"listen", "nvml_replay", "cgroup_root", "proc_root", "sysfs_root", "rootfs", "open_fd_scan", "log_level",
-             "nvml_retry_interval", "nvml_deadline", "nvml_pcie_interval", "collectors", "file_devices", "mps",
+             "nvml_retry_interval", "nvml_deadline", "collection_deadline", "nvml_pcie_interval", "collectors",
+             "file_devices", "mps",
              "web_config", "runtimes"}
     changes: dict[str, Any] = {}
     for key, value in data.items():
@@ -205,7 +208,7 @@ def load_config(path: Path, base: Settings | None = None) -> Settings:
                 raise ConfigError(f"{where}: key 'log_level': expected one of {', '.join(LOG_LEVELS)}, "
                                   f"got {value!r}")
             changes[key] = level
-        elif key in ("nvml_retry_interval", "nvml_deadline"):
+        elif key in ("nvml_retry_interval", "nvml_deadline", "collection_deadline"):
             seconds = float(_expect(where, key, value, (int, float)))
             if not math.isfinite(seconds) or seconds <= 0:
                 raise ConfigError(f"{where}: key {key!r}: must be a finite number > 0, got {value!r}")

@@ -388,19 +388,32 @@ class ContainerCollector:
         )
 
 
-@functools.lru_cache(maxsize=4096)
+_MAX_CACHED_TEXT = 4096  # bytes: a real devices.list is a few hundred; longer texts are not kept
+
+
 def _grant(devices_list_text: str, minors: frozenset[int], caps_major: int | None,
            caps_minors: frozenset[int]) -> tuple[GpuGrant, tuple[str, ...], bool]:
     """(grant, skipped lines, whether a char rule names the NVIDIA major with ``*`` or a GPU's minor,
     whatever its access) of a ``devices.list`` text. Parsing and granting are pure and a host's
     containers share a handful of rule sets, so this is cached by text (strings cache their hash;
-    the parsed rules do not)."""
+    the parsed rules do not) — for texts up to 4 KiB, so that the cache is bounded in bytes too."""
+    if len(devices_list_text) > _MAX_CACHED_TEXT:
+        return _grant_of(devices_list_text, minors, caps_major, caps_minors)
+    return _grant_cached(devices_list_text, minors, caps_major, caps_minors)
+
+
+def _grant_of(devices_list_text: str, minors: frozenset[int], caps_major: int | None,
+              caps_minors: frozenset[int]) -> tuple[GpuGrant, tuple[str, ...], bool]:
+    """:func:`_grant`, computed."""
     parsed = parse_devices_list(devices_list_text)
     grant = gpu_grant(parsed, minors, nvidia_major=NVIDIA_MAJOR, caps_major=caps_major,
                       known_caps_minors=caps_minors)
     names_gpus = any(r.type == "c" and r.major == NVIDIA_MAJOR and (r.minor is None or r.minor in minors)
                      for r in parsed.rules)
     return grant, parsed.skipped_lines, names_gpus
+
+
+_grant_cached = functools.lru_cache(maxsize=4096)(_grant_of)
 
 
 def _sum_memory(procs: list[ProcessUsage] | None) -> int | None:

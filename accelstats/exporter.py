@@ -39,10 +39,16 @@ def _identity_labels(c: ContainerStats) -> list[str]:
 
 def _utf8(value: str) -> str:
     """A label value safe to encode: names read from the filesystem may carry undecodable bytes
-    (``os.fsdecode`` surrogates), which would make the whole exposition fail; they become U+FFFD."""
+    (``os.fsdecode`` surrogates), which would make the whole exposition fail. Each such byte becomes
+    ``\\xNN`` (its hex value), so two names that differ only in undecodable bytes stay two series
+    (a single replacement character for every byte made them one, and Prometheus dropped one)."""
     if value.isascii():
         return value
-    return value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    try:
+        raw = value.encode("utf-8", "surrogateescape")  # the bytes os.fsdecode could not decode
+    except UnicodeEncodeError:  # another lone surrogate (not from a file name): its 3-byte form
+        raw = value.encode("utf-8", "surrogatepass")
+    return raw.decode("utf-8", "backslashreplace")
 
 
 def render(collection: Collection) -> Iterator[Metric]:
@@ -58,6 +64,8 @@ def render(collection: Collection) -> Iterator[Metric]:
     for r in snap.collector_results:
         add(catalog.COLLECTOR_SUCCESS, [r.name], 1.0 if r.success else 0.0)
         add(catalog.COLLECTOR_DURATION, [r.name], r.duration_seconds)
+    for name, when in sorted(collection.collector_last_success.items()):
+        add(catalog.COLLECTOR_LAST_SUCCESS, [name], when)
     add(catalog.SKIPPED_LINES, [], collection.devices_list_skipped_lines_total)
     for reason, count in sorted(collection.attribution_skipped.items()):
         add(catalog.ATTRIBUTION_SKIPPED, [reason], count)
@@ -74,6 +82,8 @@ def render(collection: Collection) -> Iterator[Metric]:
             d.architecture, snap.source], 1)
         sample = snap.samples.get(d.uuid)
         add(catalog.GPU_UP, base, 1.0 if sample is not None and sample.up else 0.0)
+        if d.uuid in snap.last_success:
+            add(catalog.GPU_LAST_SUCCESS, base, snap.last_success[d.uuid])
         if sample is None or not sample.up:
             continue
         for spec in catalog.GPU_SAMPLED:

@@ -11,6 +11,13 @@
   cgroup found and its accelerators attributed. Concurrent callers share collections: a caller
   never gets data from a collection that started before it arrived, and callers that queued behind
   a running collection share the next one.
+* The whole collection has a deadline (``collection_deadline``): NVML and MPS bound their own
+  calls; the other collectors and the attribution run on a worker thread each, and one that is not
+  done in time (a hung network filesystem under a state directory, a file-devices directory on a
+  dead NFS server) is left to finish alone while the collection answers with its last complete
+  result, marked late (``accelstats_scrape_collector_success`` 0, and
+  ``accelstats_scrape_collector_last_success_timestamp_seconds`` says as of when). While it runs,
+  no second one starts: a hang costs one thread, however many scrapes come.
 """
 
 from __future__ import annotations
@@ -33,11 +40,51 @@ from accelstats.containers import (
     HostView,
     NoopCollector,
 )
+from accelstats.mpsctl import MpsCollector
 from accelstats.registry import COLLECTORS, Collector, enabled_names
+from collectors.deadline import DeadlineWorker
 from collectors.model import CollectorResult, DeviceSnapshot, NoDataError
 from collectors.nvidia import NvidiaBackend
 
 log = logging.getLogger(__name__)
+
+MIN_WAIT = 0.25
+"""Seconds a collection waits at least for the attribution and each bounded collector, even when
+NVML used up the collection deadline (they usually take milliseconds)."""
+
+
+@dataclass(frozen=True)
+class _Attributed:
+    """One complete attribution: containers and view, the skip counters and notes as it ended, and
+    the Unix time it ended."""
+
+    containers: list[ContainerStats]
+    view: HostView
+    skipped: dict[str, int]
+    notes: dict[str, str]
+    finished: float
+
+
+_NOT_COPIED = frozenset({"timestamp", "collector_results"})
+
+
+def _merge_into(snapshot: DeviceSnapshot, part: DeviceSnapshot) -> None:
+    """Copy what a collector read into ``part`` (a snapshot of its own) into ``snapshot``: lists are
+    extended, dicts updated, other fields set where ``part`` differs from a fresh snapshot."""
+    fresh = DeviceSnapshot()
+    for f in dataclasses.fields(DeviceSnapshot):
+        if f.name in _NOT_COPIED:
+            continue
+        value = getattr(part, f.name)
+        if value == getattr(fresh, f.name):
+            continue
+        current = getattr(snapshot, f.name)
+        if isinstance(current, list):
+            current.extend(value)
+        elif isinstance(current, dict):
+            current.update(value)
+        else:
+            setattr(snapshot, f.name, value)
 
 
 @dataclass
@@ -59,6 +106,7 @@ class Collection:
     nvml_errors: dict[tuple[str, str], int] = field(default_factory=dict)
     started: float = 0.0
     notes: dict[str, str] = field(default_factory=dict)  # host-wide attribution conditions, for the CLI
+    collector_last_success: dict[str, float] = field(default_factory=dict)  # name -> Unix time
 
 
 class AcceleratorManager:
@@ -79,6 +127,11 @@ class AcceleratorManager:
         self._skipped_lock = threading.Lock()
         self._attributor: Attributor | None = None
         self._errors_logged: set[tuple[str, str]] = set()
+        self._workers: dict[str, DeadlineWorker] = {}  # collectors (and attribution) under the deadline
+        self._last_ok: dict[str, DeviceSnapshot] = {}  # a bounded collector's last successful result
+        self._last_success: dict[str, float] = {}  # name -> Unix time of its last success
+        self._attributed: _Attributed | None = None  # the last complete attribution
+        self._late_logged: set[str] = set()
 
     # -- seed interface ---------------------------------------------------------------------------
     def setup(self) -> None:
@@ -125,6 +178,8 @@ class AcceleratorManager:
             close = getattr(c, "close", None)  # NvidiaBackend, MpsCollector: their worker threads
             if callable(close):
                 close()
+        for worker in self._workers.values():
+            worker.stop()
 
     def __enter__(self) -> AcceleratorManager:
         self.setup()
@@ -179,12 +234,20 @@ class AcceleratorManager:
             if self._last is not None and self._last.started >= arrived:
                 return self._last
             started = time.monotonic()
+            deadline_at = started + self.settings.collection_deadline
             snapshot = DeviceSnapshot()
             for collector in self.collectors:
-                snapshot.collector_results.append(self._run(collector, snapshot))
+                if isinstance(collector, (NvidiaBackend, MpsCollector)):  # they bound their own calls
+                    result = self._run(collector, snapshot)
+                else:
+                    result = self._run_bounded(collector, snapshot, deadline_at)
+                snapshot.collector_results.append(result)
+                if result.success:
+                    self._last_success[result.name] = time.time()
             collection = Collection(snapshot=snapshot, started=started)
             if self._attributor is not None:
-                snapshot.collector_results.append(self._attribute(collection))
+                snapshot.collector_results.append(self._attribute(collection, deadline_at))
+            collection.collector_last_success = dict(self._last_success)
             collection.cgroup_mode = self.layout.mode.value if self.layout else ""
             collection.devices_list_skipped_lines_total = self._skipped_lines
             for c in self.collectors:
@@ -193,24 +256,81 @@ class AcceleratorManager:
             self._last = collection
             return collection
 
-    def _attribute(self, collection: Collection) -> CollectorResult:
+    def _attribute(self, collection: Collection, deadline_at: float) -> CollectorResult:
         """Attribute devices to containers, timed and isolated like a collector (``attribution`` in
         ``accelstats_scrape_collector_success``): a failure leaves the containers empty, never the
-        device families."""
-        assert self._attributor is not None
+        device families. It runs on its own worker and is waited for until ``deadline_at`` (at
+        least :data:`MIN_WAIT` seconds); when late, the last complete attribution is served."""
+        attributor = self._attributor
+        assert attributor is not None
         t0 = time.perf_counter()
-        try:
-            collection.containers, collection.view = self._attributor.attribute(collection.snapshot,
-                                                                                self._count_skipped)
-        except Exception as exc:
-            if ("attribution", type(exc).__name__) not in self._errors_logged:
-                self._errors_logged.add(("attribution", type(exc).__name__))
-                log.exception("attribution failed")
-            return CollectorResult("attribution", False, time.perf_counter() - t0, str(exc))
-        finally:
-            collection.attribution_skipped = dict(self._attributor.skipped)
-            collection.notes = dict(self._attributor.notes)
-        return CollectorResult("attribution", True, time.perf_counter() - t0)
+        snapshot = collection.snapshot
+        outcome: list[BaseException | None] = []
+
+        def job() -> None:
+            try:
+                containers, view = attributor.attribute(snapshot, self._count_skipped)
+            except Exception as exc:
+                outcome.append(exc)
+                if ("attribution", type(exc).__name__) not in self._errors_logged:
+                    self._errors_logged.add(("attribution", type(exc).__name__))
+                    log.exception("attribution failed")
+                return
+            finally:
+                skipped, notes = dict(attributor.skipped), dict(attributor.notes)
+            self._attributed = _Attributed(containers, view, skipped, notes, time.time())
+            outcome.append(None)
+
+        worker = self._workers.setdefault("attribution", DeadlineWorker("accelstats-attribution"))
+        finished = worker.run(job, max(MIN_WAIT, deadline_at - time.monotonic()))
+        if finished and outcome and outcome[0] is not None:
+            collection.attribution_skipped = dict(attributor.skipped)
+            return CollectorResult("attribution", False, time.perf_counter() - t0, str(outcome[0]))
+        last = self._attributed
+        if last is not None:
+            collection.containers, collection.view = last.containers, last.view
+            collection.attribution_skipped, collection.notes = dict(last.skipped), dict(last.notes)
+            self._last_success["attribution"] = last.finished
+        if finished:
+            self._late_logged.discard("attribution")
+            return CollectorResult("attribution", True, time.perf_counter() - t0)
+        return self._late("attribution", time.perf_counter() - t0, last.finished if last else None)
+
+    def _late(self, name: str, duration: float, as_of: float | None) -> CollectorResult:
+        """The result of a collector (or the attribution) that missed the collection deadline."""
+        when = time.strftime("%H:%M:%S", time.localtime(as_of)) if as_of is not None else "never"
+        reason = (f"past the collection deadline ({self.settings.collection_deadline:g}s): still running, "
+                  f"last complete result from {when}")
+        if name not in self._late_logged:
+            self._late_logged.add(name)
+            log.warning("%s %s", name, reason)
+        return CollectorResult(name, False, duration, reason)
+
+    def _run_bounded(self, collector: Collector, snapshot: DeviceSnapshot, deadline_at: float) -> CollectorResult:
+        """:meth:`_run` on the collector's own worker, into a snapshot of its own, waited for until
+        ``deadline_at`` (at least :data:`MIN_WAIT` seconds); what it read is then copied into
+        ``snapshot``. When late, its last successful result is copied instead (a collector that
+        never succeeded adds nothing) and the result says so."""
+        t0 = time.perf_counter()
+        scratch = DeviceSnapshot()
+        results: list[CollectorResult] = []
+
+        def job() -> None:
+            result = self._run(collector, scratch)
+            if result.success:
+                self._last_ok[collector.name] = scratch
+                self._last_success[collector.name] = time.time()
+            results.append(result)
+
+        worker = self._workers.setdefault(collector.name, DeadlineWorker(f"accelstats-{collector.name}"))
+        if worker.run(job, max(MIN_WAIT, deadline_at - time.monotonic())) and results:
+            _merge_into(snapshot, scratch)
+            self._late_logged.discard(collector.name)
+            return results[0]
+        last = self._last_ok.get(collector.name)
+        if last is not None:
+            _merge_into(snapshot, last)
+        return self._late(collector.name, time.perf_counter() - t0, self._last_success.get(collector.name))
 
     def _run(self, collector: Collector, snapshot: DeviceSnapshot) -> CollectorResult:
         t0 = time.perf_counter()

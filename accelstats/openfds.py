@@ -21,13 +21,16 @@ returns every minor of the major and leaves that decision to the caller).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import stat
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from accelstats.fsread import ascii_int, read_small
 
@@ -158,10 +161,15 @@ class OpenFdScanner:
     seconds (injectable for tests).  Raises :class:`ValueError` when ``ttl`` is negative or NaN.
 
     Sources: ``<proc_root>/<pid>/stat`` field 22 for the cache key (:func:`process_start_time`);
-    ``<proc_root>/<pid>/fd/`` (proc(5)), whose entries are magic links that :func:`os.stat` follows
-    to the open file's inode: an entry counts when the inode is a char device (``S_ISCHR``) whose
-    ``st_rdev`` has major ``nvidia_major``; its minor is ``os.minor(st_rdev)``.  Listing another
-    user's fd directory needs ptrace read access (root, or ``CAP_SYS_PTRACE``).
+    ``<proc_root>/<pid>/fd/`` (proc(5)), whose entries are magic links to the open files.  Each is
+    first read with ``readlink``, which the kernel answers from the dentry without asking the file's
+    filesystem (``d_path``): only an entry naming a path in a ``dev`` directory (``/dev/nvidia0``;
+    a tree mounted elsewhere shows ``/host/dev/...``) is looked at further, so a
+    file held open on a network or FUSE filesystem whose server stopped answering is never touched
+    (a ``stat`` of it would wait for that server for ever).  A ``/dev/`` entry is then looked at with
+    :func:`char_device` (``statx`` with ``AT_STATX_DONT_SYNC``): it counts when it is a char device
+    whose major is ``nvidia_major``.  Listing another user's fd directory needs ptrace read access
+    (root, or ``CAP_SYS_PTRACE``).
 
     Counters (cumulative ``int`` attributes, for the exporter's self-metrics):
 
@@ -226,7 +234,8 @@ class OpenFdScanner:
             old_cache = self._cache
             new_cache: dict[int, _CacheEntry] = {}
             result: dict[int, frozenset[int]] = {}
-            for pid in dict.fromkeys(pids):
+            asked = dict.fromkeys(pids)
+            for pid in asked:
                 entry = old_cache.get(pid)
                 if entry is not None and now - entry.scanned_at < self._lifetime(pid):
                     # Listed in the previous scan and still listed now: the same process (a PID
@@ -253,6 +262,8 @@ class OpenFdScanner:
                 new_cache[pid] = _CacheEntry(start, minors, now)
                 result[pid] = minors
             self._cache = new_cache
+            # forget the unreadable PIDs that are no longer asked about (exited, or left the containers)
+            self._unreadable_now.intersection_update(asked)
             return result
 
     def _lifetime(self, pid: int) -> float:
@@ -269,11 +280,13 @@ class OpenFdScanner:
                 self.scans += 1
                 for entry in it:
                     try:
-                        st = os.stat(entry.path)
+                        if not _device_path(os.readlink(entry.path)):
+                            continue  # sockets, pipes, regular files: never touched (see the class docstring)
+                        found = char_device(entry.path)
                     except OSError:
                         continue
-                    if stat.S_ISCHR(st.st_mode) and os.major(st.st_rdev) == self.nvidia_major:
-                        minors.add(os.minor(st.st_rdev))
+                    if found is not None and found[0] == self.nvidia_major:
+                        minors.add(found[1])
         except (FileNotFoundError, ProcessLookupError):
             self.vanished += 1
             return None
@@ -283,6 +296,55 @@ class OpenFdScanner:
             return None
         self._unreadable_now.discard(pid)
         return frozenset(minors)
+
+
+def _device_path(target: str) -> bool:
+    """Whether an fd's link target names a file in a ``dev`` directory (where device nodes live), as
+    opposed to ``socket:[…]``, ``pipe:[…]``, ``anon_inode:…`` or a file on some other filesystem."""
+    return target.startswith("/") and (target.startswith("/dev/") or "/dev/" in target)
+
+
+_AT_FDCWD = -100
+_AT_STATX_DONT_SYNC = 0x4000  # include/uapi/linux/fcntl.h
+_STATX_TYPE = 0x1
+_STATX_SIZE = 256  # struct statx, include/uapi/linux/stat.h (stx_mode at 28, stx_rdev_major/minor at 128/132)
+_statx: Any = None
+
+
+def _libc_statx() -> Any:
+    """glibc's ``statx`` (2.28+), or False where there is none (or on a big-endian host, where the
+    struct is read differently)."""
+    global _statx
+    if _statx is None:
+        try:
+            if sys.byteorder != "little":
+                raise AttributeError("big-endian")
+            fn = ctypes.CDLL(None, use_errno=True).statx
+            fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p]
+            fn.restype = ctypes.c_int
+            _statx = fn
+        except (AttributeError, OSError):
+            _statx = False
+    return _statx
+
+
+def char_device(path: str) -> tuple[int, int] | None:
+    """``(major, minor)`` when ``path`` (followed, e.g. a ``/proc/<pid>/fd/N`` magic link) is a char
+    device, else None.  Asks with ``statx(AT_FDCWD, path, AT_STATX_DONT_SYNC, STATX_TYPE)`` so that a
+    network or FUSE filesystem answers from its cache and never waits for its server (statx(2),
+    "AT_STATX_DONT_SYNC"); :func:`os.stat` where there is no ``statx``.  Raises :class:`OSError` as
+    ``stat`` does."""
+    fn = _libc_statx()
+    if not fn:
+        st = os.stat(path)
+        return (os.major(st.st_rdev), os.minor(st.st_rdev)) if stat.S_ISCHR(st.st_mode) else None
+    buf = ctypes.create_string_buffer(_STATX_SIZE)
+    if fn(_AT_FDCWD, os.fsencode(path), _AT_STATX_DONT_SYNC, _STATX_TYPE, buf) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), path)
+    if not stat.S_ISCHR(int.from_bytes(buf.raw[28:30], "little")):
+        return None
+    return int.from_bytes(buf.raw[128:132], "little"), int.from_bytes(buf.raw[132:136], "little")
 
 
 def char_major(proc_root: Path, name: str) -> int | None:

@@ -175,6 +175,9 @@ class DeviceSnapshot:
     cuda_driver_version: str = ""
     nvml_version: str = ""
     collector_results: list[CollectorResult] = field(default_factory=list)
+    last_success: dict[str, float] = field(default_factory=dict)
+    """Per device UUID, the Unix time of the last NVML pass that read it (``up``): a sample older than
+    the collection comes from an earlier pass (the device hangs or NVML is down)."""
 
 
 class NoDataError(Exception):

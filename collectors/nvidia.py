@@ -18,6 +18,8 @@ stand-in :class:`collectors.nvml_replay.ReplayNVML`. Rules it follows (DESIGN.md
 from __future__ import annotations
 
 import logging
+import os
+import stat
 import threading
 import time
 from collections.abc import Iterable
@@ -60,15 +62,22 @@ PROCESS_CALLS: tuple[tuple[ProcessType, str], ...] = (
 def nvidia_pci_devices(sysfs_root: Path) -> list[str]:
     """PCI addresses of NVIDIA devices: ``<sysfs_root>/bus/pci/devices/*/vendor`` == ``0x10de``.
 
-    Returns a sorted list such as ``["0000:00:06.0"]``; an unreadable tree gives ``[]``.
+    Returns a sorted list such as ``["0000:00:06.0"]``; an unreadable tree gives ``[]``. Each file
+    is read non-blocking, only when it is a regular file (sysfs attributes are), and at most 64
+    bytes: a FIFO or a device planted in a mounted tree cannot hang start-up.
     """
     found = []
     for vendor in sorted((sysfs_root / "bus" / "pci" / "devices").glob("*/vendor")):
         try:
-            if vendor.read_text().strip().lower() == NVIDIA_PCI_VENDOR:
-                found.append(vendor.parent.name)
+            fd = os.open(vendor, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                text = os.read(fd, 64) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+            finally:
+                os.close(fd)
         except OSError:
             continue
+        if text.strip().lower() == NVIDIA_PCI_VENDOR.encode():
+            found.append(vendor.parent.name)
     return found
 
 
@@ -151,6 +160,7 @@ class NvidiaBackend:
         self._worker = DeadlineWorker("accelstats-nvml")
         self._pass: _Pass | None = None
         self._last_complete: _Pass | None = None
+        self._last_success: dict[str, float] = {}  # uuid -> Unix time of the last pass that read it up
         self._stuck_logged = ""
         # The first PCIe round is waited for during setup, within a third of the scrape's deadline.
         self.pcie: PcieSampler | None = None
@@ -205,11 +215,17 @@ class NvidiaBackend:
         self._status_logged = reason
         return False
 
+    SHUTDOWN_DEADLINE = 2.0
+    """Seconds :meth:`shutdown` waits for ``nvmlShutdown`` itself (it runs on the NVML worker thread):
+    a hung driver must not keep SIGTERM from ending the process."""
+
     def shutdown(self) -> None:
         """Shut NVML down (``nvmlShutdown``) if it was initialised; forget handles. Never raises.
 
         When a pass is stuck in an NVML call, NVML is left as it is (shutting it down under a running
         call is undefined): the process is exiting, or the next retry starts a new session.
+        ``nvmlShutdown`` runs on the NVML worker thread and is waited for at most
+        :attr:`SHUTDOWN_DEADLINE` seconds; when it hangs, the caller goes on (logged).
         """
         if self._worker.busy and threading.current_thread().name != self._worker.name:
             log.warning("NVML left initialised: a call has not returned")
@@ -226,10 +242,16 @@ class NvidiaBackend:
         self._devices = []
         if self._initialised:
             self._initialised = False
-            try:
-                self.nvml.nvmlShutdown()
-            except self.nvml.NVMLError as exc:
-                log.debug("nvmlShutdown: %s", error_name(self.nvml, exc))
+            if threading.current_thread().name == self._worker.name:
+                self._nvml_shutdown()
+            elif not self._worker.run(self._nvml_shutdown, self.SHUTDOWN_DEADLINE):
+                log.warning("nvmlShutdown did not return within %gs: left running", self.SHUTDOWN_DEADLINE)
+
+    def _nvml_shutdown(self) -> None:
+        try:
+            self.nvml.nvmlShutdown()
+        except self.nvml.NVMLError as exc:
+            log.debug("nvmlShutdown: %s", error_name(self.nvml, exc))
 
     def close(self) -> None:
         """Shut NVML down and end the NVML worker and PCIe sampler threads: the backend is not used
@@ -362,6 +384,7 @@ class NvidiaBackend:
                 state.up = sample.up
                 if sample.up:
                     state.failure_logged = ""
+                    self._last_success[state.device.uuid] = time.time()
                 p.samples[state.device.uuid] = sample
             p.current = ""
             self._last_complete = p
@@ -378,6 +401,8 @@ class NvidiaBackend:
             snapshot.nvml_status = reason
             raise NoDataError(reason)
         snapshot.driver_version, snapshot.cuda_driver_version, snapshot.nvml_version = p.versions
+        snapshot.last_success = {d.uuid: self._last_success[d.uuid] for d in p.devices
+                                 if d.uuid in self._last_success}
         last = self._last_complete.samples if self._last_complete is not None else {}
         for device in p.devices:
             sample = p.samples.get(device.uuid)

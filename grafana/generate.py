@@ -182,6 +182,16 @@ def fleet() -> Dashboard:
            "(accelstats_nvml_errors_total).", "short",
            [query(f"sum by (instance, call, error) (rate(accelstats_nvml_errors_total{{{INSTANCE}}}"
                   "[$__rate_interval]))", "{{instance}} {{call}} {{error}}")], 8, 6),
+        ts("Age of each GPU's readings", "Seconds since NVML last read the GPU "
+           "(time() - accelstats_gpu_last_success_timestamp_seconds). Close to the scrape interval when all is "
+           "well; growing while an NVML call hangs on this or another GPU of the node, or NVML is down: the "
+           "values shown for it are as old as this.", "s",
+           [query(f"time() - accelstats_gpu_last_success_timestamp_seconds{{{GPU}}}", GPU_LEGEND)], 12, 6).min(0),
+        ts("Age of each collector's results", "Seconds since each collector (and the attribution) last "
+           "succeeded (time() - accelstats_scrape_collector_last_success_timestamp_seconds): a collector past "
+           "the collection deadline, or failing, serves results this old.", "s",
+           [query(f"time() - accelstats_scrape_collector_last_success_timestamp_seconds{{{INSTANCE}}}",
+                  "{{instance}} {{collector}}")], 12, 6).min(0),
     ])
     return dashboard(uid="accelstats-gpu-fleet", title="accelstats / GPU fleet",
                      description="NVIDIA GPUs per node: utilisation, memory, power, temperature, clocks, errors, "

@@ -179,9 +179,10 @@ def test_who_could_have_made_a_cgroup_decides_whether_its_identity_is_trusted(tm
 
 @pytest.mark.root  # mknod of a 195:N node in tmp_path needs CAP_MKNOD
 def test_open_device_node_attributes_by_open_fd_and_is_scanned_once(tmp_path: Path, h200: Path) -> None:
-    node = tmp_path / "nvidia1"
+    (tmp_path / "dev").mkdir()  # device nodes are looked at only in a dev directory (accelstats/openfds.py)
+    node = tmp_path / "dev" / "nvidia1"
     os.mknod(node, stat.S_IFCHR | 0o600, os.makedev(195, 1))
-    ctl = tmp_path / "nvidiactl"
+    ctl = tmp_path / "dev" / "nvidiactl"
     os.mknod(ctl, stat.S_IFCHR | 0o600, os.makedev(195, 255))
     host = Host(tmp_path, h200)
     host.container(DOCKER.format(C3), [301])
@@ -438,16 +439,22 @@ def test_an_attribution_bug_fails_only_the_attribution(tmp_path: Path, h200: Pat
 
 
 def test_undecodable_names_never_break_the_exposition(tmp_path: Path, h200: Path) -> None:
+    """Names that are not UTF-8 are exported with each undecodable byte as \\xNN: two cgroups whose
+    names differ only there stay two series (one replacement character for every byte made them one)."""
     host = Host(tmp_path, h200)
-    host.container("/lxc.payload.box\udcff", [1601])
-    host.process(1601, "/lxc.payload.box\udcff", gpu=0)
+    for pid, name in ((1601, "/lxc.payload.box\udcff"), (1602, "/lxc.payload.box\udcfe")):
+        host.container(name, [pid])
+        host.process(pid, name, gpu=0)
     c = host.collect()
-    assert [s.cgroup for s in c.containers] == ["/lxc.payload.box\udcff"]  # walk and /proc agree
+    assert [s.cgroup for s in c.containers] == ["/lxc.payload.box\udcfe", "/lxc.payload.box\udcff"]
     c.containers[0].metadata = ContainerMetadata(name="/\ud800bad", image="img\udcfe")
     text = generate_latest(_Fixed(list(render(c)))).decode()
     families = {f.name: f for f in text_string_to_metric_families(text)}
-    (info,) = families["accelstats_container_info"].samples
-    assert "\ufffd" in info.labels["name"] and "\ufffd" in info.labels["container_id"]
+    infos = families["accelstats_container_info"].samples
+    assert sorted(s.labels["id"] for s in infos) == ["/lxc.payload.box\\xfe", "/lxc.payload.box\\xff"]
+    first = next(s for s in infos if s.labels["id"].endswith("xfe"))
+    assert first.labels["name"] == "/\\xed\\xa0\\x80bad" and first.labels["image"] == "img\\xfe"
+    assert len({tuple(sorted(s.labels.items())) for s in families["accelstats_container_gpu_processes"].samples}) == 2
 
 
 class _Fixed:

@@ -65,9 +65,10 @@ def test_process_evidence_on_the_unified_and_the_v1_hierarchy(
 
 @pytest.fixture
 def holder(tmp_path: Path) -> Iterator[tuple[Path, list[subprocess.Popen[str]]]]:
-    """A 195:1 node in tmp_path, and the processes started to hold it (killed at teardown, before the
+    """A 195:1 node in tmp_path/dev, and the processes started to hold it (killed at teardown, before the
     containers' cgroups are removed)."""
-    node = tmp_path / "nvidia1"
+    (tmp_path / "dev").mkdir()
+    node = tmp_path / "dev" / "nvidia1"
     os.mknod(node, stat.S_IFCHR | 0o600, os.makedev(195, 1))
     started: list[subprocess.Popen[str]] = []
     yield node, started

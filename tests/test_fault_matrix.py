@@ -277,6 +277,7 @@ ALL_UP = {u: 1.0 for u in THREE}
 HUNG_GPU0 = (f'[[fault]]\ngpu = 0\ncall = "nvmlDeviceGetMemoryInfo"\nhang_seconds = {HELD:g}\n'
              "after_calls = 1\ntimes = 1\n")
 ENERGY = "accelstats_gpu_energy_joules"  # the parser's name of accelstats_gpu_energy_joules_total
+LAST_READ = "accelstats_gpu_last_success_timestamp_seconds"
 
 
 def held_replay(hang: HeldHang, clock: ReplayClock) -> dict[str, object]:
@@ -295,17 +296,22 @@ def test_row5_hung_call_exporter(tmp_path: Path, h200: Path) -> None:
         stuck = [exporter.scrape() for _ in range(3)]  # the first waits out the deadline, the others not
         assert (hang.entered, hang.in_progress) == (1, 1)  # all three answered while the call hung, in one pass
         print(f"scrapes while the call hangs: {[round(s.seconds, 3) for s in stuck]} s")
+        read_at = complete.values(LAST_READ, "uuid")
+        assert set(read_at) == set(THREE)
         for got in stuck:
             assert got.seconds < 2.0  # issue 7: "/metrics still answers within 2 s"
             assert got.values("accelstats_gpu_up", "uuid") == {STUCK: 0.0, REST[0]: 1.0, REST[1]: 1.0}
             for family in ("accelstats_gpu_power_watts", "accelstats_gpu_memory_total_bytes", ENERGY):
                 last = {u: v for u, v in complete.values(family, "uuid").items() if u in REST}
                 assert got.values(family, "uuid") == last, family  # the last pass's, and none for GPU 0
+            # ...and they say so: every GPU's readings are as of the complete pass, not of this scrape
+            assert got.values(LAST_READ, "uuid") == read_at
         assert_no_new_threads(before)  # no thread per stuck scrape
         hang.release()
         wait_until(lambda: exporter.scrape().values("accelstats_gpu_up", "uuid") == ALL_UP)
         fresh = exporter.scrape().values(ENERGY, "uuid")
         assert all(fresh[u] > complete.values(ENERGY, "uuid")[u] for u in THREE)  # read anew: the clock moved
+        assert all(t > read_at[u] for u, t in exporter.scrape().values(LAST_READ, "uuid").items())
         assert hang.in_progress == 0
         assert_no_new_threads(before)  # the call returned: no thread left behind
 

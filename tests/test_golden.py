@@ -21,7 +21,8 @@ from collectors.nvml_replay import ReplayNVML
 
 GOLDEN = Path(__file__).parent / "golden"
 VOLATILE = ("accelstats_scrape_collector_duration_seconds{", "accelstats_gpu_energy_joules_total{",
-            "accelstats_build_info{")
+            "accelstats_build_info{", "accelstats_gpu_last_success_timestamp_seconds{",
+            "accelstats_scrape_collector_last_success_timestamp_seconds{")
 CAPTURES = ["h200/nvidia-smi-q.xml", "public/a100-sxm4-v12.xml", "public/dual_a5000-v13.xml",
             "public/tesla-t4.xml"]
 

@@ -350,16 +350,17 @@ def test_unreadable_fd_directory_is_counted_and_skipped(fake: FakeProc, monkeypa
 
 
 def test_fd_entry_stat_errors_skip_only_that_fd(fake: FakeProc, monkeypatch: pytest.MonkeyPatch) -> None:
+    from accelstats import openfds
     fake.add(100, 5000, [fake.gpu(1), fake.gpu(2)])
     bad = os.fspath(fake.root / "100" / "fd" / "0")
-    real_stat = os.stat
+    real = openfds.char_device
 
-    def flaky_stat(path: str, *args: object, **kwargs: object) -> os.stat_result:
+    def flaky(path: str) -> tuple[int, int] | None:
         if os.fspath(path) == bad:
             raise PermissionError(13, "Permission denied", path)
-        return real_stat(path, *args, **kwargs)  # type: ignore[arg-type]
+        return real(path)
 
-    monkeypatch.setattr(os, "stat", flaky_stat)
+    monkeypatch.setattr(openfds, "char_device", flaky)
     assert OpenFdScanner(fake.root).scan([100]) == {100: frozenset({2})}
 
 
@@ -566,3 +567,22 @@ def test_real_proc_child_holding_a_195_node(fake: FakeProc) -> None:
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+def test_unreadable_pids_are_forgotten_once_gone(fake: FakeProc, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A PID whose fd directory could not be read is remembered (to count it once) only while it is
+    asked about: the set no longer grows with every short-lived process of another user."""
+    real_scandir = os.scandir
+
+    def scandir(path: str) -> object:
+        if os.fspath(path).endswith("/fd"):
+            raise PermissionError(13, "Permission denied", path)
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    scanner = OpenFdScanner(fake.root, clock=Clock())
+    for pid in range(100, 150):
+        fake.add(pid, 5000 + pid, [])
+        scanner.scan([pid])  # each process seen once, then gone from the containers
+    assert scanner.scan([]) == {}
+    assert len(scanner._unreadable_now) == 0 and scanner.unreadable == 50

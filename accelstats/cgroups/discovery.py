@@ -27,7 +27,8 @@ MAX_UNRECOGNISED = 4096
 delegated cgroup can make thousands, and each kept one costs reads at every collection."""
 _USER_MANAGER = re.compile(r"user@[0-9]+\.service")
 _PAYLOAD_CHILD = "container"
-_MAX_DEVICES_LIST_BYTES = 1 << 20
+_MAX_DEVICES_LIST_BYTES = 64 << 10  # a real one is a few hundred bytes; the kernel prints at most one rule a line
+_MAX_CACHED_TEXT = 4096  # longer texts are parsed every time rather than kept (the caches are bounded in bytes)
 
 
 @dataclass(frozen=True)
@@ -166,25 +167,32 @@ def discover_v2_containers(unified_root: Path, *, max_depth: int = DEFAULT_MAX_D
 
 
 def read_devices_list(directory: Path) -> DevicesList | None:
-    """Read and parse ``<directory>/devices.list`` (at most 1 MiB; invalid UTF-8 replaced).
+    """Read and parse ``<directory>/devices.list`` (a regular file, at most 64 KiB; invalid UTF-8
+    replaced).
 
     Returns ``None`` when the file vanished or cannot be read (the caller counts it); malformed
     lines are in the result's ``skipped_lines``.  Re-read on every collection: cAdvisor read it once
     and missed ``docker update`` and ``daemon-reload`` changes (spec §2).  Never raises ``OSError``.
     """
     text = read_devices_list_text(directory)
-    return None if text is None else _parse_cached(text)
+    if text is None:
+        return None
+    return _parse_cached(text) if len(text) <= _MAX_CACHED_TEXT else parse_devices_list(text)
 
 
 def read_devices_list_text(directory: Path | str) -> str | None:
-    """The text of ``<directory>/devices.list`` (at most 1 MiB, invalid UTF-8 replaced), or ``None``
-    when it vanished or cannot be read. Never raises ``OSError``."""
+    """The text of ``<directory>/devices.list`` (at most 64 KiB, invalid UTF-8 replaced), or ``None``
+    when it vanished, cannot be read, or is not a regular file (cgroupfs's is; a FIFO, a device such
+    as ``/dev/urandom`` or a directory planted in a mounted tree is refused unread). Never raises
+    ``OSError``."""
     chunks: list[bytes] = []
     size = 0
     try:
         # O_NONBLOCK: a FIFO planted as devices.list in a mounted tree must not hang the scrape.
         fd = os.open(os.path.join(directory, "devices.list"), os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
             while size < _MAX_DEVICES_LIST_BYTES:
                 chunk = os.read(fd, 16384)  # cgroupfs answers in page-sized reads; no 1 MiB buffer per file
                 if not chunk:

@@ -18,6 +18,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from accelstats.fsread import read_small
+
 DEFAULT_CGROUP_ROOT = Path("/sys/fs/cgroup")
 DEFAULT_PROC_ROOT = Path("/proc")
 _MOUNTINFO_ESCAPE_RE = re.compile(r"\\([0-7]{3})")
@@ -168,11 +170,10 @@ def _probe(cgroup_root: Path) -> CgroupLayout:
 
 
 def _read_mountinfo(proc_root: Path) -> str | None:
-    try:
-        with open(proc_root / "self" / "mountinfo", "rb") as handle:
-            return handle.read(_MAX_MOUNTINFO_BYTES).decode("utf-8", errors="replace")
-    except OSError:
-        return None
+    """``<proc_root>/self/mountinfo`` when it is a regular file (procfs's is): read non-blocking and
+    bounded, so a FIFO or a device planted in a mounted tree cannot hang start-up."""
+    data = read_small(proc_root / "self" / "mountinfo", _MAX_MOUNTINFO_BYTES)
+    return None if data is None else data.decode("utf-8", errors="replace")
 
 
 def detect_layout(cgroup_root: Path = DEFAULT_CGROUP_ROOT, proc_root: Path = DEFAULT_PROC_ROOT) -> CgroupLayout:
