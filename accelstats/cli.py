@@ -361,8 +361,9 @@ def mps_start(**opts: Any) -> None:
 def mps_stop(**opts: Any) -> None:
     """Stop every configured control daemon and clean up its directories."""
     mgr, _, _ = _mps_manager(opts, strict=False)
-    running = [d.name for d in mgr.daemons() if d.running() or d.pipe_dir.exists()]
-    problems = {name: p for name, p in mgr.stop_all().items() if p}
+    results = mgr.stop_all_found()  # "found" is decided under each resource's lock: no race with a start
+    running = [d.name for d in mgr.daemons() if results[d.name][0]]
+    problems = {name: p for name, (_, p) in results.items() if p}
     for name, p in problems.items():
         click.echo(f"accelstats: warning: MPS resource {name!r}: {'; '.join(p)}", err=True)
     click.echo(f"stopped {len(running)} MPS control daemon(s)" + (f": {', '.join(running)}" if running else ""))

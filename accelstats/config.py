@@ -46,6 +46,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
+from collectors.mpsrules import MAX_REPLICAS_VOLTA_ON, MIN_REPLICAS
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
@@ -91,6 +93,18 @@ class RuntimeRoots:
     storage_runroot: Path = Path("/run/containers/storage")
     nomad_data_dir: Path = Path("/opt/nomad/data")
     explicit: frozenset[str] = frozenset()
+
+
+# Bounds of the [mps] table (and of the Nomad plugin's ``mps`` block, accelstats/nomad/config.py), so that
+# a typing mistake is refused at once instead of built (``replicas = 20000000`` once grew the plugin to
+# 4.6 GB before its first fingerprint). Replicas: NVIDIA's Multi-Process Service documentation
+# (docs.nvidia.com/deploy/mps, "Limitations") allows "up to 48 clients per GPU" from Volta (compute
+# capability 7.0) on, 16 before; the per-GPU rule is checked again at start (collectors/mpsrules.py).
+# Resources and devices: far more than any host has GPUs (each resource needs GPUs of its own).
+MPS_MAX_REPLICAS = MAX_REPLICAS_VOLTA_ON  # 48
+MPS_MAX_RESOURCES = 256
+MPS_MAX_DEVICES = 256  # per resource
+MPS_MAX_NAME = 255  # characters of a resource name (a directory path under the MPS root)
 
 
 @dataclass(frozen=True)
@@ -282,7 +296,10 @@ def _mps(where: str, folder: Path, table: dict[str, Any]) -> MpsSettings:
         out["exclusive_process"] = _expect(where, "mps.exclusive_process", table["exclusive_process"], bool)
     resources = []
     names: set[str] = set()
-    for i, item in enumerate(_expect(where, "mps.resources", table.get("resources", []), list)):
+    items = _expect(where, "mps.resources", table.get("resources", []), list)
+    if len(items) > MPS_MAX_RESOURCES:
+        raise ConfigError(f"{where}: key 'mps.resources': at most {MPS_MAX_RESOURCES} resources, got {len(items)}")
+    for i, item in enumerate(items):
         key = f"mps.resources[{i}]"
         entry = _expect(where, key, item, dict)
         unknown = set(entry) - {"name", "replicas", "devices"}
@@ -290,24 +307,32 @@ def _mps(where: str, folder: Path, table: dict[str, Any]) -> MpsSettings:
             raise ConfigError(f"{where}: unknown key '{key}.{sorted(unknown)[0]}' (known: devices, name, replicas)")
         name = _expect(where, f"{key}.name", entry.get("name"), str)
         parts = name.split("/")
-        if not name or name.startswith("/") or ".." in parts or "" in parts:
-            raise ConfigError(f"{where}: key '{key}.name': {name!r} is not a usable resource name")
+        if not name or name.startswith("/") or ".." in parts or "" in parts or len(name) > MPS_MAX_NAME:
+            raise ConfigError(f"{where}: key '{key}.name': {name[:100]!r} is not a usable resource name "
+                              f"(a relative path of at most {MPS_MAX_NAME} characters)")
         if name in names:
             raise ConfigError(f"{where}: key '{key}.name': resource {name!r} is configured twice")
         names.add(name)
         replicas = _expect(where, f"{key}.replicas", entry.get("replicas"), int)
-        if replicas < 2:
-            raise ConfigError(f"{where}: resource {name!r}: replicas must be at least 2 (MPS shares a GPU), "
+        if replicas < MIN_REPLICAS:
+            raise ConfigError(f"{where}: key '{key}.replicas': resource {name!r}: replicas must be at least "
+                              f"{MIN_REPLICAS} (MPS shares a GPU), got {replicas}")
+        if replicas > MPS_MAX_REPLICAS:
+            raise ConfigError(f"{where}: key '{key}.replicas': resource {name!r}: replicas must be at most "
+                              f"{MPS_MAX_REPLICAS} (NVIDIA MPS: up to {MPS_MAX_REPLICAS} clients per GPU), "
                               f"got {replicas}")
         devices: str | tuple[str | int, ...] = "all"
         if "devices" in entry:
             raw = entry["devices"]
             if raw != "all":
-                items = _expect(where, f"{key}.devices", raw, list)
-                if not items or not all(isinstance(d, (str, int)) and not isinstance(d, bool) for d in items):
+                listed = _expect(where, f"{key}.devices", raw, list)
+                if not listed or not all(isinstance(d, (str, int)) and not isinstance(d, bool) for d in listed):
                     raise ConfigError(f"{where}: resource {name!r}: devices must be \"all\" or a non-empty list "
                                       "of GPU UUIDs or NVML indices")
-                devices = tuple(items)
+                if len(listed) > MPS_MAX_DEVICES:
+                    raise ConfigError(f"{where}: key '{key}.devices': resource {name!r}: at most {MPS_MAX_DEVICES} "
+                                      f"devices, got {len(listed)}")
+                devices = tuple(listed)
         resources.append(MpsResourceSettings(name=name, replicas=replicas, devices=devices))
     out["resources"] = tuple(resources)
     return MpsSettings(**out)

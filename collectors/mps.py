@@ -14,6 +14,10 @@ driver 580) unless it names NVIDIA's plugin.
   control binary's stdin/stdout **always with a timeout** (NVIDIA's plugin has none), checks its
   health, reads its servers and clients, and stops it: ``quit``, reap a zombie, remove the
   ``.started`` marker, the log dir and the (otherwise stale) pipe dir, restore the compute mode.
+  A start and a stop of one resource hold its lock (``flock`` on ``<root>/<resource>/lock``) from
+  the check for a running daemon to the end, so parallel starts and stops, in any processes, run one
+  after the other: of parallel starts one starts the daemon and the others are refused with
+  :class:`DaemonRunningError`, and no start's cleanup can stop another's daemon.
 * :class:`Manager` starts and stops all the configured daemons, all or nothing.
 
 Compute mode: NVIDIA's plugin sets EXCLUSIVE_PROCESS on every GPU before starting; that is a
@@ -49,11 +53,14 @@ from collectors.computemode import STATE_FILE as COMPUTE_MODE_FILE
 from collectors.computemode import ComputeModeError, ComputeModeSwitch
 from collectors.mpsproc import (
     KILL_WAIT_S,
+    LockBusyError,
+    acquire_lock,
     alive,
     cmdline,
     kill_group,
     read_text,
     reap,
+    release_lock,
     remove_empty_parents,
     remove_path,
     wait_gone,
@@ -83,8 +90,8 @@ from collectors.mpsrules import (
 )
 
 __all__ = [  # the MPS interface of spec/mps.md, with the rules and parsers it is built on
-    "DEFAULT_BINARY", "MAX_REPLICAS_PRE_VOLTA", "MAX_REPLICAS_VOLTA_ON", "MIN_REPLICAS", "Daemon", "DaemonStatus",
-    "Manager", "MpsError", "MpsGpu", "MpsLogLine", "MpsResource", "Root", "active_thread_percentage",
+    "DEFAULT_BINARY", "MAX_REPLICAS_PRE_VOLTA", "MAX_REPLICAS_VOLTA_ON", "MIN_REPLICAS", "Daemon", "DaemonRunningError",
+    "DaemonStatus", "Manager", "MpsError", "MpsGpu", "MpsLogLine", "MpsResource", "Root", "active_thread_percentage",
     "max_replicas", "parse_client_list", "parse_device_client_list", "parse_log_line", "parse_percentage",
     "parse_pinned_limit", "parse_server_list", "pinned_limit_mib", "validate",
 ]
@@ -100,6 +107,21 @@ PID_FILE = "nvidia-cuda-mps-control.pid"
 CONTROL_FILE = "control"
 #: Written in the pipe dir once a start (launch and configuration) has completed (NVIDIA's plugin).
 STARTED_MARKER = ".started"
+#: The start/stop lock of a resource, in ``<root>/<resource>/`` (removed with the pipe dir by a stop).
+LOCK_FILE = "lock"
+#: How long a start or stop waits for another process's start or stop of the same resource:
+#: ``max(LOCK_WAIT_MIN_S, LOCK_WAIT_TIMEOUTS * timeout)`` seconds. A start or stop runs about
+#: 7 + 3 * GPUs commands and waits, each bounded by the timeout, when every one of them runs into it;
+#: 40 covers 10 GPUs. Past it the waiter fails with "another process is starting or stopping it".
+LOCK_WAIT_TIMEOUTS = 40
+LOCK_WAIT_MIN_S = 60.0
+
+
+class DaemonRunningError(MpsError):
+    """:meth:`Daemon.start` refused: a control daemon of the resource is already running (it answers,
+    or runs without answering and must be stopped first). The message names the resource, the PID
+    and the pipe dir."""
+
 
 @dataclass(frozen=True)
 class DaemonStatus:
@@ -182,6 +204,17 @@ class Daemon:
     def shm_dir(self) -> Path:
         """``<root>/shm``."""
         return self.root.shm_dir()
+
+    @property
+    def lock_file(self) -> Path:
+        """``<root>/<resource>/lock``: held (``flock``) by a start or stop of the resource (MpsError for a
+        bad resource name)."""
+        return self.root.resource_dir(self.name) / LOCK_FILE
+
+    @property
+    def lock_wait(self) -> float:
+        """Seconds a start or stop waits for another process's start or stop of this resource."""
+        return max(LOCK_WAIT_MIN_S, LOCK_WAIT_TIMEOUTS * self.timeout)
 
     @property
     def started(self) -> bool:
@@ -412,58 +445,95 @@ class Daemon:
         wait for its ``control`` socket; then ``set_default_device_pinned_mem_limit <ordinal> <MiB>M``
         per GPU (the daemon ignored limits set by UUID) and
         ``set_default_active_thread_percentage <100 // replicas>``, whose reply must be a number.
+        Everything from the check for a running daemon on is done holding the resource's lock
+        (:attr:`lock_file`; waiting at most :attr:`lock_wait` s for another start or stop of it, in
+        any process): a daemon another start launched meanwhile is refused with
+        :class:`DaemonRunningError`, never replaced or stopped.
         The ordinal is the GPU's position in the daemon's ``CUDA_VISIBLE_DEVICES`` (the resource's
         device order), not NVML's index: NVIDIA's MPS documentation (appendix "Environment
         Variables", ``CUDA_VISIBLE_DEVICES``) says devices visible to the daemon are renumbered from 0
         by the MPS server. On the one-GPU H200 host of spec/mps.md both numbers are 0; a multi-GPU
         host is needed to measure it (docs/gpu-check.md).
         Any failure undoes what was done (quit, reap, dirs removed, compute modes restored) and
-        raises MpsError.
+        raises MpsError (DaemonRunningError when a daemon already runs).
         """
         with self._lock:
             validate(self.resource, self.gpus)
             pipe_dir, log_dir, shm_dir = self.pipe_dir, self.log_dir, self.shm_dir
             self._binary_path = None
             binary = self.resolve_binary()
-            self._clear_stale(pipe_dir)
+            lock = self._take_lock(create=True)
+            if lock is None:  # cannot happen: a start creates the directory
+                raise MpsError(f"MPS resource {self.name!r}: no lock file {self.lock_file}")
             try:
-                self._set_compute_modes()
-                self._make_dirs(pipe_dir, log_dir, shm_dir)
-            except BaseException:
-                problems: list[str] = []
-                self._restore_compute_modes(problems)
-                self._cleanup_dirs(pipe_dir, log_dir, problems)
-                for problem in problems:
-                    log.warning("%s (cleanup after a failed start)", problem)
-                raise
-            self._binary_path = binary
-            try:
-                self._launch(pipe_dir)
-                self.configure()
-                (pipe_dir / STARTED_MARKER).write_text(f"{time.time():.3f}\n", encoding="ascii")
-            except BaseException as exc:
-                for problem in self._stop_locked():
-                    log.warning("%s (cleanup after a failed start)", problem)
-                if isinstance(exc, OSError):
-                    raise MpsError(f"MPS resource {self.name!r}: start failed: {exc}") from exc
-                raise
-            log.info("MPS resource %r: control daemon started (pid %s, devices %s)", self.name, self.pid(),
-                     ",".join(self.resource.devices))
+                self._start_locked(binary, pipe_dir, log_dir, shm_dir)
+            finally:
+                self._release_lock(lock)
+
+    def _take_lock(self, create: bool) -> int | None:
+        """Hold :attr:`lock_file` (see :func:`collectors.mpsproc.acquire_lock`); None when ``create`` is
+        False and the resource has no directory. MpsError naming the resource when it cannot be had."""
+        path = self.lock_file
+        try:
+            return acquire_lock(path, self.lock_wait, create)
+        except LockBusyError as exc:
+            raise MpsError(f"MPS resource {self.name!r}: another process is starting or stopping it "
+                           f"(lock {exc}); try again") from None
+        except OSError as exc:
+            if not create:
+                raise MpsError(f"MPS resource {self.name!r}: cannot open its lock file {path}: "
+                               f"{exc.strerror or exc}") from exc
+            raise MpsError(f"MPS resource {self.name!r}: cannot create pipe dir {self.pipe_dir}: "
+                           f"{exc.strerror or exc} (making its lock file {path})") from exc
+
+    def _release_lock(self, fd: int) -> None:
+        """Release the lock; remove the lock file (and the empty resource dirs) unless a pipe dir stays."""
+        pipe_dir = self.pipe_dir
+        release_lock(fd, self.lock_file, not (pipe_dir.exists() or pipe_dir.is_symlink()), self.root.path)
+
+    def _start_locked(self, binary: str, pipe_dir: Path, log_dir: Path, shm_dir: Path) -> None:
+        """:meth:`start` from the check for a running daemon on, holding the resource's lock."""
+        self._clear_stale(pipe_dir)
+        try:
+            self._set_compute_modes()
+            self._make_dirs(pipe_dir, log_dir, shm_dir)
+        except BaseException:
+            problems: list[str] = []
+            self._restore_compute_modes(problems)
+            self._cleanup_dirs(pipe_dir, log_dir, problems)
+            for problem in problems:
+                log.warning("%s (cleanup after a failed start)", problem)
+            raise
+        self._binary_path = binary
+        try:
+            self._launch(pipe_dir)
+            self.configure()
+            (pipe_dir / STARTED_MARKER).write_text(f"{time.time():.3f}\n", encoding="ascii")
+        except BaseException as exc:
+            for problem in self._stop_locked():
+                log.warning("%s (cleanup after a failed start)", problem)
+            if isinstance(exc, OSError):
+                raise MpsError(f"MPS resource {self.name!r}: start failed: {exc}") from exc
+            raise
+        log.info("MPS resource %r: control daemon started (pid %s, devices %s)", self.name, self.pid(),
+                 ",".join(self.resource.devices))
 
     def _clear_stale(self, pipe_dir: Path) -> None:
         """Remove a pipe dir no live daemon serves. A live control daemon there is never replaced: one
         that answers is refused as already running; one that does not answer is refused too, because
-        removing its pipe dir would orphan it and its MPS server (nothing could reach or stop them)."""
+        removing its pipe dir would orphan it and its MPS server (nothing could reach or stop them).
+        Both refusals are :class:`DaemonRunningError`. Called holding the resource's lock."""
         if not (pipe_dir.exists() or pipe_dir.is_symlink()):
             return
         if self.running():
             try:
                 self.assert_healthy()
             except MpsError as exc:
-                raise MpsError(f"MPS resource {self.name!r}: a control daemon (pid {self.pid()}) runs in {pipe_dir} "
-                               f"but does not answer ({exc}); stop it first (accelstats mps stop)") from exc
-            raise MpsError(f"MPS resource {self.name!r}: a control daemon (pid {self.pid()}) already answers in "
-                           f"{pipe_dir}; stop it first")
+                raise DaemonRunningError(
+                    f"MPS resource {self.name!r}: already running: a control daemon (pid {self.pid()}) runs in "
+                    f"{pipe_dir} but does not answer ({exc}); stop it first (accelstats mps stop)") from exc
+            raise DaemonRunningError(f"MPS resource {self.name!r}: already running: a control daemon "
+                                     f"(pid {self.pid()}) already answers in {pipe_dir}; stop it first")
         log.info("MPS resource %r: removing stale pipe dir %s", self.name, pipe_dir)
         try:
             remove_path(pipe_dir)
@@ -541,13 +611,40 @@ class Daemon:
         SIGTERM then SIGKILL it (its pipe dir is about to go, nothing could reach it after); remove
         the ``.started`` marker, the log dir and the pipe dir (NVIDIA's plugin leaves a stale one) and
         the resource's directories left empty; restore compute modes an opt-in changed (spec/mps.md,
-        "Stop").
+        "Stop"). All of it holding the resource's lock (see :meth:`start`), and the lock file goes
+        with the pipe dir; a resource without a directory under the root has nothing to stop (and
+        nothing is created). A lock not had within :attr:`lock_wait` s is a problem: nothing is stopped.
         """
+        return self.stop_found()[1]
+
+    def stop_found(self) -> tuple[bool, list[str]]:
+        """:meth:`stop`, and whether there was anything to stop: ``(found, problems)``, ``found`` True when
+        the daemon ran or its pipe dir existed once the lock was held, so a count of stopped daemons is
+        true even while other processes start and stop them. Never raises."""
         with self._lock:
-            problems = self._stop_locked()
+            found, problems = self._stop_with_lock()
         for problem in problems:
             log.warning("%s", problem)
-        return problems
+        return found, problems
+
+    def _stop_with_lock(self) -> tuple[bool, list[str]]:
+        try:
+            lock = self._take_lock(create=False)
+        except MpsError as exc:
+            try:
+                self.root.resource_dir(self.name)
+            except MpsError:  # a bad resource name: nothing of it can be on disk; _stop_locked says why
+                return False, self._stop_locked()
+            return False, [str(exc)]
+        if lock is None:  # no directory of the resource under the root: nothing runs, nothing to clean
+            self._binary_path = None
+            return False, []
+        try:
+            pipe_dir = self.pipe_dir
+            found = self.running() or pipe_dir.exists() or pipe_dir.is_symlink()
+            return found, self._stop_locked()
+        finally:
+            self._release_lock(lock)
 
     def _stop_locked(self) -> list[str]:
         problems: list[str] = []
@@ -661,7 +758,12 @@ class Manager:
 
     def stop_all(self) -> dict[str, list[str]]:
         """Stop every daemon (reverse order); never raises. Resource name → problems met ([] when clean)."""
-        return {daemon.name: daemon.stop() for daemon in reversed(self._daemons)}
+        return {name: problems for name, (_, problems) in self.stop_all_found().items()}
+
+    def stop_all_found(self) -> dict[str, tuple[bool, list[str]]]:
+        """Stop every daemon (reverse order); never raises. Resource name → ``(found, problems)`` of
+        :meth:`Daemon.stop_found` (``found``: it ran, or left a pipe dir, when its stop held the lock)."""
+        return {daemon.name: daemon.stop_found() for daemon in reversed(self._daemons)}
 
     def status_all(self) -> dict[str, DaemonStatus]:
         """Resource name → :meth:`Daemon.status`, in configuration order (as :meth:`daemons`); never raises."""

@@ -1,9 +1,11 @@
 """Process and file helpers of the MPS daemon manager: is a PID alive, reap it, read its command
-line, kill a command's process group, remove what a daemon left."""
+line, kill a command's process group, remove what a daemon left, and the per-resource lock that
+serialises starts and stops across processes (:func:`acquire_lock`, :func:`release_lock`)."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import shutil
@@ -122,3 +124,81 @@ def remove_empty_parents(path: Path, stop: Path) -> None:
         except OSError:
             return
         current = current.parent
+
+
+# --------------------------------------------------------------------------------------------
+# the per-resource start/stop lock
+
+LOCK_POLL_S = 0.01  # how often a waiting process tries the lock again
+
+
+class LockBusyError(Exception):
+    """The lock stayed held by another process for the whole wait."""
+
+
+def acquire_lock(path: Path, wait: float, create: bool) -> int | None:
+    """Take an exclusive ``flock(2)`` on the file ``path``; the open descriptor that holds it.
+
+    ``create``: make the file and its missing parent directories (a start); otherwise (a stop) the
+    lock is taken only where its directory exists, and None is returned when it does not (nothing
+    to stop there, and nothing is created). The descriptor is close-on-exec, so neither the daemon
+    nor any command run while the lock is held inherits it, and the kernel releases the lock when
+    this process dies, however it dies: a crashed start never blocks the next one.
+
+    The file may be removed by the holder (:func:`release_lock` with ``remove``); a waiter that then
+    gets the lock on the removed file notices (its descriptor is not the file at ``path`` any more:
+    device and inode differ, or the path is gone) and tries again on the file at ``path``, so two
+    processes never both hold "the" lock. Polls every :data:`LOCK_POLL_S` s for at most ``wait``
+    seconds. Raises LockBusyError past the wait, OSError when the directory or file cannot be
+    made or opened (e.g. ENOTDIR, EROFS, EACCES).
+    """
+    deadline = time.monotonic() + wait
+    while True:
+        if create:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        elif not path.parent.is_dir():
+            return None
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        except FileNotFoundError:
+            if time.monotonic() >= deadline:
+                raise LockBusyError(f"{path} kept disappearing for {wait:g} s") from None
+            continue  # the directory went away with its last holder (release_lock): make it again, or stop
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise LockBusyError(f"{path} held by another process for more than {wait:g} s") from None
+                    time.sleep(LOCK_POLL_S)
+            held = os.fstat(fd)
+            try:
+                now = os.stat(path, follow_symlinks=False)
+            except FileNotFoundError:
+                now = None
+        except BaseException:
+            os.close(fd)
+            raise
+        if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+            return fd
+        os.close(fd)  # we locked a file its holder removed: try the one at path now
+
+
+def release_lock(fd: int, path: Path, remove: bool, stop: Path) -> None:
+    """Release the lock :func:`acquire_lock` returned. ``remove``: first, while still holding it,
+    remove the lock file and its parent directories left empty strictly below ``stop`` (the MPS
+    root), so a stopped resource leaves nothing behind. Never raises."""
+    try:
+        if remove:
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                log.warning("cannot remove lock file %s: %s", path, exc)
+            remove_empty_parents(path.parent, stop)
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(fd)

@@ -6,6 +6,13 @@ sends the result msgpack-encoded by go-cty (spec/nomad-plugin.md §2): a map wit
 attribute present, numbers possibly as decimal strings, an absent block as nil. :func:`decode`
 turns that into a :class:`PluginConfig` or raises :class:`ConfigError` naming the field and the
 reason (the servicer answers INVALID_ARGUMENT with it).
+
+Every list and size the configuration controls is bounded, far above what an operator needs, and a
+value past a bound is refused by name before anything is built from it: ``replicas`` at most 48
+(NVIDIA's MPS limit of 48 clients per GPU), at most 256 MPS resources of at most 256 devices each,
+1024 ``ignored_gpu_ids``, strings of 4096 characters (paths), 256 (IDs, device names) or 255 (a
+resource name). The ``mps.resource`` block list carries its bound in the schema too, so Nomad itself
+refuses more blocks.
 """
 
 from __future__ import annotations
@@ -18,7 +25,17 @@ from typing import Any
 
 import msgpack
 
-from accelstats.config import ConfigError, MpsResourceSettings, MpsSettings, check_perm, parse_listen
+from accelstats.config import (
+    MPS_MAX_DEVICES,
+    MPS_MAX_NAME,
+    MPS_MAX_REPLICAS,
+    MPS_MAX_RESOURCES,
+    ConfigError,
+    MpsResourceSettings,
+    MpsSettings,
+    check_perm,
+    parse_listen,
+)
 
 # Go's time.ParseDuration units, in seconds.
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -26,6 +43,9 @@ _DURATION = re.compile(r"([0-9]*(?:\.[0-9]*)?)(ns|us|µs|μs|ms|s|m|h)")
 
 
 MAX_PERIOD = 8760 * 3600.0  # a year: longer periods are typing mistakes
+MAX_STRING = 4096  # characters of any string setting (PATH_MAX)
+MAX_ID = 256  # characters of a GPU/MIG UUID, an MPS device, a file-device vendor, type or name
+MAX_IGNORED_IDS = 1024  # ignored_gpu_ids entries (a host has a few dozen GPUs and MIG instances at most)
 
 
 def parse_duration(text: str, where: str) -> float:
@@ -71,6 +91,7 @@ class PluginConfig:
     fingerprint_period: float = 60.0
     file_devices: FileDevicesConfig = field(default_factory=FileDevicesConfig)
     metrics_listen: str = ""
+    metrics_web_config: Path | None = None
     nvml_replay: Path | None = None
     cgroup_root: Path = Path("/sys/fs/cgroup")
     proc_root: Path = Path("/proc")
@@ -83,6 +104,7 @@ ATTRIBUTES: dict[str, tuple[str, str]] = {
     "ignored_gpu_ids": ("list(string)", "[]"),
     "fingerprint_period": ("string", '"1m"'),
     "metrics_listen": ("string", '""'),
+    "metrics_web_config": ("string", '""'),
     "nvml_replay": ("string", '""'),
     "cgroup_root": ("string", '"/sys/fs/cgroup"'),
     "proc_root": ("string", '"/proc"'),
@@ -122,8 +144,8 @@ def schema(hclspec: Any) -> Any:
         **attrs({"devices": ("list(string)", "[]")}),
     }))
     mps = attrs(MPS_ATTRIBUTES)
-    mps["resource"] = hclspec.Spec(block_list=hclspec.BlockList(name="resource", min_items=0, max_items=0,
-                                                                 nested=resource))
+    mps["resource"] = hclspec.Spec(block_list=hclspec.BlockList(name="resource", min_items=0,
+                                                                 max_items=MPS_MAX_RESOURCES, nested=resource))
     top["mps"] = hclspec.Spec(block_value=hclspec.Block(
         name="mps", required=False, nested=hclspec.Spec(object=hclspec.Object(attributes=mps))))
     return hclspec.Spec(object=hclspec.Object(attributes=top))
@@ -151,8 +173,16 @@ def decode(data: bytes) -> PluginConfig:
         out["enabled"] = _bool(raw["enabled"], "enabled")
     if raw.get("ignored_gpu_ids") is not None:
         ids = raw["ignored_gpu_ids"]
-        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        if not isinstance(ids, list):
             raise ConfigError("config: ignored_gpu_ids: expected a list of GPU or MIG UUIDs (strings)")
+        if len(ids) > MAX_IGNORED_IDS:
+            raise ConfigError(f"config: ignored_gpu_ids: at most {MAX_IGNORED_IDS} IDs, got {len(ids)}")
+        if not all(isinstance(i, str) for i in ids):
+            raise ConfigError("config: ignored_gpu_ids: expected a list of GPU or MIG UUIDs (strings)")
+        long = next((i for i in ids if len(i) > MAX_ID), None)
+        if long is not None:
+            raise ConfigError(f"config: ignored_gpu_ids: {long[:100]!r}… is longer than {MAX_ID} characters "
+                              "(not a GPU or MIG UUID)")
         out["ignored_gpu_ids"] = tuple(ids)
     if raw.get("fingerprint_period") is not None:
         period = parse_duration(_str(raw["fingerprint_period"], "fingerprint_period"), "config: fingerprint_period")
@@ -164,6 +194,13 @@ def decode(data: bytes) -> PluginConfig:
         if listen:
             parse_listen(listen[:200], "config: metrics_listen")
             out["metrics_listen"] = listen
+    if raw.get("metrics_web_config") is not None:
+        web = _str(raw["metrics_web_config"], "metrics_web_config")
+        if web:
+            if not out.get("metrics_listen"):
+                raise ConfigError("config: metrics_web_config: set, but metrics_listen is not: there is no /metrics "
+                                  "endpoint to protect")
+            out["metrics_web_config"] = Path(web).absolute()
     for key in ("nvml_replay", "cgroup_root", "proc_root"):
         if raw.get(key) is not None:
             value = _str(raw[key], key)
@@ -199,6 +236,8 @@ def _mps(block: Any) -> MpsSettings:
     items = block.get("resource") or []
     if not isinstance(items, list):
         raise ConfigError("config: mps.resource: expected resource blocks")
+    if len(items) > MPS_MAX_RESOURCES:
+        raise ConfigError(f"config: mps.resource: at most {MPS_MAX_RESOURCES} resource blocks, got {len(items)}")
     for i, item in enumerate(items):
         where = f"mps.resource[{i}]"
         if not isinstance(item, dict):
@@ -206,18 +245,29 @@ def _mps(block: Any) -> MpsSettings:
         _string_keys(item, f"config: {where}")
         name = _str(item.get("name"), f"{where}.name") if item.get("name") is not None else ""
         parts = name.split("/")
-        if not name or ".." in parts or "" in parts:
-            raise ConfigError(f"config: {where}.name: {name[:100]!r} is not a usable resource name")
+        if not name or ".." in parts or "" in parts or len(name) > MPS_MAX_NAME:
+            raise ConfigError(f"config: {where}.name: {name[:100]!r} is not a usable resource name (a relative "
+                              f"path of at most {MPS_MAX_NAME} characters)")
         replicas = item.get("replicas")
         if isinstance(replicas, str) and _decimal(replicas):
             replicas = int(replicas)  # go-cty may send a number as a decimal string
         if isinstance(replicas, float) and replicas.is_integer():
             replicas = int(replicas)
-        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 2:
-            raise ConfigError(f"config: mps resource {name!r}: replicas must be a whole number of at least 2")
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or not 2 <= replicas <= MPS_MAX_REPLICAS:
+            got = f", got {replicas}" if isinstance(replicas, int) and not isinstance(replicas, bool) else ""
+            raise ConfigError(f"config: {where}.replicas: mps resource {name!r}: replicas must be a whole number "
+                              f"from 2 to {MPS_MAX_REPLICAS} (NVIDIA MPS: up to {MPS_MAX_REPLICAS} clients per "
+                              f"GPU){got}")
         devices = item.get("devices") or []
-        if not isinstance(devices, list) or not all(isinstance(d, str) for d in devices):
-            raise ConfigError(f"config: mps resource {name!r}: devices must be a list of GPU UUIDs or indices")
+        if not isinstance(devices, list):
+            raise ConfigError(f"config: {where}.devices: mps resource {name!r}: devices must be a list of GPU UUIDs "
+                              "or indices")
+        if len(devices) > MPS_MAX_DEVICES:
+            raise ConfigError(f"config: {where}.devices: mps resource {name!r}: at most {MPS_MAX_DEVICES} devices, "
+                              f"got {len(devices)}")
+        if not all(isinstance(d, str) and len(d) <= MAX_ID for d in devices):
+            raise ConfigError(f"config: {where}.devices: mps resource {name!r}: devices must be a list of GPU UUIDs "
+                              f"or indices (strings of at most {MAX_ID} characters)")
         for d in devices:
             if not (_decimal(d) or d.startswith("GPU-")):
                 raise ConfigError(f"config: mps resource {name!r}: device {d[:100]!r} is neither a GPU UUID (GPU-…) "
@@ -239,9 +289,9 @@ def _file_devices(block: Any) -> FileDevicesConfig:
     for key in ("vendor", "type", "name"):
         if block.get(key) is not None:
             value = _str(block[key], f"file_devices.{key}")
-            if not value or "/" in value:
-                raise ConfigError(f"config: file_devices.{key}: must be non-empty and without '/' (it is part of "
-                                  "the device group's vendor/type/name)")
+            if not value or "/" in value or len(value) > MAX_ID:
+                raise ConfigError(f"config: file_devices.{key}: must be non-empty, at most {MAX_ID} characters and "
+                                  "without '/' (it is part of the device group's vendor/type/name)")
             out[key] = value
     if block.get("dir") is not None and _str(block["dir"], "file_devices.dir"):
         out["dir"] = Path(_str(block["dir"], "file_devices.dir")).absolute()
@@ -275,8 +325,8 @@ def _str(value: Any, key: str) -> str:
         return str(value)  # go-cty may send a number where HCL had one; a string attr accepts it
     if not isinstance(value, str):
         raise ConfigError(f"config: {key}: expected a string, got {type(value).__name__}")
-    if len(value) > 4096:
-        raise ConfigError(f"config: {key}: longer than 4096 characters")
+    if len(value) > MAX_STRING:
+        raise ConfigError(f"config: {key}: longer than {MAX_STRING} characters")
     return value
 
 

@@ -34,6 +34,7 @@ from accelstats.nomad.devices import MpsShare
 from collectors.mps import (
     DEFAULT_BINARY,
     Daemon,
+    DaemonRunningError,
     MpsError,
     MpsGpu,
     MpsResource,
@@ -152,8 +153,12 @@ class PluginMps:
                                      pipe_dir=pipe_dir, shm_dir=shm_dir, pinned_limit_bytes=pinned)
         return out
 
-    def _health(self, entry: _Entry) -> tuple[bool, str]:
-        """(healthy, reason) of one resource's daemon, starting or adopting it when that is due."""
+    def _health(self, entry: _Entry, after_race: bool = False) -> tuple[bool, str]:
+        """(healthy, reason) of one resource's daemon, starting or adopting it when that is due.
+
+        A start refused because a daemon runs after all (``accelstats mps start`` or another plugin
+        process started it between the check and the start: starts are serialised by the resource's
+        lock) is not a failure: the daemon is checked again, once (``after_race``), and adopted."""
         if entry.error:
             return False, f"MPS resource not usable: {entry.error}"
         daemon = entry.daemon
@@ -178,6 +183,11 @@ class PluginMps:
             return False, entry.last_error or answer_error
         try:
             daemon.start()
+        except DaemonRunningError as exc:
+            if not after_race:
+                return self._health(entry, after_race=True)
+            entry.next_start = time.monotonic() + self.retry_interval
+            return False, str(exc)
         except MpsError as exc:
             entry.next_start = time.monotonic() + self.retry_interval
             message = f"control daemon not started (next try in {self.retry_interval:g} s): {exc}"

@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -65,6 +66,7 @@ class DevicePluginState:
         self._raw_config: bytes | None = None
         self._metrics_server: Any = None
         self._metrics_listen = ""
+        self._metrics_web_config: Path | None = None
         self._wakers: set[threading.Event] = set()
         self._last_gpus: list[Any] = []
         self._mps: Any = None  # accelstats.nomad.mpsshares.PluginMps once MPS is configured
@@ -90,7 +92,7 @@ class DevicePluginState:
                 attribution=bool(cfg.metrics_listen))
             manager = _manager(settings)
             try:
-                self._serve_metrics(cfg.metrics_listen)
+                self._serve_metrics(cfg.metrics_listen, cfg.metrics_web_config)
             except ConfigError:
                 manager.destroy(timeout=0.5)
                 manager.close()
@@ -106,27 +108,44 @@ class DevicePluginState:
             self.configured.set()
             self.wake_all()
 
-    def _serve_metrics(self, listen: str) -> None:
+    def _serve_metrics(self, listen: str, web_config: Path | None = None) -> None:
         """``metrics_listen``: /metrics from this process's manager (one NVML session, not two);
-        restarted only when the address changes."""
-        if listen == self._metrics_listen:
+        restarted only when the address or ``metrics_web_config`` changes.
+
+        ``web_config``: an exporter-toolkit web config file, as ``accelstats serve --web-config`` takes
+        (docs/web-config.md): TLS, basic auth and headers, reloaded when the file changes
+        (:class:`accelstats.webconfig.WebConfigSource`). It is loaded and checked before the running
+        endpoint is touched: a bad file is a ConfigError naming ``metrics_web_config`` and the key
+        at fault, and the endpoint in force stays. Raises ConfigError (also when the address cannot
+        be bound)."""
+        if (listen, web_config) == (self._metrics_listen, self._metrics_web_config):
             return
+        web = None
+        if listen and web_config is not None:
+            from accelstats.webconfig import WebConfigSource
+
+            try:
+                web = WebConfigSource(web_config)
+            except ValueError as exc:  # WebConfigError (a ConfigError): the file and the key at fault
+                raise ConfigError(f"config: metrics_web_config: {exc}") from exc
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
-            self._metrics_server, self._metrics_listen = None, ""
+            self._metrics_server, self._metrics_listen, self._metrics_web_config = None, "", None
         if listen:
             from accelstats.config import parse_listen
             from accelstats.httpserver import serve
 
             host, port = parse_listen(listen)
             try:
-                self._metrics_server, _ = serve(_ManagerProxy(self), host, port)  # type: ignore[arg-type]
+                self._metrics_server, _ = serve(_ManagerProxy(self), host, port, web=web)  # type: ignore[arg-type]
             except OSError as exc:
                 raise ConfigError(f"config: metrics_listen: cannot listen on {listen[:200]}: "
                                   f"{exc.strerror or exc}") from exc
-            self._metrics_listen = listen
-            log.info("serving /metrics", extra={"listen": listen})
+            self._metrics_listen, self._metrics_web_config = listen, web_config
+            log.info("serving /metrics", extra={
+                "listen": listen, "tls": bool(web and web.tls_enabled),
+                "basic_auth": bool(web and web.initial.users), "web_config": str(web_config or "")})
 
     def collect(self) -> Collection | None:
         """One (shared) collection, or None before SetConfig."""

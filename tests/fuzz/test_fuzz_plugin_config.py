@@ -209,7 +209,8 @@ def valid_configs(draw: st.DrawFn) -> tuple[dict[str, Any], PluginConfig]:
             mps["timeout"], settings["timeout"] = draw(durations(0.1, 600))
         if draw(st.booleans()):
             mps["exclusive_process"] = settings["exclusive_process"] = draw(st.booleans())
-        resources = draw(st.lists(st.tuples(resource_names, st.integers(2, 2**40), devices), max_size=3))
+        # replicas: 2 to 48, NVIDIA's MPS client limit per GPU (larger values are refused: test_plugin_bounds.py)
+        resources = draw(st.lists(st.tuples(resource_names, st.integers(2, 48), devices), max_size=3))
         mps["resource"] = [{"name": n, "replicas": r, "devices": d} for n, r, d in resources]
         settings["resources"] = tuple(MpsResourceSettings(name=n, replicas=r, devices=tuple(
             int(x) if x.isdigit() else x for x in d) or "all") for n, r, d in resources)
