@@ -1,21 +1,38 @@
 """Basic auth and extra response headers from the web configuration file, as a WSGI wrapper.
 
 Behaviour follows exporter-toolkit's ``web/handler.go``: the configuration is consulted on every
-request (:class:`~accelstats.webconfig.WebConfigSource` reloads it when it changed; while it is broken
-every request gets 500), the configured headers go on every response, and with ``basic_auth_users``
-set a request needs ``Authorization: Basic`` with a listed user and the password of its bcrypt hash.
-A wrong or missing one gets ``401`` with ``WWW-Authenticate: Basic realm="accelstats"``.
+request (:class:`~accelstats.webconfig.WebConfigSource` reloads it when it changed, and keeps the last
+good one while a change is refused), the configured headers go on every response, and with
+``basic_auth_users`` set a request needs ``Authorization: Basic`` with a listed user and the password
+of its bcrypt hash. A wrong or missing one gets ``401`` with ``WWW-Authenticate: Basic
+realm="accelstats"``.
 
 One difference, on purpose: ``/healthz`` answers without credentials (a liveness probe should not need
 a secret, and it says only ``ok``); ``/``, ``/metrics`` and everything else need them. TLS client
 certificates, when required, are checked for every path, before any request is read.
 
-bcrypt costs 50-250 ms per check (cost 10-12), so successful checks are cached: up to
-:data:`CACHE_SIZE` keyed by an HMAC (per-process random key) of user, hash and password, so no
-password is kept in the clear. Failed checks are not cached, and bcrypt runs one check at a time, so
-a flood of wrong passwords costs one core, not all of them. User names are compared in constant time
-against every configured user, and an unknown user still pays one bcrypt check (exporter-toolkit's
-fixed-hash defence against user enumeration by timing).
+The password check (:meth:`BasicAuth.verify`):
+
+* **No user enumeration by timing.** User names are compared in constant time against every configured
+  user, and an unknown user is checked against a dummy hash with the highest cost among the configured
+  hashes (made once per configuration, random salt and checksum), so it costs what a known user with a
+  wrong password costs (exporter-toolkit checks unknown users against a fixed cost-10 hash instead,
+  which a cost-12 hash tells apart: 68 ms against 258 ms).
+* **bcrypt once per scraper.** A success is cached: up to :data:`CACHE_SIZE` keys, least recently used
+  out, each an HMAC-SHA256 under a per-process random key of user, stored hash and password (no
+  password is kept; a changed password or hash is a different key). Failures are not cached.
+* **Guesses cannot starve a scraper.** There is no global lock. At most :data:`BCRYPT_SLOTS` bcrypt
+  checks run at once (pyca's bcrypt releases the GIL) and at most :data:`MAX_WAITING` wait, two per
+  client address; a cached success never waits. A freed slot goes to the address served least
+  recently (:class:`CheckGate`), so a flood of wrong passwords from other addresses delays a first
+  login by the checks running when it arrives, not by the flood's queue. A check that is shed (a newer
+  one from the same address, or from a less busy one, took its place) or that waited
+  :data:`MAX_WAIT` seconds is answered ``503`` with ``Retry-After: 1``: a waiting check holds one of
+  the HTTP server's worker threads, so waiting is bounded in number and time. Clients that share an
+  address share its turn: a flood from the scraper's own address can still delay it.
+* **Failures are logged** at info level, at most one line a second (with how many were left out): the
+  client address and the user name when it is a configured one (an unknown "user name" may be a
+  password typed in the wrong field). Nothing secret is ever logged.
 """
 
 from __future__ import annotations
@@ -26,7 +43,9 @@ import hashlib
 import hmac
 import logging
 import os
+import secrets
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -40,13 +59,25 @@ log = logging.getLogger(__name__)
 StartResponse = Callable[..., Any]
 WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 
-CACHE_SIZE = 100
+CACHE_SIZE = 256  # successful checks remembered (a few scrapers, a few users each)
 REALM = "accelstats"
 OPEN_PATHS = frozenset({"/healthz"})
-# bcrypt (cost 10) of a random string nobody knows: checked for unknown users so that they take as
-# long as known ones.
-_NO_SUCH_USER = b"$2b$10$2VPOAPIAhOYE18jx8AFHBOjdbheFay1dfPb7Q2D4NwrlTfOk16tde"
+MAX_WAIT = 5.0  # seconds a check may wait for a bcrypt slot before it is answered 503
+LOG_INTERVAL = 1.0  # seconds between two log lines about failed checks
 _BCRYPT_MAX = 72  # bytes; bcrypt ignores (pyca's raises on) anything longer, Go's bcrypt refuses it
+_BCRYPT_ALPHABET = "./ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+BCRYPT_SLOTS = max(1, min(4, _cpus() // 2))  # concurrent bcrypt checks: a flood takes half the CPUs, 4 at most
+MAX_WAITING = 4  # checks waiting for a slot (each holds an HTTP worker thread; httpserver.WORKERS is 16)
+PER_SOURCE_WAITING = 2  # of which from one client address
 
 
 def parse_basic(header: str) -> tuple[bytes, bytes] | None:
@@ -63,21 +94,149 @@ def parse_basic(header: str) -> tuple[bytes, bytes] | None:
     return (user, password) if sep else None
 
 
-class BasicAuth:
-    """WSGI wrapper: configured headers on every response; basic auth when ``basic_auth_users`` is set."""
+def dummy_hash(cost: int) -> bytes:
+    """A bcrypt hash of cost ``cost`` (4-31) that no password matches in practice: a random salt
+    (``bcrypt.gensalt``) and a random 31-character checksum. ``bcrypt.checkpw`` against it costs the
+    same as against a real hash of that cost; making it costs nothing."""
+    checksum = "".join(secrets.choice(_BCRYPT_ALPHABET) for _ in range(31))
+    return bcrypt.gensalt(rounds=cost) + checksum.encode("ascii")
 
-    def __init__(self, app: WSGIApp, source: WebConfigSource) -> None:
+
+class _Waiter:
+    __slots__ = ("event", "granted", "shed")
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.granted = False
+        self.shed = False
+
+
+class CheckGate:
+    """At most ``slots`` holders at once, and at most ``max_waiting`` waiters (``per_source`` per
+    client address); a waiter gives up after ``max_wait`` seconds.
+
+    A freed slot goes to the address served least recently (one never served first), newest waiter
+    first within it: an address that keeps the slots busy with guesses is always the one that waits,
+    so a client from any other address waits only for the checks running now. A waiter past a cap is
+    shed (its :meth:`acquire` returns False at once): the oldest of its own address, or when all
+    waiters are full, the oldest of the address with the most waiting. So the gate holds at most
+    ``slots + max_waiting`` threads whatever the flood (the HTTP server's worker pool must be larger:
+    each waiter is a worker thread blocked), and a flood never queues a newcomer behind it.
+    """
+
+    def __init__(self, slots: int, max_wait: float, max_waiting: int = 4, per_source: int = 2) -> None:
+        self.slots = slots
+        self.max_wait = max_wait
+        self.max_waiting = max_waiting
+        self.per_source = per_source
+        self._lock = threading.Lock()
+        self._free = slots
+        self._waiting: dict[str, list[_Waiter]] = {}  # address -> waiters, oldest first
+        self._served: OrderedDict[str, int] = OrderedDict()  # address -> tick of its last slot
+        self._tick = 0
+
+    def acquire(self, source: str) -> bool:
+        """Take a slot (True); False when shed or after ``max_wait``. Release a slot with :meth:`release`."""
+        with self._lock:
+            if self._free > 0:
+                self._free -= 1
+                self._mark(source)
+                return True
+            queue = self._waiting.setdefault(source, [])
+            if len(queue) >= self.per_source:
+                self._shed(source)
+            elif sum(len(q) for q in self._waiting.values()) >= self.max_waiting:
+                self._shed(max(self._waiting, key=lambda s: len(self._waiting[s])))
+            waiter = _Waiter()
+            self._waiting[source].append(waiter)
+        waiter.event.wait(self.max_wait)
+        with self._lock:
+            if waiter.granted or waiter.shed:
+                return waiter.granted
+            queue = self._waiting[source]  # timed out
+            queue.remove(waiter)
+            if not queue:
+                del self._waiting[source]
+            return False
+
+    def release(self) -> None:
+        """Hand the slot to the newest waiter of the address served least recently, or free it."""
+        with self._lock:
+            if not self._waiting:
+                self._free += 1
+                return
+            source = min(self._waiting, key=lambda s: self._served.get(s, -1))  # ties: first to wait
+            queue = self._waiting[source]
+            waiter = queue.pop()
+            if not queue:
+                del self._waiting[source]
+            waiter.granted = True
+            self._mark(source)
+            waiter.event.set()
+
+    def waiting(self) -> int:
+        """Checks waiting for a slot now."""
+        with self._lock:
+            return sum(len(q) for q in self._waiting.values())
+
+    def _mark(self, source: str) -> None:
+        self._tick += 1
+        self._served[source] = self._tick
+        self._served.move_to_end(source)
+        if len(self._served) > 4096:  # forget the addresses served longest ago (they rank as never served)
+            self._served.popitem(last=False)
+
+    def _shed(self, source: str) -> None:
+        queue = self._waiting[source]
+        victim = queue.pop(0)
+        if not queue:
+            del self._waiting[source]
+        victim.shed = True
+        victim.event.set()
+
+
+class _FailureLog:
+    """Info lines about failed checks, at most one per ``interval`` seconds; the next line says how
+    many were left out."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._lock = threading.Lock()
+        self._last = -float("inf")
+        self._left_out = 0
+
+    def note(self, peer: str, what: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last < self.interval:
+                self._left_out += 1
+                return
+            left_out, self._left_out, self._last = self._left_out, 0, now
+        more = f" ({left_out} more failed since the previous line)" if left_out else ""
+        log.info("basic auth from %s failed: %s%s", peer or "an unknown address", what, more)
+
+
+class BasicAuth:
+    """WSGI wrapper: configured headers on every response; basic auth when ``basic_auth_users`` is set.
+
+    ``slots`` (default :data:`BCRYPT_SLOTS`) and ``max_wait`` (default :data:`MAX_WAIT`, seconds)
+    configure the :class:`CheckGate` in front of bcrypt."""
+
+    def __init__(self, app: WSGIApp, source: WebConfigSource, slots: int | None = None,
+                 max_wait: float = MAX_WAIT) -> None:
         self.app = app
         self.source = source
         self._key = os.urandom(32)
         self._ok: OrderedDict[bytes, None] = OrderedDict()
         self._lock = threading.Lock()
-        self._bcrypt = threading.Lock()
+        self.gate = CheckGate(slots or BCRYPT_SLOTS, max_wait, MAX_WAITING, PER_SOURCE_WAITING)
+        self._dummy: tuple[tuple[tuple[str, bytes], ...], bytes] | None = None
+        self._failures = _FailureLog(LOG_INTERVAL)
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         try:
             config, _ = self.source.current()
-        except WebConfigError:  # logged by the source when it broke
+        except WebConfigError:  # not raised since reloads keep the last good configuration; kept safe
             start_response("500 Internal Server Error", [("Content-Type", "text/plain; charset=utf-8")])
             return [b"web configuration is broken, see the exporter's log\n"]
 
@@ -89,18 +248,34 @@ class BasicAuth:
         if not config.users or environ.get("PATH_INFO", "/") in OPEN_PATHS:
             return self.app(environ, start)
         creds = parse_basic(environ.get("HTTP_AUTHORIZATION", ""))
-        if creds is not None and self.check(config, *creds):
-            return self.app(environ, start)
+        if creds is not None:
+            ok = self.verify(config, *creds, peer=str(environ.get("REMOTE_ADDR", "")))
+            if ok:
+                return self.app(environ, start)
+            if ok is None:
+                start("503 Service Unavailable", [("Content-Type", "text/plain; charset=utf-8"),
+                                                  ("Retry-After", "1")])
+                return [b"too many password checks waiting, try again\n"]
         start("401 Unauthorized", [("Content-Type", "text/plain; charset=utf-8"),
                                    ("WWW-Authenticate", f'Basic realm="{REALM}"')])
         return [b"Unauthorized\n"]
 
     def check(self, config: WebConfig, user: bytes, password: bytes) -> bool:
-        """True when ``user`` is configured and ``password`` matches its bcrypt hash (cached when true)."""
+        """True when ``user`` is configured and ``password`` matches its bcrypt hash (cached when true);
+        :meth:`verify` without a client address, a check that could not run counting as False."""
+        return self.verify(config, user, password) is True
+
+    def verify(self, config: WebConfig, user: bytes, password: bytes, peer: str = "") -> bool | None:
+        """True when ``user`` is configured and ``password`` matches its hash; False when not; None when
+        the check got no bcrypt slot (shed, or :data:`MAX_WAIT` passed; the caller answers 503).
+        ``peer``: the client address, for fair queueing and the log. A success is cached; a cache hit
+        costs one HMAC and never waits. A known user with a wrong password and an unknown user each
+        cost one bcrypt check of the highest configured cost."""
         hashed = None
-        for name, candidate in config.users:  # every user, no early exit: constant time in the match
-            if hmac.compare_digest(name.encode("utf-8"), user):
-                hashed = candidate
+        name = ""
+        for candidate_name, candidate in config.users:  # every user, no early exit: constant time
+            if hmac.compare_digest(candidate_name.encode("utf-8"), user):
+                hashed, name = candidate, candidate_name
         key = hmac.new(self._key, b"%d:%s%d:%s%s" % (len(user), user, len(hashed or b""), hashed or b"", password),
                        hashlib.sha256).digest()
         if hashed is not None:
@@ -108,14 +283,35 @@ class BasicAuth:
                 if key in self._ok:
                     self._ok.move_to_end(key)
                     return True
+        what = f"wrong password for user {name!r}" if hashed is not None else "unknown user"
         if len(password) > _BCRYPT_MAX:
+            self._failures.note(peer, what + f" (password over {_BCRYPT_MAX} bytes)")
             return False
-        with self._bcrypt:
-            ok = bcrypt.checkpw(password, hashed or _NO_SUCH_USER)
+        target = hashed if hashed is not None else self._dummy_for(config.users)
+        if not self.gate.acquire(peer):
+            who = f"user {name!r}" if hashed is not None else "an unknown user"
+            self._failures.note(peer, f"{who} not checked: all {self.gate.slots} bcrypt slots busy and newer "
+                                      "checks waiting (answered 503)")
+            return None
+        try:
+            ok = bcrypt.checkpw(password, target)
+        except ValueError:  # a hash bcrypt refuses (the loader checks their form, so not expected)
+            ok = False
+        finally:
+            self.gate.release()
         if ok and hashed is not None:
             with self._lock:
                 self._ok[key] = None
                 while len(self._ok) > CACHE_SIZE:
                     self._ok.popitem(last=False)
             return True
+        self._failures.note(peer, what)
         return False
+
+    def _dummy_for(self, users: tuple[tuple[str, bytes], ...]) -> bytes:
+        """The dummy hash for unknown users of this configuration: the highest configured cost."""
+        with self._lock:
+            if self._dummy is None or self._dummy[0] != users:
+                cost = max(int(hashed[4:6]) for _, hashed in users)
+                self._dummy = (users, dummy_hash(cost))
+            return self._dummy[1]
