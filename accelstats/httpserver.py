@@ -1,265 +1,716 @@
-"""The HTTP server of ``accelstats serve`` (and of the Nomad plugin's ``metrics_listen``).
+"""The HTTP server of ``accelstats serve`` (and of the Nomad plugin's ``metrics_listen``); the WSGI app
+it serves is :mod:`accelstats.httpapp`.
 
-``make_app`` is the WSGI app: ``/metrics`` (one collection shared by concurrent scrapes, encoded
-once per collection and format, :class:`SharedExposition`), ``/healthz`` and a landing page at
-``/``. ``serve`` runs it on a threading WSGI server: plain HTTP, or with a web configuration file
-(``--web-config``, :mod:`accelstats.webconfig`) TLS, basic auth and extra headers
-(:mod:`accelstats.webauth`).
+**The server** (:class:`HTTPServer`, started by :func:`serve`) is built so that clients that connect
+and then stall cannot lock out a scrape:
+
+* *One event-loop thread owns every socket.* ``accelstats-http`` (:mod:`selectors`, epoll) accepts,
+  runs TLS handshakes non-blocking, reads request heads, keeps idle keep-alive connections and writes
+  answers. A pool of at most :data:`WORKERS` threads (started on demand, gone after
+  :data:`WORKER_IDLE_EXIT` idle seconds) runs the WSGI app, and only for a request whose head is
+  complete. An idle, slow-header or handshake-stalling client costs one file descriptor and the bytes
+  it sent, never a thread: the server runs at most 1 + :data:`WORKERS` threads however many
+  connections are open.
+* *Deadlines are totals*, fixed when a connection enters a state and never moved by a byte arriving:
+  the TLS handshake within ``handshake_timeout`` (10 s) of the accept; a request head within
+  ``header_timeout`` (10 s) of the accept (plain), of the handshake's end (TLS) or of the first
+  byte after an idle keep-alive; keep-alive idle ``idle_timeout`` (90 s: at Prometheus' default 1 min
+  scrape interval a scraper keeps its connection, and pays one TLS handshake, not one per scrape); a
+  whole answer written within ``write_timeout`` (30 s). A request waiting for a worker, or running,
+  has no deadline: that is the app's (the collection's own deadlines).
+* *HTTP/1.1 with keep-alive* (HTTP/1.0 too, when the client asks with ``Connection: keep-alive``), at
+  most ``max_requests`` (1000) requests per connection, pipelined requests answered in order. A
+  request that announces a body (no GET or HEAD needs one) is answered and its connection closed, so
+  no unread body can be taken for the next request. Heads are read by :mod:`accelstats.httphead`
+  (bounded in bytes and lines, ``431``; a malformed one gets ``400`` and a close).
+* *Bounded connections.* At most ``max_connections``: :data:`DEFAULT_MAX_CONNECTIONS` (4096), and
+  never more than ``RLIMIT_NOFILE`` less :data:`FD_RESERVE` descriptors kept for NVML, the files a
+  collection reads and the process itself (:func:`connection_limit`; ``systemd/accelstats.service``
+  sets ``LimitNOFILE=8192``). A connection that arrives at the limit makes room: the connection that
+  has been longest in its current state among those not waiting on a worker (still handshaking or
+  sending its head, idle between requests, or having its answer written) is closed (counted as
+  ``evicted``). Only when every connection has a request with a worker is the newcomer closed at once
+  (``limit``). Oldest-first eviction is what lets a scrape through a flood: a scraper needs a few
+  milliseconds from connect to a complete request, so a client holding every slot would have to open
+  ``max_connections`` new connections within those milliseconds to push it out, while the slots it
+  holds are the first to go; an idle keep-alive scraper that loses its connection just opens another.
+  The same eviction answers ``EMFILE`` from ``accept``.
+* *Counted:* every connection the server closes on its own, by reason, in
+  ``accelstats_http_connections_refused_total{reason}`` (:data:`REFUSED_REASONS`): ``limit``,
+  ``evicted``, ``tls_handshake_timeout``, ``header_timeout``, ``idle_timeout`` (keep-alive idle),
+  ``write_timeout``; rendered from the server's own counters into ``/metrics``
+  (:class:`ServerCounters`), with ``accelstats_web_config_reload_failures_total`` when a web
+  configuration is in use.
+
+Why one module of ~700 lines: :class:`HTTPServer` is one state machine over the sockets it owns
+(states, deadlines, eviction order and the hand-off to workers); the pieces that stand alone are
+elsewhere (the app in :mod:`accelstats.httpapp`, head parsing in :mod:`accelstats.httphead`), and
+cutting the machine further would spread one connection's transitions over several files.
+
+With a web configuration file (``--web-config``, :mod:`accelstats.webconfig`): TLS, basic auth and
+extra headers (:mod:`accelstats.webauth`). Plain HTTP sent to the TLS port gets Go's ``400`` answer.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
-import gzip
+import io
 import logging
+import resource
+import selectors
 import socket
-import socketserver
 import ssl
+import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from email.utils import formatdate
 from typing import Any
-from urllib.parse import parse_qs
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
-
-from prometheus_client import CollectorRegistry, make_wsgi_app
-from prometheus_client.core import Metric
-from prometheus_client.exposition import choose_encoder, gzip_accepted
+from urllib.parse import unquote, urlsplit
 
 from accelstats import __version__
-from accelstats.exporter import make_registry, render
-from accelstats.manager import AcceleratorManager, Collection
+from accelstats.httpapp import ServerCounters, WSGIApp, make_app
+from accelstats.httphead import (
+    MAX_HEAD_BYTES,
+    BadRequestError,
+    Request,
+    head_end,
+    parse_head,
+    simple_answer,
+    strip_empty_lines,
+)
+from accelstats.manager import AcceleratorManager
 from accelstats.webauth import BasicAuth
 from accelstats.webconfig import WebConfigError, WebConfigSource
 
 log = logging.getLogger(__name__)
 
-StartResponse = Callable[..., Any]
 
+# -- the server -------------------------------------------------------------------------------------
 
-LANDING = """<!doctype html>
-<html><head><title>accelstats</title></head><body>
-<h1>accelstats {version}</h1>
-<p>Per-container accelerator metrics (NVIDIA GPUs, MIG, MPS, file devices).</p>
-<ul><li><a href="metrics">/metrics</a> &mdash; Prometheus exposition</li>
-<li><a href="healthz">/healthz</a> &mdash; liveness</li></ul>
-</body></html>
-"""
-
-
-class _OneCollection:
-    """A collector over one finished collection (rendered, never collected again)."""
-
-    def __init__(self, collection: Collection) -> None:
-        self.collection = collection
-
-    def collect(self) -> Iterator[Metric]:
-        """The families of the one collection (:func:`render`)."""
-        return render(self.collection)
-
-
-class SharedExposition:
-    """``/metrics`` bodies shared by the scrapes that share a collection.
-
-    :meth:`AcceleratorManager.collect` hands one collection to every scrape that arrived while it
-    ran; rendering and encoding it is the larger part of a big scrape (63 of 121 ms for 8 GPUs and
-    1000 containers, docs/performance.md), so the encoded body (and its gzip) is kept for the newest
-    collection, per format chosen by the ``Accept`` header (text 0.0.4/1.0.0 or OpenMetrics, client_python's
-    ``choose_encoder``). Requests with a ``name[]`` filter go to client_python's own app, uncached.
-    """
-
-    def __init__(self, manager: AcceleratorManager) -> None:
-        self.manager = manager
-        self._lock = threading.Lock()
-        self._collection: Collection | None = None
-        self._bodies: dict[tuple[str, bool], bytes] = {}  # (content type, gzip) -> body
-        self.encodings = 0  # bodies encoded (a counter for tests and benchmarks)
-
-    def body(self, accept: str, accept_encoding: str) -> tuple[bytes, list[tuple[str, str]]]:
-        """(body, headers) for one scrape: one collection (shared), encoded once per collection and format."""
-        encoder, content_type = choose_encoder(accept)
-        compress = gzip_accepted(accept_encoding)
-        collection = self.manager.collect()
-        with self._lock:
-            if collection is not self._collection:
-                self._collection, self._bodies = collection, {}
-            key = (content_type, compress)
-            body = self._bodies.get(key)
-            if body is None:
-                plain = self._bodies.get((content_type, False))
-                if plain is None:
-                    registry = CollectorRegistry(auto_describe=False)
-                    registry.register(_OneCollection(collection))
-                    plain = encoder(registry)
-                    self.encodings += 1
-                    self._bodies[(content_type, False)] = plain
-                body = gzip.compress(plain) if compress else plain
-                self._bodies[key] = body
-        headers = [("Content-Type", content_type)]
-        if compress:
-            headers.append(("Content-Encoding", "gzip"))
-        return body, headers
-
-
-def make_app(manager: AcceleratorManager) -> Callable[[dict[str, Any], StartResponse], Iterable[bytes]]:
-    """WSGI app: ``/metrics`` (a body shared by scrapes that share a collection, see
-    :class:`SharedExposition`; gzip and OpenMetrics by request; ``name[]`` filters through
-    client_python's app), ``/healthz``, ``/``."""
-    filtered = make_wsgi_app(make_registry(manager))
-    shared = SharedExposition(manager)
-    landing = LANDING.format(version=__version__).encode()
-
-    def metrics(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        if "name[]" in parse_qs(environ.get("QUERY_STRING", "")):
-            return filtered(environ, start_response)  # type: ignore[no-any-return]
-        body, headers = shared.body(environ.get("HTTP_ACCEPT", ""), environ.get("HTTP_ACCEPT_ENCODING", ""))
-        start_response("200 OK", headers + [("Content-Length", str(len(body)))])
-        return [body]
-
-    def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        path = environ.get("PATH_INFO", "/")
-        if path == "/metrics" and environ.get("REQUEST_METHOD") == "HEAD":  # probes: no collection
-            start_response("200 OK", [("Content-Type", "text/plain; version=0.0.4; charset=utf-8")])
-            return []
-        if path == "/metrics":
-            return metrics(environ, start_response)
-        if path == "/healthz":
-            start_response("200 OK", [("Content-Type", "text/plain; charset=utf-8")])
-            return [b"ok\n"]
-        if path == "/":
-            start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
-            return [landing]
-        start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
-        return [b"not found: try /metrics\n"]
-
-    return app
-
-
-HANDSHAKE_TIMEOUT = 10.0  # seconds a TLS client may take to send its hello and finish the handshake
-IO_TIMEOUT = 30.0  # seconds a request may stall on a socket read or write once it started
+DEFAULT_MAX_CONNECTIONS = 4096
+FD_RESERVE = 256  # descriptors kept out of the connection limit: NVML's device nodes, files read, stdio, epoll
+# Threads running the WSGI app at most. As many as the scrapers that may come at once, so that they share
+# one collection (AcceleratorManager.collect shares a collection only among callers waiting in it): 50
+# concurrent scrapers of 2 MB bodies were served 31/s with 16 workers (7.8 scrapes per collection) and
+# 78/s with 64 (23 per collection; 77/s with a thread per connection), benchmarks/load.py.
+WORKERS = 64
+WORKER_IDLE_EXIT = 5.0  # seconds an idle worker thread waits for work before it ends
+HANDSHAKE_TIMEOUT = 10.0  # seconds from accept to a finished TLS handshake
+HEADER_TIMEOUT = 10.0  # seconds for a whole request head
+IDLE_TIMEOUT = 90.0  # seconds a keep-alive connection may wait for its next request
+WRITE_TIMEOUT = 30.0  # seconds to write a whole answer
+LINGER_TIMEOUT = 2.0  # seconds, after our last byte, to read what the client still sends before closing
+MAX_REQUESTS = 1000  # requests per connection
+_SWEEP = 0.1  # seconds between deadline checks
+_ACCEPTS_PER_WAKE = 64
+_CHUNK = 1 << 20  # bytes per send(): the kernel takes what fits in the socket buffer
 _NOT_TLS = (b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
             b"Client sent an HTTP request to an HTTPS server.\n")  # what Go's net/http answers
+_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "date", "upgrade"})
 
 
-class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
-    """One thread per connection. With ``web`` set and TLS enabled in it, the connection's own thread
-    (never the accept loop) runs the TLS handshake under ``handshake_timeout``, so a client that
-    stalls or speaks plain HTTP costs one short-lived thread and blocks nobody else."""
+def connection_limit(default: int = DEFAULT_MAX_CONNECTIONS, reserve: int = FD_RESERVE) -> int:
+    """Connections to allow under this process's ``RLIMIT_NOFILE`` soft limit: ``default``, or the
+    soft limit less ``reserve`` descriptors (at least half the limit) when that is lower."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return default
+    room = soft - reserve if soft - reserve >= soft // 2 else soft // 2
+    return max(1, min(default, room))
 
-    daemon_threads = True
-    allow_reuse_address = True
-    # listen() backlog: socketserver's default of 5 overflowed with 50 concurrent scrapers (SYNs dropped,
-    # clients retrying after 1, 3, 7 s; benchmarks/load.py). The kernel caps it at net.core.somaxconn.
-    request_queue_size = socket.SOMAXCONN
-    web: WebConfigSource | None = None
-    handshake_timeout = HANDSHAKE_TIMEOUT
 
-    def finish_request(self, request: Any, client_address: Any) -> None:
-        if self.web is None or not self.web.tls_enabled:
-            super().finish_request(request, client_address)
-            return
-        conn = _tls_handshake(request, client_address, self.web, self.handshake_timeout)
-        if conn is None:
-            return  # process_request_thread closes the plain socket
+# connection states: what the event loop waits for
+_TLS_START = "tls_start"  # the first byte (TLS or not)
+_HANDSHAKE = "handshake"
+_READING = "reading"  # a request head, begun or not
+_IDLE = "idle"  # keep-alive, between requests
+_WORKING = "working"  # a request with a worker (queued or running): no deadline, not evictable
+_WRITING = "writing"
+_LINGER = "linger"  # after our last byte: half-closed, reading until EOF
+_TIMEOUT_REASON = {_TLS_START: "tls_handshake_timeout", _HANDSHAKE: "tls_handshake_timeout",
+                   _READING: "header_timeout", _IDLE: "idle_timeout", _WRITING: "write_timeout"}
+
+
+class _Conn:
+    """One client connection, owned by the event loop."""
+
+    __slots__ = ("buf", "deadline", "drained", "events", "keep_alive", "out", "peer", "requests", "sock", "state",
+                 "tls")
+
+    def __init__(self, sock: socket.socket, peer: Any, tls: bool) -> None:
+        self.sock = sock
+        self.peer = peer
+        self.tls = tls
+        self.state = ""
+        self.deadline = 0.0
+        self.events = 0  # selector events registered; 0 = not registered
+        self.buf = bytearray()
+        self.out: deque[memoryview] = deque()
+        self.keep_alive = False
+        self.requests = 0
+        self.drained = 0  # bytes read and dropped after our last byte
+
+
+class _Workers:
+    """At most ``limit`` threads running ``run(job)``, started on demand; a thread idle for
+    :data:`WORKER_IDLE_EXIT` seconds ends. Jobs wait in order while every thread is busy."""
+
+    def __init__(self, limit: int, run: Callable[[Any], Callable[[], None]]) -> None:
+        self.limit = limit
+        self._run = run  # job -> deliver: the work, then a call that hands its result over
+        self._cond = threading.Condition()
+        self._jobs: deque[Any] = deque()
+        self._idle = 0  # threads waiting for a job, or about to (see _worker)
+        self.threads = 0
+        self._stopped = False
+
+    def submit(self, job: Any) -> None:
+        """Queue ``job``; start a thread when more jobs wait than threads are free."""
+        with self._cond:
+            self._jobs.append(job)
+            if len(self._jobs) > self._idle and self.threads < self.limit:
+                self.threads += 1
+                threading.Thread(target=self._worker, name="accelstats-http-worker", daemon=True).start()
+            self._cond.notify()
+
+    def stop(self) -> None:
+        """Threads end after their current job; queued jobs are dropped."""
+        with self._cond:
+            self._stopped = True
+            self._jobs.clear()
+            self._cond.notify_all()
+
+    def _worker(self) -> None:
+        announced = False
+        while True:
+            with self._cond:
+                if announced:
+                    self._idle -= 1
+                end = time.monotonic() + WORKER_IDLE_EXIT
+                while not self._jobs and not self._stopped:
+                    left = end - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._idle += 1
+                    self._cond.wait(left)
+                    self._idle -= 1
+                if self._stopped or not self._jobs:
+                    self.threads -= 1
+                    return
+                job = self._jobs.popleft()
+            deliver = self._run(job)
+            # Count this thread free before its answer goes out: the client's next request, which may
+            # come as soon as the answer is read, must find it free, not start another thread.
+            with self._cond:
+                self._idle += 1
+                announced = True
+            deliver()
+
+
+class HTTPServer:
+    """The event-loop HTTP(S) server (the module docstring has the design).
+
+    ``listener``: a bound, listening socket; ``app``: the WSGI app; ``web``: the web configuration
+    (TLS when ``web.tls_enabled``); ``counters``: where refused connections are counted. Limits are
+    attributes read when used, so tests may lower them on a running server: ``max_connections``,
+    ``handshake_timeout``, ``header_timeout``, ``idle_timeout``, ``write_timeout``, ``max_requests``.
+    :meth:`serve_forever` runs the loop (in the thread :func:`serve` starts); :meth:`shutdown` stops it
+    and waits; :meth:`server_close` closes the listener, every connection and the workers."""
+
+    def __init__(self, listener: socket.socket, app: WSGIApp, web: WebConfigSource | None = None,
+                 counters: ServerCounters | None = None, workers: int = WORKERS) -> None:
+        self.socket = listener
+        self.server_address: tuple[Any, ...] = listener.getsockname()
+        self.server_port: int = self.server_address[1]
+        self.app = app
+        self.web = web
+        self.counters = counters if counters is not None else ServerCounters(web)
+        self.max_connections = connection_limit()
+        self.handshake_timeout = HANDSHAKE_TIMEOUT
+        self.header_timeout = HEADER_TIMEOUT
+        self.idle_timeout = IDLE_TIMEOUT
+        self.write_timeout = WRITE_TIMEOUT
+        self.max_requests = MAX_REQUESTS
+        self.workers = _Workers(workers, self._work)
+        self._conns: set[_Conn] = set()
+        self._evictable: OrderedDict[_Conn, None] = OrderedDict()  # oldest state change first
+        self._done: deque[tuple[_Conn, list[bytes], bool]] = deque()
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        listener.setblocking(False)
+        self._selector.register(listener, selectors.EVENT_READ, self._accept)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, self._drain_wake)
+        self._accept_paused_until = 0.0
+        self._emfile_logged = 0.0
+        self._stop = False
+        self._started = False
+        self._closed = False
+        self._stopped = threading.Event()
+
+    # -- lifecycle
+
+    def serve_forever(self) -> None:
+        """Run the event loop until :meth:`shutdown`."""
+        self._started = True
         try:
-            super().finish_request(conn, client_address)
+            next_sweep = time.monotonic() + _SWEEP
+            while not self._stop:
+                for key, _mask in self._selector.select(max(0.0, next_sweep - time.monotonic())):
+                    data = key.data
+                    if isinstance(data, _Conn):
+                        if data in self._conns:  # not closed by an eviction earlier in this round
+                            self._on_event(data)
+                        continue
+                    try:
+                        data()  # the listener or the wake-up socket
+                    except Exception:  # a bug here must not end the loop
+                        log.exception("HTTP server: unexpected error")
+                now = time.monotonic()
+                if now >= next_sweep:
+                    self._sweep(now)
+                    next_sweep = now + _SWEEP
         finally:
-            self.shutdown_request(conn)
+            self._stopped.set()
 
+    def shutdown(self) -> None:
+        """Stop the event loop and wait until it has (returns at once when it never ran)."""
+        self._stop = True
+        self._wake()
+        if self._started:
+            self._stopped.wait()
 
-def _tls_handshake(sock: socket.socket, peer: Any, web: WebConfigSource, timeout: float) -> ssl.SSLSocket | None:
-    """The TLS connection for ``sock``, or None (logged at debug level) when the client sent plain HTTP
-    (answered 400, as Go's net/http does), stalled past ``timeout`` or failed the handshake."""
-    sock.settimeout(timeout)
-    try:
-        first = sock.recv(1, socket.MSG_PEEK)
-        if not first:
-            return None
-        if first != b"\x16":  # every TLS connection starts with a handshake record (0x16)
-            if first.isalpha():  # a method name: plain HTTP
-                sock.sendall(_NOT_TLS)
-            log.debug("%s: not TLS (first byte %r), %s", peer, first, "answered 400" if first.isalpha() else "closed")
-            _drain(sock)
-            return None
-        _, ctx = web.current()
-        assert ctx is not None
-        conn = ctx.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-    except (OSError, WebConfigError) as exc:
-        log.debug("%s: connection dropped before TLS: %s", peer, exc)
-        return None
-    try:
-        conn.do_handshake()
-    except OSError as exc:  # ssl.SSLError and socket timeouts are OSErrors
-        log.debug("%s: TLS handshake failed: %s", peer, exc)
-        conn.close()
-        return None
-    return conn
-
-
-def _drain(sock: socket.socket, limit: int = 65536) -> None:
-    """Half-close, then read what the client still sends (up to ``limit`` bytes, until EOF or the
-    socket's timeout), so that closing does not reset the connection before it read our answer."""
-    sock.shutdown(socket.SHUT_WR)
-    sock.settimeout(min(sock.gettimeout() or 2.0, 2.0))
-    while limit > 0:
-        chunk = sock.recv(min(limit, 8192))
-        if not chunk:
+    def server_close(self) -> None:
+        """Close the listener, every connection, the workers' queue (running jobs finish alone)."""
+        if self._closed:
             return
-        limit -= len(chunk)
+        if self._started and not self._stopped.is_set():
+            self.shutdown()
+        self._closed = True
+        self.workers.stop()
+        for conn in list(self._conns):
+            self._close(conn)
+        self._selector.close()
+        for sock in (self.socket, self._wake_r, self._wake_w):
+            sock.close()
+
+    @property
+    def connections(self) -> int:
+        """Open client connections (for tests and benchmarks)."""
+        return len(self._conns)
+
+    # -- event loop helpers
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):  # full (a wake is pending anyway) or closed (the server is closing)
+            self._wake_w.send(b"\0")
+
+    def _drain_wake(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+        while self._done:
+            conn, out, keep_alive = self._done.popleft()
+            if conn in self._conns:
+                self._start_writing(conn, out, keep_alive)
+
+    def _want(self, conn: _Conn, events: int) -> None:
+        if events == conn.events:
+            return
+        if conn.events and events:
+            self._selector.modify(conn.sock, events, conn)
+        elif events:
+            self._selector.register(conn.sock, events, conn)
+        else:
+            self._selector.unregister(conn.sock)
+        conn.events = events
+
+    def _enter(self, conn: _Conn, state: str, timeout: float | None, events: int = selectors.EVENT_READ) -> None:
+        """Put ``conn`` in ``state`` with a deadline ``timeout`` seconds from now (None: none)."""
+        conn.state = state
+        conn.deadline = time.monotonic() + timeout if timeout is not None else float("inf")
+        self._evictable.pop(conn, None)
+        if state != _WORKING:
+            self._evictable[conn] = None
+        self._want(conn, events)
+
+    def _close(self, conn: _Conn, reason: str | None = None) -> None:
+        if conn not in self._conns:
+            return
+        if reason is not None:
+            self.counters.count(reason)
+            log.debug("%s: closed (%s)", conn.peer, reason)
+        self._conns.discard(conn)
+        self._evictable.pop(conn, None)
+        if conn.events:
+            with contextlib.suppress(KeyError, ValueError):  # the selector is closed
+                self._selector.unregister(conn.sock)
+            conn.events = 0
+        with contextlib.suppress(OSError):
+            conn.sock.close()
+
+    def _evict_one(self) -> bool:
+        """Close the connection longest in its state among those not waiting on a worker."""
+        if not self._evictable:
+            return False
+        conn = next(iter(self._evictable))
+        self._close(conn, None if conn.state == _LINGER else "evicted")
+        return True
+
+    def _sweep(self, now: float) -> None:
+        if self._accept_paused_until and now >= self._accept_paused_until:
+            self._accept_paused_until = 0.0
+            self._selector.register(self.socket, selectors.EVENT_READ, self._accept)
+        for conn in [c for c in self._conns if c.deadline <= now]:
+            self._close(conn, _TIMEOUT_REASON.get(conn.state))
+
+    def _accept(self) -> None:
+        for _ in range(_ACCEPTS_PER_WAKE):
+            try:
+                sock, peer = self.socket.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    if self._evict_one():
+                        continue
+                    now = time.monotonic()
+                    if now - self._emfile_logged > 60:
+                        self._emfile_logged = now
+                        log.warning("accept: %s with every connection busy; raise LimitNOFILE", exc.strerror)
+                    self._selector.unregister(self.socket)  # back in the next sweep
+                    self._accept_paused_until = now + _SWEEP
+                    return
+                log.debug("accept: %s", exc)  # ECONNABORTED and the like: that client is gone
+                continue
+            if len(self._conns) >= self.max_connections and not self._evict_one():
+                self.counters.count("limit")
+                sock.close()
+                continue
+            try:
+                self._setup(sock, peer)
+            except OSError as exc:  # the client reset the connection already
+                log.debug("%s: %s", peer, exc)
+                sock.close()
+
+    def _setup(self, sock: socket.socket, peer: Any) -> None:
+        sock.setblocking(False)
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        tls = self.web is not None and self.web.tls_enabled
+        conn = _Conn(sock, peer, tls)
+        self._conns.add(conn)
+        if tls:
+            self._enter(conn, _TLS_START, self.handshake_timeout)
+        else:
+            self._enter(conn, _READING, self.header_timeout)
+
+    def _on_event(self, conn: _Conn) -> None:
+        try:
+            state = conn.state
+            if state == _TLS_START:
+                self._tls_start(conn)
+            elif state == _HANDSHAKE:
+                self._handshake(conn)
+            elif state in (_READING, _IDLE):
+                self._read(conn)
+            elif state == _WRITING:
+                self._write(conn)
+            elif state == _LINGER:
+                self._linger_read(conn)
+        except Exception:  # a bug with one connection must not end the loop for all
+            log.exception("%s: unexpected error, connection closed", conn.peer)
+            self._close(conn)
+
+    # -- TLS
+
+    def _tls_start(self, conn: _Conn) -> None:
+        try:
+            first = conn.sock.recv(1, socket.MSG_PEEK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            log.debug("%s: connection dropped before TLS: %s", conn.peer, exc)
+            self._close(conn)
+            return
+        if not first:
+            self._close(conn)
+            return
+        if first != b"\x16":  # every TLS connection starts with a handshake record (0x16)
+            log.debug("%s: not TLS (first byte %r)", conn.peer, first)
+            if first.isalpha():  # a method name: plain HTTP, answered as Go's net/http does
+                self._start_writing(conn, [_NOT_TLS], False)
+            else:
+                self._linger(conn)
+            return
+        assert self.web is not None
+        try:
+            _, ctx = self.web.current()
+        except WebConfigError:  # logged by the source; fail closed
+            self._close(conn)
+            return
+        if ctx is None:
+            self._close(conn)
+            return
+        self._want(conn, 0)  # wrap_socket detaches the plain socket: register the TLS one instead
+        conn.sock = ctx.wrap_socket(conn.sock, server_side=True, do_handshake_on_connect=False)
+        conn.state = _HANDSHAKE  # same deadline: the handshake's counts from the accept
+        self._handshake(conn)
+
+    def _handshake(self, conn: _Conn) -> None:
+        assert isinstance(conn.sock, ssl.SSLSocket)
+        try:
+            conn.sock.do_handshake()
+        except ssl.SSLWantReadError:
+            self._want(conn, selectors.EVENT_READ)
+            return
+        except ssl.SSLWantWriteError:
+            self._want(conn, selectors.EVENT_WRITE)
+            return
+        except OSError as exc:  # ssl.SSLError included
+            log.debug("%s: TLS handshake failed: %s", conn.peer, exc)
+            self._close(conn)
+            return
+        self._enter(conn, _READING, self.header_timeout)
+        self._read(conn)  # the request may have come with the handshake's last flight, decrypted already
+
+    # -- requests
+
+    def _read(self, conn: _Conn) -> None:
+        strip_empty_lines(conn.buf)
+        while head_end(conn.buf) < 0 and len(conn.buf) <= MAX_HEAD_BYTES:
+            try:
+                data = conn.sock.recv(16384)
+            except (BlockingIOError, InterruptedError, ssl.SSLWantReadError):
+                self._want(conn, selectors.EVENT_READ)
+                return
+            except ssl.SSLWantWriteError:
+                self._want(conn, selectors.EVENT_WRITE)
+                return
+            except OSError as exc:
+                log.debug("%s: %s", conn.peer, exc)
+                self._close(conn)
+                return
+            if not data:
+                self._close(conn)
+                return
+            if conn.state == _IDLE:  # the next request begins: its head has header_timeout from now
+                self._enter(conn, _READING, self.header_timeout)
+            conn.buf += data
+            strip_empty_lines(conn.buf)
+        self._dispatch(conn)
+
+    def _dispatch(self, conn: _Conn) -> None:
+        """Hand the complete head in ``conn.buf`` to a worker (or answer a bad one here)."""
+        end = head_end(conn.buf)
+        if end < 0 or end > MAX_HEAD_BYTES + 4:
+            too_large = simple_answer("431 Request Header Fields Too Large", b"request head too large\n")
+            self._start_writing(conn, [too_large], False)
+            return
+        head = bytes(conn.buf[:end]).rstrip(b"\r\n")
+        del conn.buf[:end]
+        try:
+            request = parse_head(head)
+        except BadRequestError as exc:
+            log.debug("%s: %s: %s", conn.peer, exc.status, exc)
+            self._start_writing(conn, [simple_answer(exc.status, f"{exc}\n".encode())], False)
+            return
+        conn.requests += 1
+        keep_alive = request.keep_alive and conn.requests < self.max_requests and not self._stop
+        self._enter(conn, _WORKING, None, 0)
+        self.workers.submit((conn, request, keep_alive))
+
+    def _environ(self, conn: _Conn, request: Request) -> dict[str, Any]:
+        target = request.target
+        if target.startswith(("http://", "https://", "HTTP://", "HTTPS://")):  # absolute form
+            parts = urlsplit(target)
+            path, query = parts.path or "/", parts.query
+        else:
+            path, _, query = target.partition("?")
+        env: dict[str, Any] = {
+            "REQUEST_METHOD": request.method, "SCRIPT_NAME": "", "PATH_INFO": unquote(path, "latin-1"),
+            "QUERY_STRING": query, "SERVER_PROTOCOL": request.version,
+            "SERVER_NAME": str(self.server_address[0]), "SERVER_PORT": str(self.server_port),
+            "SERVER_SOFTWARE": f"accelstats/{__version__}",
+            "REMOTE_ADDR": str(conn.peer[0]) if isinstance(conn.peer, tuple) else "",
+            "wsgi.version": (1, 0), "wsgi.url_scheme": "https" if conn.tls else "http",
+            "wsgi.input": io.BytesIO(), "wsgi.errors": sys.stderr,
+            "wsgi.multithread": True, "wsgi.multiprocess": False, "wsgi.run_once": False,
+        }
+        if conn.tls:
+            env["HTTPS"] = "on"
+        for name, value in request.headers:
+            if "_" in name:  # as wsgiref: X_Forwarded could pose as X-Forwarded
+                continue
+            key = name.upper().replace("-", "_")
+            if key not in ("CONTENT_TYPE", "CONTENT_LENGTH"):
+                key = "HTTP_" + key
+            env[key] = f"{env[key]},{value}" if key in env else value
+        return env
+
+    def _work(self, job: tuple[_Conn, Request, bool]) -> Callable[[], None]:
+        """On a worker: run the app for one request; returns the call that hands the answer to the loop."""
+        conn, request, keep_alive = job
+        out, keep_alive = self._respond(conn, request, keep_alive)
+
+        def deliver() -> None:
+            self._done.append((conn, out, keep_alive))
+            self._wake()
+
+        return deliver
+
+    def _respond(self, conn: _Conn, request: Request, keep_alive: bool) -> tuple[list[bytes], bool]:
+        """Run the app; ``([head, body], keep_alive)``. HEAD: the head only, with the ``Content-Length``
+        the app gave, or the length of the body it returned."""
+        started: list[tuple[str, list[tuple[str, str]]]] = []
+        parts: list[bytes] = []
+
+        def start_response(status: str, headers: list[tuple[str, str]],
+                           exc_info: Any = None) -> Callable[[bytes], None]:
+            if started and exc_info is None:
+                raise AssertionError("start_response called twice without exc_info")
+            started[:] = [(status, list(headers))]
+            return parts.append
+
+        try:
+            result = self.app(self._environ(conn, request), start_response)
+            try:
+                parts.extend(result)
+            finally:
+                close = getattr(result, "close", None)
+                if close is not None:
+                    close()
+            if not started:
+                raise AssertionError("the app returned without start_response")
+            status, headers = started[0]
+            body = b"".join(parts)
+            lines = [f"HTTP/1.1 {status}"]
+            length = None
+            for name, value in headers:
+                if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
+                    raise ValueError(f"header {name!r}: line break in the value")
+                if name.lower() == "content-length":
+                    length = value
+                if name.lower() not in _HOP:
+                    lines.append(f"{name}: {value}")
+            if request.method != "HEAD":
+                lines.append(f"Content-Length: {len(body)}")
+            elif length is not None or body:
+                lines.append(f"Content-Length: {length if length is not None else len(body)}")
+            lines.append(f"Date: {formatdate(usegmt=True)}")
+            if not keep_alive:
+                lines.append("Connection: close")
+            elif request.version == "HTTP/1.0":
+                lines.append("Connection: keep-alive")
+            head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        except Exception as exc:  # a failing app or a bad header: 500, the server goes on
+            log.error("%s %s: %s: %s", request.method, request.target[:200], type(exc).__name__, exc,
+                      exc_info=log.isEnabledFor(logging.DEBUG))
+            return [simple_answer("500 Internal Server Error", b"internal error, see the exporter's log\n")], False
+        return ([head] if request.method == "HEAD" or not body else [head, body]), keep_alive
+
+    # -- answers
+
+    def _start_writing(self, conn: _Conn, out: list[bytes], keep_alive: bool) -> None:
+        conn.out = deque(memoryview(b) for b in out if b)
+        conn.keep_alive = keep_alive
+        self._enter(conn, _WRITING, self.write_timeout, selectors.EVENT_WRITE)
+        self._write(conn)
+
+    def _write(self, conn: _Conn) -> None:
+        while conn.out:
+            data = conn.out[0]
+            try:
+                n = conn.sock.send(data[:_CHUNK])  # TLS: a retry after WANT_WRITE passes the same bytes
+            except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError):
+                self._want(conn, selectors.EVENT_WRITE)
+                return
+            except ssl.SSLWantReadError:
+                self._want(conn, selectors.EVENT_READ)
+                return
+            except OSError as exc:
+                log.debug("%s: %s", conn.peer, exc)
+                self._close(conn)
+                return
+            if n < len(data):
+                conn.out[0] = data[n:]
+            else:
+                conn.out.popleft()
+        if not conn.keep_alive:
+            self._linger(conn)
+            return
+        self._enter(conn, _IDLE if not conn.buf else _READING,
+                    self.idle_timeout if not conn.buf else self.header_timeout)
+        self._read(conn)  # a pipelined request, or bytes TLS has decrypted already
+
+    def _linger(self, conn: _Conn) -> None:
+        """Half-close, then read (and drop) what the client still sends, up to 64 KiB or
+        :data:`LINGER_TIMEOUT`: closing with unread bytes would reset the connection before the client
+        read our answer."""
+        conn.buf = bytearray()
+        try:
+            conn.sock.shutdown(socket.SHUT_WR)  # on TLS this also drops the TLS layer: no close_notify
+        except OSError:
+            self._close(conn)
+            return
+        self._enter(conn, _LINGER, LINGER_TIMEOUT)
+        self._linger_read(conn)
+
+    def _linger_read(self, conn: _Conn) -> None:
+        while True:
+            try:
+                data = conn.sock.recv(16384)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                self._close(conn)
+                return
+            conn.drained += len(data)
+            if not data or conn.drained > 65536:
+                self._close(conn)
+                return
 
 
-class _QuietHandler(WSGIRequestHandler):
-    timeout = IO_TIMEOUT
-
-    def get_environ(self) -> dict[str, Any]:
-        environ = super().get_environ()
-        if isinstance(self.connection, ssl.SSLSocket):
-            environ["HTTPS"] = "on"  # wsgi.url_scheme https
-        return environ
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s %s", self.address_string(), format % args)
-
-
-class _V6Server(_ThreadingServer):
-    address_family = socket.AF_INET6
-
-
-class _DualStackServer(_V6Server):
-    """``[::]`` with IPV6_V6ONLY off: IPv6 and IPv4 clients on one socket (``host ""``)."""
-
-    def server_bind(self) -> None:
-        self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        super().server_bind()
+def _listener(host: str, port: int) -> socket.socket:
+    """A listening TCP socket: ``host ""`` is every interface, IPv6 and IPv4 on one socket
+    (IPV6_V6ONLY off), IPv4 only where the host has no IPv6. Backlog: ``SOMAXCONN`` (socketserver's
+    default of 5 overflowed with 50 concurrent scrapers; benchmarks/load.py), capped by the kernel at
+    net.core.somaxconn."""
+    if host == "" and socket.has_ipv6 and socket.has_dualstack_ipv6():
+        try:
+            return socket.create_server(("::", port), family=socket.AF_INET6, backlog=socket.SOMAXCONN,
+                                        dualstack_ipv6=True)
+        except OSError as exc:
+            if exc.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
+                raise
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host or "0.0.0.0", port), family=family, backlog=socket.SOMAXCONN)
 
 
 def serve(manager: AcceleratorManager, host: str, port: int,
-          web: WebConfigSource | None = None) -> tuple[WSGIServer, threading.Thread]:
+          web: WebConfigSource | None = None) -> tuple[HTTPServer, threading.Thread]:
     """Start serving on ``host:port`` in a daemon thread; ``host ""`` is every interface, IPv6 and
     IPv4 (IPv4 only where the host has no IPv6). ``web``: the ``--web-config`` file (TLS when it has
     ``tls_server_config``; basic auth and headers through :class:`accelstats.webauth.BasicAuth`).
 
-    Returns ``(server, thread)``; call ``server.shutdown()`` to stop. Raises OSError when the address
-    cannot be bound (e.g. EADDRINUSE).
+    Returns ``(server, thread)``; call ``server.shutdown()`` then ``server.server_close()`` to stop.
+    Raises OSError when the address cannot be bound (e.g. EADDRINUSE).
     """
-    app = make_app(manager)
+    counters = ServerCounters(web)
+    app = make_app(manager, (counters,))
     if web is not None:
         app = BasicAuth(app, web)
-    server: _ThreadingServer
-    if host == "" and socket.has_ipv6:
-        try:
-            server = make_server("::", port, app, server_class=_DualStackServer, handler_class=_QuietHandler)
-        except OSError as exc:
-            if exc.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
-                raise
-        else:
-            return server, _start(server, web)
-    server_class = _V6Server if ":" in host else _ThreadingServer
-    server = make_server(host or "0.0.0.0", port, app, server_class=server_class, handler_class=_QuietHandler)
-    return server, _start(server, web)
-
-
-def _start(server: _ThreadingServer, web: WebConfigSource | None) -> threading.Thread:
-    server.web = web
+    server = HTTPServer(_listener(host, port), app, web, counters)
+    if server.max_connections < DEFAULT_MAX_CONNECTIONS:
+        log.info("at most %d HTTP connections (RLIMIT_NOFILE %d; %d needs %d)", server.max_connections,
+                 resource.getrlimit(resource.RLIMIT_NOFILE)[0], DEFAULT_MAX_CONNECTIONS,
+                 DEFAULT_MAX_CONNECTIONS + FD_RESERVE)
     thread = threading.Thread(target=server.serve_forever, name="accelstats-http", daemon=True)
     thread.start()
-    return thread
+    return server, thread

@@ -76,7 +76,7 @@ def _cpus() -> int:
 
 
 BCRYPT_SLOTS = max(1, min(4, _cpus() // 2))  # concurrent bcrypt checks: a flood takes half the CPUs, 4 at most
-MAX_WAITING = 4  # checks waiting for a slot (each holds an HTTP worker thread; httpserver.WORKERS is 16)
+MAX_WAITING = 4  # checks waiting for a slot (each holds an HTTP worker thread; httpserver.WORKERS is 64)
 PER_SOURCE_WAITING = 2  # of which from one client address
 
 

@@ -3,9 +3,10 @@
 Builds the scrape benchmark's synthetic host (``scrape.build_host``: G GPUs replayed from the H200
 capture, N docker containers on a cgroup v1 devices tree), starts ``python3 -m accelstats serve`` on
 ``127.0.0.1`` with ``--nvml-replay`` / ``--cgroup-root`` / ``--proc-root`` / ``--rootfs`` pointing
-at it, then runs ``--clients`` scraper threads (``http.client``, one connection per request:
-keep-alive is off because the exporter's wsgiref server speaks HTTP/1.0 and closes every
-connection after its response; no ``Accept-Encoding``, so bodies are plain text) for ``--seconds``.
+at it, then runs ``--clients`` scraper threads (``http.client``, one new connection per request, the
+costlier case: the server keeps HTTP/1.1 connections alive, but a scraper that connects anew each
+time pays the accept and the head read each time; no ``Accept-Encoding``, so bodies are plain text)
+for ``--seconds``.
 
 Printed: requests, errors (any non-200, timeout, connection error, or a body shorter than its
 Content-Length or not ending in a newline), p50/p99/max latency (connect to last byte), scrapes/s,
@@ -368,7 +369,7 @@ def main() -> int:
     print(f"# {machine()}")
     print(f"# start {loadavg()}")
     print(f"# {args.clients} clients x {args.seconds:g} s, {args.gpus} replayed GPUs, {args.containers} containers; "
-          "http.client, one connection per request (the server is HTTP/1.0: no keep-alive), no gzip")
+          "http.client, a new connection per request (no keep-alive reuse), no gzip")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         settings = build_host(root, capture, args.gpus, args.containers)

@@ -2,17 +2,20 @@
 
 One process holds both sides: the exporter (``accelstats.httpserver.serve`` on ``127.0.0.1``, an
 ephemeral port, over the scrape benchmark's synthetic host: 1 replayed H200 x 10 containers by
-default, so 100 000 scrapes take minutes) and the client (``http.client``, one connection per
-request, as Prometheus' HTTP/1.0 exchanges with this server are). HTTP rather than
-``generate_latest`` alone because what could leak per scrape is as much the server's as the
-collection's: one thread and one socket per connection, the WSGI app, the request objects; a
+default, so 100 000 scrapes take minutes) and the client (``http.client``, one new connection per
+request: the server keeps connections alive, but a new one each time exercises every part of a
+connection's life). HTTP rather than ``generate_latest`` alone because what could leak per scrape
+is as much the server's as the collection's: the socket and its state in the event loop, the worker
+threads, the WSGI app, the request objects; a
 client in the same process keeps nothing between requests, so it cannot hide a leak, and a leak on
 either side shows in the one RSS. ``--in-process`` times ``generate_latest`` on the registry
 instead (collection, rendering and encoding only).
 
 Every ``--every`` scrapes it samples the process's RSS (psutil), open fds and threads. Thread and
-fd counts are the minimum over 0.2 s of polling: the server's connection threads end just after
-their response, so a single sample can catch one finishing; a thread or fd that stays is a leak.
+fd counts are the minimum over 0.2 s of polling: a closing socket can linger for a moment after
+its response (the server reads what the client still sends before it closes), so a single sample
+can catch one; a thread or fd that stays is a leak. Worker threads are started on demand and end
+after 5 idle seconds, so the pool's size may differ by one or two between samples.
 The first ``--warmup`` scrapes (default: a tenth, at most 1000) are excluded: the baseline is taken
 after them. Verdict: RSS growth (end - baseline) < 5 MiB, and no more fds or threads at the end
 than at the baseline; exit status 1 otherwise (a benchmark verdict, not a unit test).

@@ -1,12 +1,19 @@
 """The collection path touches only what it must, and nothing on it blocks without bound.
 
-| case | what a user saw | now |
-|---|---|---|
-| a container process holds a file open on a FUSE (or NFS) mount whose server stopped answering | the open-fd scan ``stat``-ed it: the scrape never answered again | the fd's link is read (``readlink``), only ``/dev/...`` nodes are looked at |
-| a runtime's state directory sits on such a mount | the attribution waited for ever | the collection answers by its deadline with the last complete attribution, marked late; one thread waits, however many scrapes come |
-| ``devices.list`` is a link to ``/dev/urandom`` | 1 MiB of noise read and cached per scrape | only regular files are read, and the caches keep only small texts |
-| a FIFO at ``<proc-root>/self/mountinfo`` | start-up blocked for ever | read non-blocking, regular files only |
-| ``nvmlShutdown`` hangs | SIGTERM never finished | the shutdown waits 2 s for it, then the process exits |
+Case: what a user saw, then what happens now.
+
+* A container process holds a file open on a FUSE (or NFS) mount whose server stopped answering:
+  the open-fd scan ``stat``-ed it and the scrape never answered again. Now the fd's link is read
+  (``readlink``) and only ``/dev/...`` nodes are looked at.
+* A runtime's state directory sits on such a mount: the attribution waited for ever. Now the
+  collection answers by its deadline with the last complete attribution, marked late; one thread
+  waits, however many scrapes come.
+* ``devices.list`` is a link to ``/dev/urandom``: 1 MiB of noise read and cached per scrape. Now only
+  regular files are read, and the caches keep only small texts.
+* A FIFO at ``<proc-root>/self/mountinfo``: start-up blocked for ever. Now it is read non-blocking,
+  regular files only.
+* ``nvmlShutdown`` hangs: SIGTERM never finished. Now the shutdown waits 2 s for it, then the
+  process exits.
 
 The FUSE filesystem is real (tests/fuse_util.py: ``/dev/fuse``, mounted, served, then silent).
 """

@@ -39,7 +39,7 @@ def test_scrapes_sharing_a_collection_share_one_encoded_body(tmp_path: Path, fix
 
     from prometheus_client.parser import text_string_to_metric_families
 
-    from accelstats.httpserver import SharedExposition
+    from accelstats.httpapp import SharedExposition
     from collectors.nvml_replay import ReplayNVML
 
     manager = AcceleratorManager(Settings(cgroup_root=tmp_path, proc_root=tmp_path, collectors=("nvidia",)),

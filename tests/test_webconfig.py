@@ -351,8 +351,8 @@ def test_plain_http_on_the_tls_port_gets_400_and_the_server_keeps_serving(
     assert fetch(s.port, client_ctx(pki), auth=("prometheus", PASSWORD))[0] == 200
 
 
-def _request_threads() -> int:
-    return sum("process_request_thread" in t.name for t in threading.enumerate())
+def _worker_threads() -> int:
+    return sum(t.name == "accelstats-http-worker" for t in threading.enumerate())
 
 
 def test_stalled_and_broken_clients_neither_wedge_the_server_nor_leak_threads(
@@ -372,10 +372,9 @@ def test_stalled_and_broken_clients_neither_wedge_the_server_nor_leak_threads(
     with pytest.raises(ssl.SSLCertVerificationError):
         fetch(s.port, untrusting)
     assert fetch(s.port, client_ctx(pki), auth=("prometheus", PASSWORD))[0] == 200
-    deadline = time.monotonic() + 10
-    while _request_threads() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _request_threads() == 0
+    # The requests above came one after another, so one worker thread served them all (two at most,
+    # should one be slow to count itself free); the five silent connections and the junk hold none.
+    assert _worker_threads() <= 2, [t.name for t in threading.enumerate()]
     for sock in silent:
         assert sock.recv(1) == b""  # the server closed them after the handshake timeout
         sock.close()

@@ -1,0 +1,288 @@
+"""The WSGI app of ``accelstats serve`` and its negotiation (served by :mod:`accelstats.httpserver`).
+
+**The app.** ``make_app`` is the WSGI app: ``/metrics`` (one collection shared by concurrent scrapes,
+encoded once per collection and format, :class:`SharedExposition`), ``/healthz`` and a landing page
+at ``/``. Only GET and HEAD are answered; any other method gets ``405`` with ``Allow: GET, HEAD``
+and never runs a collection. HEAD answers carry the headers a GET would and no body (``HEAD
+/metrics`` does not collect, for probes, so it has no ``Content-Length``). ``Accept`` chooses the
+format among those :func:`negotiate` knows (text 0.0.4 / 1.0.0, OpenMetrics 1.0.0); an element it
+does not know (``application/openmetrics-text; version=x``) is passed over, never a 500.
+``Accept-Encoding`` is read with its q-values (:func:`gzip_wanted`: ``gzip;q=0`` means no gzip).
+
+The server's own counters (:class:`ServerCounters`) are here too: the app renders them after the
+collection's families.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Protocol
+from urllib.parse import parse_qs
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+
+from accelstats import __version__, catalog
+from accelstats.exporter import AccelstatsCollector, render
+from accelstats.httphead import TEXT
+from accelstats.manager import AcceleratorManager, Collection
+from accelstats.webconfig import WebConfigSource
+
+log = logging.getLogger(__name__)
+
+StartResponse = Callable[..., Any]
+WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
+Encoder = Callable[[Any], bytes]
+
+
+class _Collector(Protocol):
+    def collect(self) -> Iterable[Metric]: ...
+
+
+LANDING = """<!doctype html>
+<html><head><title>accelstats</title></head><body>
+<h1>accelstats {version}</h1>
+<p>Per-container accelerator metrics (NVIDIA GPUs, MIG, MPS, file devices).</p>
+<ul><li><a href="metrics">/metrics</a> &mdash; Prometheus exposition</li>
+<li><a href="healthz">/healthz</a> &mdash; liveness</li></ul>
+</body></html>
+"""
+ALLOW = "GET, HEAD"
+
+# -- content negotiation ----------------------------------------------------------------------------
+
+_ESCAPINGS = frozenset({"allow-utf-8", "underscores", "dots", "values"})  # client_python's _get_escaping
+_KNOWN_VERSIONS = {"application/openmetrics-text": ("", "1.0.0"), "text/plain": ("", "0.0.4", "1.0.0")}
+
+
+def _qvalue(params: Iterable[str]) -> float:
+    """The ``q`` parameter among ``params`` (``["q=0.5", …]``), 1.0 when absent, 0.0 when it is not a
+    number in [0, 1] (RFC 9110 §12.4.2: an element with a broken weight is not taken as acceptable)."""
+    for param in params:
+        key, _, value = param.partition("=")
+        if key.strip().lower() == "q":
+            try:
+                q = float(value.strip())
+            except ValueError:
+                return 0.0
+            return q if 0.0 <= q <= 1.0 else 0.0
+    return 1.0
+
+
+def gzip_wanted(accept_encoding: str) -> bool:
+    """Whether to gzip for this ``Accept-Encoding`` value: ``gzip`` (or ``x-gzip``) listed with a
+    q-value above 0 (RFC 9110 §12.5.3; the highest weight when listed twice). ``gzip;q=0`` is a
+    refusal, and ``*`` alone is not taken as a request for gzip (the identity answer is always
+    acceptable). prometheus_client's ``gzip_accepted`` ignores q-values."""
+    best: float | None = None
+    for element in accept_encoding.split(","):
+        coding, *params = element.split(";")
+        if coding.strip().lower() in ("gzip", "x-gzip"):
+            q = _qvalue(params)
+            best = q if best is None else max(best, q)
+    return best is not None and best > 0.0
+
+
+def negotiate(accept: str) -> tuple[Encoder, str, str]:
+    """``(encoder, content type, canonical Accept)`` for an ``Accept`` header value.
+
+    Elements this exporter can serve are kept in the client's order, rewritten canonically
+    (``application/openmetrics-text; version=1.0.0``, ``text/plain; version=0.0.4|1.0.0``, an
+    ``escaping`` client_python knows); others (other media types, unknown versions such as
+    ``version=x`` or ``2.0.0``, weight 0) are dropped, and client_python's ``choose_encoder`` picks from
+    what is left, falling back to text 0.0.4. Never raises (``choose_encoder`` raises TypeError on a
+    version that is not a number)."""
+    kept: list[str] = []
+    for element in accept.split(","):
+        media, *params = element.split(";")
+        media = media.strip().lower()
+        versions = _KNOWN_VERSIONS.get(media)
+        if versions is None or _qvalue(params) == 0.0:
+            continue
+        version, escaping = "", ""
+        for param in params:
+            key, _, value = param.partition("=")
+            key, value = key.strip().lower(), value.strip().strip('"')
+            if key == "version":
+                version = value
+            elif key == "escaping" and value in _ESCAPINGS:
+                escaping = value
+        if version not in versions:
+            continue
+        kept.append(media + (f"; version={version}" if version else "")
+                    + (f"; escaping={escaping}" if escaping else ""))
+    canonical = ",".join(kept)
+    try:
+        encoder, content_type = choose_encoder(canonical)
+    except (TypeError, ValueError):  # not expected after the filter above; the text format then
+        encoder, content_type = choose_encoder("")
+        canonical = ""
+    return encoder, content_type, canonical
+
+
+# -- the WSGI app -----------------------------------------------------------------------------------
+
+
+class _OneCollection:
+    """A collector over one finished collection (rendered, never collected again)."""
+
+    def __init__(self, collection: Collection) -> None:
+        self.collection = collection
+
+    def collect(self) -> Iterator[Metric]:
+        """The families of the one collection (:func:`render`)."""
+        return render(self.collection)
+
+
+class _WithExtra:
+    """:class:`AccelstatsCollector` plus other collectors' families after it (the server's counters),
+    as one collector: the catalog's ``describe()`` already names every family, so ``name[]`` filters
+    find them and the registry sees no duplicate."""
+
+    def __init__(self, inner: AccelstatsCollector, extra: Sequence[_Collector]) -> None:
+        self.inner = inner
+        self.extra = extra
+
+    def describe(self) -> Iterator[Metric]:
+        """The catalog's families, without samples."""
+        return self.inner.describe()
+
+    def collect(self) -> Iterator[Metric]:
+        """A collection's families, then those of ``extra``."""
+        yield from self.inner.collect()
+        for collector in self.extra:
+            yield from collector.collect()
+
+
+class SharedExposition:
+    """``/metrics`` bodies shared by the scrapes that share a collection.
+
+    :meth:`AcceleratorManager.collect` hands one collection to every scrape that arrived while it
+    ran; rendering and encoding it is the larger part of a big scrape (63 of 121 ms for 8 GPUs and
+    1000 containers, docs/performance.md), so the encoded body (and its gzip) is kept for the newest
+    collection, per format chosen by the ``Accept`` header (:func:`negotiate`) and per gzip
+    (:func:`gzip_wanted`). ``extra`` collectors (the server's counters) are encoded after the
+    collection's families, read when the body is encoded. Requests with a ``name[]`` filter go to
+    client_python's own app, uncached.
+    """
+
+    def __init__(self, manager: AcceleratorManager, extra: Sequence[_Collector] = ()) -> None:
+        self.manager = manager
+        self.extra = tuple(extra)
+        self._lock = threading.Lock()
+        self._collection: Collection | None = None
+        self._bodies: dict[tuple[str, bool], bytes] = {}  # (content type, gzip) -> body
+        self.encodings = 0  # bodies encoded (a counter for tests and benchmarks)
+
+    def body(self, accept: str, accept_encoding: str) -> tuple[bytes, list[tuple[str, str]]]:
+        """(body, headers) for one scrape: one collection (shared), encoded once per collection and format."""
+        encoder, content_type, _ = negotiate(accept)
+        compress = gzip_wanted(accept_encoding)
+        collection = self.manager.collect()
+        with self._lock:
+            if collection is not self._collection:
+                self._collection, self._bodies = collection, {}
+            key = (content_type, compress)
+            body = self._bodies.get(key)
+            if body is None:
+                plain = self._bodies.get((content_type, False))
+                if plain is None:
+                    registry = CollectorRegistry(auto_describe=False)
+                    registry.register(_OneCollection(collection))
+                    for collector in self.extra:
+                        registry.register(collector)
+                    plain = encoder(registry)
+                    self.encodings += 1
+                    self._bodies[(content_type, False)] = plain
+                body = gzip.compress(plain) if compress else plain
+                self._bodies[key] = body
+        headers = [("Content-Type", content_type)]
+        if compress:
+            headers.append(("Content-Encoding", "gzip"))
+        return body, headers
+
+
+def make_app(manager: AcceleratorManager, extra: Sequence[_Collector] = ()) -> WSGIApp:
+    """WSGI app: ``/metrics`` (a body shared by scrapes that share a collection, see
+    :class:`SharedExposition`; gzip and OpenMetrics by request; ``name[]`` filters through
+    client_python's app), ``/healthz``, ``/``; GET and HEAD only (405 otherwise, no collection);
+    HEAD without a body and, on ``/metrics``, without collecting. ``extra``: collectors whose families
+    follow the collection's (the server's counters)."""
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(_WithExtra(AccelstatsCollector(manager), extra))
+    filtered = make_wsgi_app(registry)
+    shared = SharedExposition(manager, extra)
+    landing = LANDING.format(version=__version__).encode()
+
+    def metrics(environ: dict[str, Any], start_response: StartResponse, head: bool) -> Iterable[bytes]:
+        _, content_type, canonical = negotiate(environ.get("HTTP_ACCEPT", ""))
+        compress = gzip_wanted(environ.get("HTTP_ACCEPT_ENCODING", ""))
+        if head:  # probes: no collection, so no Content-Length either
+            encoding = [("Content-Encoding", "gzip")] if compress else []
+            start_response("200 OK", [("Content-Type", content_type), *encoding])
+            return []
+        if "name[]" in parse_qs(environ.get("QUERY_STRING", "")):
+            cleaned = dict(environ, HTTP_ACCEPT=canonical, HTTP_ACCEPT_ENCODING="gzip" if compress else "")
+            return filtered(cleaned, start_response)  # type: ignore[no-any-return]
+        body, headers = shared.body(canonical, "gzip" if compress else "")
+        start_response("200 OK", headers + [("Content-Length", str(len(body)))])
+        return [body]
+
+    def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        method = environ.get("REQUEST_METHOD", "GET")
+        path = environ.get("PATH_INFO", "/")
+        if method not in ("GET", "HEAD"):
+            body = b"method not allowed: use GET or HEAD\n"
+            start_response("405 Method Not Allowed",
+                           [("Content-Type", TEXT), ("Allow", ALLOW), ("Content-Length", str(len(body)))])
+            return [body]
+        head = method == "HEAD"
+        if path == "/metrics":
+            return metrics(environ, start_response, head)
+        if path == "/healthz":
+            status, content_type, body = "200 OK", TEXT, b"ok\n"
+        elif path == "/":
+            status, content_type, body = "200 OK", "text/html; charset=utf-8", landing
+        else:
+            status, content_type, body = "404 Not Found", TEXT, b"not found: try /metrics\n"
+        start_response(status, [("Content-Type", content_type), ("Content-Length", str(len(body)))])
+        return [] if head else [body]
+
+    return app
+
+
+# -- the server's counters --------------------------------------------------------------------------
+
+REFUSED_REASONS = ("limit", "evicted", "tls_handshake_timeout", "header_timeout", "idle_timeout", "write_timeout")
+
+
+class ServerCounters:
+    """The server's own counters as a collector: ``accelstats_http_connections_refused_total{reason}``
+    (catalog.HTTP_REFUSED; every reason of :data:`REFUSED_REASONS`, from 0) and, when ``web`` is set,
+    ``accelstats_web_config_reload_failures_total`` (catalog.WEB_CONFIG_RELOAD_FAILURES, read from
+    ``web.reload_failures``, 0 where the source does not count).
+
+    ``refused`` is written by the event-loop thread only; reading it from another is safe."""
+
+    def __init__(self, web: WebConfigSource | None = None) -> None:
+        self.web = web
+        self.refused = dict.fromkeys(REFUSED_REASONS, 0)
+
+    def count(self, reason: str) -> None:
+        """One more connection closed unserved for ``reason`` (one of :data:`REFUSED_REASONS`)."""
+        self.refused[reason] += 1
+
+    def collect(self) -> Iterator[Metric]:
+        """The families with their current values."""
+        spec = catalog.HTTP_REFUSED
+        refused = CounterMetricFamily(spec.name, spec.help, labels=list(spec.labels))
+        for reason in REFUSED_REASONS:
+            refused.add_metric([reason], float(self.refused[reason]))
+        yield refused
+        if self.web is not None:
+            spec = catalog.WEB_CONFIG_RELOAD_FAILURES
+            yield CounterMetricFamily(spec.name, spec.help, value=float(getattr(self.web, "reload_failures", 0)))
