@@ -175,6 +175,10 @@ def test_who_could_have_made_a_cgroup_decides_whether_its_identity_is_trusted(tm
     attributor = Attributor(CgroupLayout(CgroupMode.V1, host.cgroup / "devices", None), host.proc, host.rootfs)
     assert attributor._delegated(f"/gone/docker-{C1}.scope") is None
     assert attributor._delegated("/lxc.payload.train") == ""  # the root's child: only root made it
+    # a parent that cannot be looked at (here its name is longer than NAME_MAX: ENAMETOOLONG) is an
+    # untrusted answer, never a trusted one
+    why = attributor._delegated("/" + "p" * 300 + f"/docker-{C1}.scope")
+    assert why is not None and "cannot be checked" in why
 
 
 @pytest.mark.root  # mknod of a 195:N node in tmp_path needs CAP_MKNOD

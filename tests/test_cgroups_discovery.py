@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from accelstats.cgroups import discovery
 from accelstats.cgroups.devices_list import DeviceRule
 from accelstats.cgroups.discovery import (
     ContainerCgroup,
@@ -205,3 +206,34 @@ def test_real_host_devices_hierarchy() -> None:
     found = discover_v1_containers(root)
     assert all(c.identity is not None and c.directory.is_relative_to(root) for c in found.containers)
     assert read_devices_list(root) is not None
+
+
+def test_a_users_delegated_subtree_is_not_walked(tmp_path: Path) -> None:
+    """Under ``user@<uid>.service`` nothing is walked: not a look-alike container, not a leaf. The same
+    subtree elsewhere is walked (so the test would see the look-alike if the rule were gone)."""
+    lookalike = f"app.slice/docker-{ID1}.scope"
+    leaves = {f"app.slice/job-{i}.scope": None for i in range(50)}
+    delegated = {f"user.slice/user-1000.slice/user@1000.service/{k}": None for k in (lookalike, *leaves)}
+    elsewhere = {f"other.slice/{k}": None for k in (lookalike, *leaves)}
+    root = build(tmp_path, {"": None, **delegated, **elsewhere})
+    (root / "cgroup.controllers").write_text("cpu memory\n")
+    found = discover_v2_containers(root)
+    assert [c.path for c in found.containers] == [f"/other.slice/{lookalike}"]
+    assert all("user@" not in c.path for c in found.unrecognised)
+    assert len(found.unrecognised) == 50
+
+
+def test_unrecognised_leaves_are_bounded_and_the_rest_counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(discovery, "MAX_UNRECOGNISED", 10)
+    root = build(tmp_path, {"": None, f"system.slice/docker-{ID1}.scope": None,
+                            **{f"chowned.slice/job-{i:02}": None for i in range(25)}})
+    (root / "cgroup.controllers").write_text("cpu memory\n")
+    found = discover_v2_containers(root)
+    assert [c.path for c in found.containers] == [f"/system.slice/docker-{ID1}.scope"]  # still found
+    assert len(found.unrecognised) == 10 and found.stats.skipped_unrecognised == 15
+
+
+def test_devices_list_is_read_to_64_kib_at_most(tmp_path: Path) -> None:
+    (tmp_path / "devices.list").write_text("c 195:0 rw\n" * 30000)  # 330 000 bytes
+    text = discovery.read_devices_list_text(tmp_path)
+    assert text is not None and len(text) == 64 << 10

@@ -309,6 +309,15 @@ def outcome(found: dict[str, list[int]], pid: int) -> str:
     return "found" if 5 in found[str(pid)] else "no links"
 
 
+def test_unit_file_limit_fits_the_http_connection_limit() -> None:
+    """``LimitNOFILE`` leaves room for every connection the server allows (4096) plus its reserve for
+    NVML, the collection's files and itself: systemd's default soft limit (1024) would cap the server
+    at 768 connections, which a flood fills."""
+    from accelstats.httpserver import DEFAULT_MAX_CONNECTIONS, FD_RESERVE
+    (value,) = re.findall(r"^LimitNOFILE=(\d+)$", UNIT.read_text(), re.M)
+    assert int(value) >= DEFAULT_MAX_CONNECTIONS + FD_RESERVE
+
+
 def test_unit_keeps_exactly_the_fd_scan_capabilities() -> None:
     assert tuple(unit_capabilities()) == ("dac_read_search", "sys_ptrace")
 

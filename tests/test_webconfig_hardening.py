@@ -370,6 +370,21 @@ def test_a_guessing_flood_does_not_delay_a_first_login(start: Callable[[str], Se
     assert "200" not in answered, report
 
 
+def test_a_check_that_gets_no_bcrypt_slot_is_answered_503_with_retry_after(tmp_path: Path) -> None:
+    """When every bcrypt slot is busy and the waiting room is full (the gate refuses), the request is
+    answered 503 with ``Retry-After: 1``, neither 401 (the password was not wrong) nor a wait."""
+    path = tmp_path / "web.yml"
+    path.write_text(users_block(prometheus=HASH))
+    auth = webauth.BasicAuth(lambda environ, start_response: [b"metrics"], WebConfigSource(path))
+    auth.gate.acquire = lambda source: False  # type: ignore[method-assign]
+    environ = {"PATH_INFO": "/metrics", "REMOTE_ADDR": "192.0.2.7",
+               "HTTP_AUTHORIZATION": "Basic " + base64.b64encode(f"prometheus:{PASSWORD}".encode()).decode()}
+    answered: list[tuple[str, list[tuple[str, str]]]] = []
+    body = auth(environ, lambda status, headers, exc_info=None: answered.append((status, headers)))
+    assert answered[0][0] == "503 Service Unavailable" and ("Retry-After", "1") in answered[0][1]
+    assert b"metrics" not in b"".join(body)
+
+
 def test_a_failed_login_is_logged_at_info_without_secrets(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "web.yml"
     path.write_text(users_block(prometheus=HASH))
