@@ -1,10 +1,11 @@
 """Basic auth and extra response headers from the web configuration file, as a WSGI wrapper.
 
 Behaviour follows exporter-toolkit's ``web/handler.go``: the configuration is consulted on every
-request (:class:`~accelstats.webconfig.WebConfigSource` reloads it when it changed, and keeps the last
-good one while a change is refused), the configured headers go on every response, and with
-``basic_auth_users`` set a request needs ``Authorization: Basic`` with a listed user and the password
-of its bcrypt hash. A wrong or missing one gets ``401`` with ``WWW-Authenticate: Basic
+request (:class:`~accelstats.websource.WebConfigSource` reloads it in its own thread when it changed,
+the request waiting up to :data:`~accelstats.websource.REQUEST_WAIT` seconds for the check it starts,
+and keeps the last good one while a change is refused), the configured headers go on every response,
+and with ``basic_auth_users`` set a request needs ``Authorization: Basic`` with a listed user and the
+password of its bcrypt hash. A wrong or missing one gets ``401`` with ``WWW-Authenticate: Basic
 realm="accelstats"``.
 
 One difference, on purpose: ``/healthz`` answers without credentials (a liveness probe should not need
@@ -14,22 +15,27 @@ certificates, when required, are checked for every path, before any request is r
 The password check (:meth:`BasicAuth.verify`):
 
 * **No user enumeration by timing.** User names are compared in constant time against every configured
-  user, and an unknown user is checked against a dummy hash with the highest cost among the configured
-  hashes (made once per configuration, random salt and checksum), so it costs what a known user with a
-  wrong password costs (exporter-toolkit checks unknown users against a fixed cost-10 hash instead,
-  which a cost-12 hash tells apart: 68 ms against 258 ms).
+  user, and every failed check does the bcrypt work of one check at the highest configured cost: an
+  unknown user is checked against a dummy hash of that cost (made once per process, random salt and
+  checksum), and a known user whose hash has a lower cost is, after its wrong password, checked against
+  dummy hashes that make up the difference (:meth:`BasicAuth.verify`). exporter-toolkit checks unknown
+  users against a fixed cost-10 hash instead, which a cost-12 hash tells apart: 68 ms against 258 ms;
+  before this padding, a cost-4 user next to a cost-10 one was told apart the same way (1.1 ms against
+  60 ms).
 * **bcrypt once per scraper.** A success is cached: up to :data:`CACHE_SIZE` keys, least recently used
   out, each an HMAC-SHA256 under a per-process random key of user, stored hash and password (no
   password is kept; a changed password or hash is a different key). Failures are not cached.
 * **Guesses cannot starve a scraper.** There is no global lock. At most :data:`BCRYPT_SLOTS` bcrypt
   checks run at once (pyca's bcrypt releases the GIL) and at most :data:`MAX_WAITING` wait, two per
   client address; a cached success never waits. A freed slot goes to the address served least
-  recently (:class:`CheckGate`), so a flood of wrong passwords from other addresses delays a first
-  login by the checks running when it arrives, not by the flood's queue. A check that is shed (a newer
-  one from the same address, or from a less busy one, took its place) or that waited
-  :data:`MAX_WAIT` seconds is answered ``503`` with ``Retry-After: 1``: a waiting check holds one of
-  the HTTP server's worker threads, so waiting is bounded in number and time. Clients that share an
-  address share its turn: a flood from the scraper's own address can still delay it.
+  recently (:class:`CheckGate`: round-robin by address), so a flood of wrong passwords from other
+  addresses, one or many, delays a first login by the checks running when it arrives and at most one
+  per other address, not by the flood's queue; a full waiting room gives up a check of the address
+  with the most waiting, then of the most loaded one, never a client's only check while another
+  address has two. A check that is shed or that waited :data:`MAX_WAIT` seconds is answered ``503``
+  with ``Retry-After: 1``: a waiting check holds one of the HTTP server's worker threads, so waiting
+  is bounded in number and time. Clients that share an address share its turn: a flood from the
+  scraper's own address can still delay it.
 * **Failures are logged** at info level, at most one line a second (with how many were left out): the
   client address and the user name when it is a configured one (an unknown "user name" may be a
   password typed in the wrong field). Nothing secret is ever logged.
@@ -52,7 +58,8 @@ from typing import Any
 
 import bcrypt
 
-from accelstats.webconfig import WebConfig, WebConfigError, WebConfigSource
+from accelstats.webconfig import WebConfig, WebConfigError
+from accelstats.websource import REQUEST_WAIT, WebConfigSource
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +85,8 @@ def _cpus() -> int:
 BCRYPT_SLOTS = max(1, min(4, _cpus() // 2))  # concurrent bcrypt checks: a flood takes half the CPUs, 4 at most
 MAX_WAITING = 4  # checks waiting for a slot (each holds an HTTP worker thread; httpserver.WORKERS is 64)
 PER_SOURCE_WAITING = 2  # of which from one client address
+LOAD_HALF_LIFE = 10.0  # seconds: how fast an address's past arrivals stop counting against it (CheckGate)
+MAX_ADDRESSES = 4096  # client addresses remembered by CheckGate (least recently seen forgotten first)
 
 
 def parse_basic(header: str) -> tuple[bytes, bytes] | None:
@@ -115,45 +124,60 @@ class CheckGate:
     """At most ``slots`` holders at once, and at most ``max_waiting`` waiters (``per_source`` per
     client address); a waiter gives up after ``max_wait`` seconds.
 
-    A freed slot goes to the address served least recently (one never served first), newest waiter
-    first within it: an address that keeps the slots busy with guesses is always the one that waits,
-    so a client from any other address waits only for the checks running now. A waiter past a cap is
-    shed (its :meth:`acquire` returns False at once): the oldest of its own address, or when all
-    waiters are full, the oldest of the address with the most waiting. So the gate holds at most
-    ``slots + max_waiting`` threads whatever the flood (the HTTP server's worker pool must be larger:
-    each waiter is a worker thread blocked), and a flood never queues a newcomer behind it.
+    **Serving** is round-robin by address: a freed slot goes to the address served least recently (one
+    never served first; ties: the address that began waiting first), newest waiter first within it.
+    An address that keeps the slots busy with guesses is always the one that waits, so a check from
+    an address with nothing else waiting gets a slot after the checks running when it arrives plus at
+    most one per other waiting address.
+
+    **Shedding** (the shed waiter's :meth:`acquire` returns False at once): a newcomer whose address
+    has ``per_source`` waiting pushes out the oldest of them. When the waiting room is full, the
+    newcomer counts as one more waiting check of its address and the victim is the address with the
+    most waiting checks; ties go against the more loaded address (:meth:`load`: its arrivals, decayed
+    with a half-life of :data:`LOAD_HALF_LIFE` seconds), then against the one that arrived most
+    recently, which is the newcomer itself when it ties. The victim's oldest waiter is shed, or the
+    newcomer is refused when it is the victim. So the only waiting check of an address is never shed
+    while another address has two or more, and a flood from several addresses sheds its own checks,
+    not a client that sends one. The gate holds at most ``slots + max_waiting`` threads whatever the
+    flood (the HTTP server's worker pool must be larger: each waiter is a worker thread blocked).
     """
 
-    def __init__(self, slots: int, max_wait: float, max_waiting: int = 4, per_source: int = 2) -> None:
+    def __init__(self, slots: int, max_wait: float, max_waiting: int = 4, per_source: int = 2,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.slots = slots
         self.max_wait = max_wait
         self.max_waiting = max_waiting
         self.per_source = per_source
+        self._clock = clock
         self._lock = threading.Lock()
         self._free = slots
         self._waiting: dict[str, list[_Waiter]] = {}  # address -> waiters, oldest first
         self._served: OrderedDict[str, int] = OrderedDict()  # address -> tick of its last slot
         self._tick = 0
+        self._load: OrderedDict[str, tuple[float, float, int]] = OrderedDict()  # address -> (load, when, arrival)
 
     def acquire(self, source: str) -> bool:
         """Take a slot (True); False when shed or after ``max_wait``. Release a slot with :meth:`release`."""
         with self._lock:
+            self._arrive(source)
             if self._free > 0:
                 self._free -= 1
                 self._mark(source)
                 return True
-            queue = self._waiting.setdefault(source, [])
-            if len(queue) >= self.per_source:
+            if len(self._waiting.get(source, ())) >= self.per_source:
                 self._shed(source)
             elif sum(len(q) for q in self._waiting.values()) >= self.max_waiting:
-                self._shed(max(self._waiting, key=lambda s: len(self._waiting[s])))
+                victim = self._victim(source)
+                if victim == source and not self._waiting.get(source):
+                    return False  # the newcomer itself: its address has nothing waiting to push out
+                self._shed(victim)
             waiter = _Waiter()
-            self._waiting[source].append(waiter)
+            self._waiting.setdefault(source, []).append(waiter)  # after the shedding, which may empty it
         waiter.event.wait(self.max_wait)
         with self._lock:
             if waiter.granted or waiter.shed:
                 return waiter.granted
-            queue = self._waiting[source]  # timed out
+            queue = self._waiting[source]  # timed out: still queued (granting or shedding removes it)
             queue.remove(waiter)
             if not queue:
                 del self._waiting[source]
@@ -179,11 +203,42 @@ class CheckGate:
         with self._lock:
             return sum(len(q) for q in self._waiting.values())
 
+    def load(self, source: str) -> float:
+        """``source``'s arrivals (calls to :meth:`acquire`), each weighing 1 when it came and half as
+        much every :data:`LOAD_HALF_LIFE` seconds since; 0 for an address not seen (or forgotten)."""
+        with self._lock:
+            return self._load_now(source, self._clock())[0]
+
+    def _load_now(self, source: str, now: float) -> tuple[float, int]:
+        load, when, arrival = self._load.get(source, (0.0, now, 0))
+        return load * 0.5 ** ((now - when) / LOAD_HALF_LIFE), arrival
+
+    def _arrive(self, source: str) -> None:
+        now = self._clock()
+        self._tick += 1
+        self._load[source] = (self._load_now(source, now)[0] + 1.0, now, self._tick)
+        self._load.move_to_end(source)
+        if len(self._load) > MAX_ADDRESSES:  # forget the address seen longest ago
+            self._load.popitem(last=False)
+
+    def _victim(self, newcomer: str) -> str:
+        """The address to shed from when the waiting room is full and ``newcomer`` arrives: the most
+        waiting checks (the newcomer's own counting one more), then the highest load, then the most
+        recent arrival."""
+        now = self._clock()
+
+        def rank(address: str) -> tuple[int, float, int]:
+            count = len(self._waiting.get(address, ())) + (address == newcomer)
+            load, arrival = self._load_now(address, now)
+            return count, load, arrival
+
+        return max([*self._waiting, newcomer], key=rank)
+
     def _mark(self, source: str) -> None:
         self._tick += 1
         self._served[source] = self._tick
         self._served.move_to_end(source)
-        if len(self._served) > 4096:  # forget the addresses served longest ago (they rank as never served)
+        if len(self._served) > MAX_ADDRESSES:  # forget the addresses served longest ago (they rank as never served)
             self._served.popitem(last=False)
 
     def _shed(self, source: str) -> None:
@@ -230,12 +285,12 @@ class BasicAuth:
         self._ok: OrderedDict[bytes, None] = OrderedDict()
         self._lock = threading.Lock()
         self.gate = CheckGate(slots or BCRYPT_SLOTS, max_wait, MAX_WAITING, PER_SOURCE_WAITING)
-        self._dummy: tuple[tuple[tuple[str, bytes], ...], bytes] | None = None
+        self._dummies: dict[int, bytes] = {}  # cost -> dummy hash
         self._failures = _FailureLog(LOG_INTERVAL)
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         try:
-            config, _ = self.source.current()
+            config, _ = self.source.current(REQUEST_WAIT)
         except WebConfigError:  # not raised since reloads keep the last good configuration; kept safe
             start_response("500 Internal Server Error", [("Content-Type", "text/plain; charset=utf-8")])
             return [b"web configuration is broken, see the exporter's log\n"]
@@ -269,13 +324,22 @@ class BasicAuth:
         """True when ``user`` is configured and ``password`` matches its hash; False when not; None when
         the check got no bcrypt slot (shed, or :data:`MAX_WAIT` passed; the caller answers 503).
         ``peer``: the client address, for fair queueing and the log. A success is cached; a cache hit
-        costs one HMAC and never waits. A known user with a wrong password and an unknown user each
-        cost one bcrypt check of the highest configured cost."""
+        costs one HMAC and never waits.
+
+        Every failed check costs the bcrypt work of one check at the highest configured cost ``top``,
+        so that its time tells nothing about the user name: an unknown user is checked against a
+        dummy hash of cost ``top``; a known user whose hash has a lower cost ``c`` and whose password
+        is wrong is then checked against dummy hashes of costs ``c``, ``c + 1``, …, ``top - 1``
+        (bcrypt's work is 2^cost rounds, and 2^c + 2^c + 2^(c+1) + … + 2^(top-1) = 2^top), in the same
+        slot. Burning the CPU rather than sleeping keeps the two equal under any load and keeps the
+        padding inside the gate's bounds."""
         hashed = None
         name = ""
+        top = 0
         for candidate_name, candidate in config.users:  # every user, no early exit: constant time
             if hmac.compare_digest(candidate_name.encode("utf-8"), user):
                 hashed, name = candidate, candidate_name
+            top = max(top, int(candidate[4:6]))
         key = hmac.new(self._key, b"%d:%s%d:%s%s" % (len(user), user, len(hashed or b""), hashed or b"", password),
                        hashlib.sha256).digest()
         if hashed is not None:
@@ -287,16 +351,17 @@ class BasicAuth:
         if len(password) > _BCRYPT_MAX:
             self._failures.note(peer, what + f" (password over {_BCRYPT_MAX} bytes)")
             return False
-        target = hashed if hashed is not None else self._dummy_for(config.users)
+        target = hashed if hashed is not None else self._dummy(top)
         if not self.gate.acquire(peer):
             who = f"user {name!r}" if hashed is not None else "an unknown user"
-            self._failures.note(peer, f"{who} not checked: all {self.gate.slots} bcrypt slots busy and newer "
-                                      "checks waiting (answered 503)")
+            self._failures.note(peer, f"{who} not checked: all {self.gate.slots} bcrypt slots busy and the "
+                                      "waiting room full (answered 503)")
             return None
         try:
-            ok = bcrypt.checkpw(password, target)
-        except ValueError:  # a hash bcrypt refuses (the loader checks their form, so not expected)
-            ok = False
+            ok = _checkpw(password, target)
+            if not ok:
+                for cost in range(int(target[4:6]), top):  # pad to the work of one cost-`top` check
+                    _checkpw(password, self._dummy(cost))
         finally:
             self.gate.release()
         if ok and hashed is not None:
@@ -308,10 +373,18 @@ class BasicAuth:
         self._failures.note(peer, what)
         return False
 
-    def _dummy_for(self, users: tuple[tuple[str, bytes], ...]) -> bytes:
-        """The dummy hash for unknown users of this configuration: the highest configured cost."""
+    def _dummy(self, cost: int) -> bytes:
+        """This process's dummy hash of ``cost`` (:func:`dummy_hash`, made on first use)."""
         with self._lock:
-            if self._dummy is None or self._dummy[0] != users:
-                cost = max(int(hashed[4:6]) for _, hashed in users)
-                self._dummy = (users, dummy_hash(cost))
-            return self._dummy[1]
+            hashed = self._dummies.get(cost)
+            if hashed is None:
+                hashed = self._dummies[cost] = dummy_hash(cost)
+            return hashed
+
+
+def _checkpw(password: bytes, hashed: bytes) -> bool:
+    """``bcrypt.checkpw``, False for a hash bcrypt refuses (the loader checks their form, so not expected)."""
+    try:
+        return bcrypt.checkpw(password, hashed)
+    except ValueError:
+        return False

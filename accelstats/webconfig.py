@@ -27,29 +27,20 @@ quote the line). The file is read only when it is a regular file of at most :dat
 a document that aliases expand past :data:`MAX_NODES` nodes ("billion laughs") is an error, as Go's
 yaml.v2 refuses "excessive aliasing".
 
-:class:`WebConfigSource` re-reads the file, and the certificate, key and CA files, when one of them
-changes (checked on every connection and request), as exporter-toolkit re-reads them per connection.
-A reload never lowers security: a changed file that is broken (empty, half written, invalid, a key
-that does not match its certificate) or that would turn basic auth or TLS off, switch to HTTPS, or
-lower ``client_auth_type`` or ``min_version`` is refused; the configuration in force stays, one error
-is logged per refused change and :attr:`WebConfigSource.reload_failures` counts it. Those changes
-need a restart. :func:`security_warnings` (a world-writable file, a world-readable private key, a
-certificate outside its validity period) are logged at start and at every reload.
+Reloading while running, and the checks a reload must pass, are in :mod:`accelstats.websource`
+(:class:`~accelstats.websource.WebConfigSource`) and :mod:`accelstats.webchecks` (what may not change
+without a restart; warnings for loose file modes and dated certificates).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import logging
 import os
 import re
 import ssl
 import stat
-import threading
 import warnings
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +90,15 @@ HEADERS: dict[str, tuple[str, ...]] = {
     "X-Frame-Options": ("deny", "sameorigin"), "X-XSS-Protection": (), "Content-Security-Policy": (),
 }
 BCRYPT_HASH = re.compile(r"\$2[abxy]\$(\d\d)\$[./A-Za-z0-9]{53}")
+BCRYPT_MIN_COST = 4  # bcrypt's own minimum
+# The highest cost accepted: one check of cost 15 takes 1.9-2.0 s of one CPU (AMD EPYC, 2-core VM, pyca
+# bcrypt; each step of cost doubles it), paid by every first login, wrong password and unknown user
+# (checked against a dummy of the highest configured cost); cost 31 would be 2^16 times that: 36 hours.
+BCRYPT_MAX_COST = 15
+BCRYPT_WARN_COST = 12  # above it, a warning at each load: each check takes 0.5 s (cost 13) or more
+# RFC 9110 5.1 field-name = token; tchar = "!" / "#" / "$" / "%" / "&" / "'" / "*" / "+" / "-" / "." /
+# "^" / "_" / "`" / "|" / "~" / DIGIT / ALPHA
+HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 # The 22nd salt character carries 2 of the salt's 128 bits: bcrypt (pyca's and OpenBSD's) refuses a
 # hash whose last salt character has any of its 4 low bits set.
 _BCRYPT_SALT_LAST = frozenset(".Oeu")
@@ -132,6 +132,34 @@ class WebConfigError(ConfigError):
 def _redact(text: str) -> str:
     """``text`` on one line with every bcrypt hash (or piece of one) replaced by ``$2…(hidden)``."""
     return _SECRET.sub("$2…(hidden)", text.replace("\n", " "))
+
+
+def _kind(value: object) -> str:
+    """The YAML type of ``value`` as an error names it, never the value (a number or a list may hold
+    a password given by mistake)."""
+    return "null" if value is None else type(value).__name__
+
+
+def _key_name(key: str, limit: int = 80) -> str:
+    """A dotted key for an error, cut to ``limit`` characters (a key from the file: never unbounded)."""
+    return key if len(key) <= limit else key[:limit] + "…"
+
+
+def _unsendable(text: str) -> str | None:
+    """Why ``text`` cannot be an HTTP header value, or None when it can: RFC 9110 5.5 allows visible
+    ASCII, space, tab and obs-text; sent as Latin-1 (as http.server and the WSGI spec do), so a value
+    may hold Latin-1's printable characters (U+00A0-U+00FF) but no CR, LF, NUL or other control
+    character (CR/LF would split the header: response splitting) and nothing beyond Latin-1. The
+    reason names the character's position and class, never the value."""
+    for i, ch in enumerate(text, 1):
+        code = ord(ch)
+        if ch in "\r\n\0":
+            return f"character {i} is a CR, LF or NUL"
+        if code > 0xFF:
+            return f"character {i} is not Latin-1"
+        if (code < 0x20 and ch != "\t") or 0x7F <= code < 0xA0:
+            return f"character {i} is a control character"
+    return None
 
 
 def _short(value: object, limit: int = 60) -> str:
@@ -239,17 +267,26 @@ def _yaml_reason(exc: yaml.YAMLError) -> str:
     return str(exc)
 
 
-def _read_bounded(path: Path) -> str:
-    """The text of ``path``: a regular file (a FIFO or device would block or never end) of at most
-    :data:`MAX_FILE_BYTES`. Raises OSError, UnicodeDecodeError, or ValueError saying what is wrong."""
+def _read_bytes(path: Path, limit: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of ``path``: a regular file of at most ``limit`` bytes, opened ``O_NONBLOCK`` and
+    checked with ``fstat`` before anything is read, so that a FIFO or a device named by mistake (or
+    by someone who can write the configuration) is an error rather than a read that never returns.
+    Raises OSError, or ValueError saying what is wrong. (A file on a hung network mount still blocks
+    the caller: :class:`WebConfigSource` reads only at start-up and in its own checking thread.)"""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ValueError("not a regular file")
-        data = f.read(MAX_FILE_BYTES + 1)
-    if len(data) > MAX_FILE_BYTES:
-        raise ValueError(f"larger than {MAX_FILE_BYTES} bytes")
-    return data.decode("utf-8")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"larger than {limit} bytes")
+    return data
+
+
+def _read_bounded(path: Path) -> str:
+    """The text of ``path`` (:func:`_read_bytes`, as UTF-8). Raises OSError, UnicodeDecodeError, or
+    ValueError saying what is wrong."""
+    return _read_bytes(path).decode("utf-8")
 
 
 def load_web_config(path: Path) -> WebConfig:
@@ -290,11 +327,10 @@ class _Parser:
 
     def typed(self, key: str, value: Any, kind: type) -> Any:
         if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-            # the value itself only when it is a number, a boolean or null: a string may be a secret
-            # (a mis-indented "user:$2b$..."), and a list or mapping may be an alias bomb
-            shown = f" {value!r}" if value is None or isinstance(value, (int, float)) else ""
+            # the type only, never the value: a number may be a password given unquoted, a string a
+            # mis-indented "user:$2b$...", a list or mapping an alias bomb
             raise self.error(key, f"expected {'a mapping' if kind is dict else kind.__name__}, "
-                                  f"got {type(value).__name__}{shown}")
+                                  f"got {_kind(value)}")
         return value
 
     def table(self, key: str, value: Any) -> dict[str, Any]:
@@ -325,7 +361,7 @@ class _Parser:
             raise self.error(k + "client_auth_type", f"{auth} (a client certificate accepted without verification) "
                              "is not supported: use RequireAndVerifyClientCert or VerifyClientCertIfGiven")
         if auth not in CLIENT_AUTH:
-            raise self.error(k + "client_auth_type", f"unknown value {_short(auth)} (known: {', '.join(CLIENT_AUTH)})")
+            raise self.error(k + "client_auth_type", f"unknown value (known: {', '.join(CLIENT_AUTH)})")
         ca_file = self.file(k + "client_ca_file", table.get("client_ca_file"))
         ca_text = self.typed(k + "client_ca", table.get("client_ca") or "", str)
         if ca_file is not None and ca_text:
@@ -343,7 +379,7 @@ class _Parser:
         suites = self.typed(k + "cipher_suites", table.get("cipher_suites") or [], list)
         for i, name in enumerate(suites):
             if self.typed(f"{k}cipher_suites[{i}]", name, str) not in GO_CIPHERS:
-                raise self.error(f"{k}cipher_suites[{i}]", f"unknown cipher suite {_short(name)} "
+                raise self.error(f"{k}cipher_suites[{i}]", "unknown cipher suite "
                                  f"(known: Go's tls.CipherSuites() names, {', '.join(GO_CIPHERS)})")
         prefer = self.typed(k + "prefer_server_cipher_suites", table.get("prefer_server_cipher_suites", True), bool)
         return TLSServerConfig(cert_file=cert, key_file=key, client_auth_type=auth, client_ca_file=ca_file,
@@ -353,18 +389,23 @@ class _Parser:
     def version(self, key: str, value: Any, default: str) -> ssl.TLSVersion:
         name = self.typed(key, value or default, str)
         if name not in TLS_VERSIONS:
-            raise self.error(key, f"unknown TLS version {_short(name)} (known: {', '.join(TLS_VERSIONS)})")
+            raise self.error(key, f"unknown TLS version (known: {', '.join(TLS_VERSIONS)})")
         return TLS_VERSIONS[name]
 
     def headers(self, value: Any) -> tuple[tuple[str, str], ...]:
         out = []
         for name, text in self.typed("http_server_config.headers", value or {}, dict).items():
-            key = f"http_server_config.headers.{name}"
+            key = _key_name(f"http_server_config.headers.{name}")
+            if not isinstance(name, str) or not HEADER_NAME.fullmatch(name):
+                raise self.error(key, "not a header name (an RFC 9110 token: letters, digits, !#$%&'*+-.^_`|~)")
             if name not in HEADERS:
                 raise self.error(key, f"this header cannot be configured (known: {', '.join(HEADERS)})")
             text = self.typed(key, "" if text is None else text, str)
             if text and HEADERS[name] and text not in HEADERS[name]:
-                raise self.error(key, f"expected one of {', '.join(HEADERS[name])}, got {_short(text)}")
+                raise self.error(key, f"unknown value (known: {', '.join(HEADERS[name])})")
+            bad = _unsendable(text)
+            if bad:
+                raise self.error(key, f"cannot be sent in an HTTP header: {bad}")
             if text:  # "Unset if blank" (web-configuration.md)
                 out.append((name, text))
         return tuple(out)
@@ -373,28 +414,67 @@ class _Parser:
         out = []
         for name, hashed in self.typed("basic_auth_users", value or {}, dict).items():
             if not isinstance(name, str):
-                raise self.error("basic_auth_users", f"user name {_short(name)} is not a string (quote it)")
-            key = f"basic_auth_users.{name}"
+                raise self.error("basic_auth_users", f"a user name of type {_kind(name)} is not a string (quote it)")
+            key = _key_name(f"basic_auth_users.{name}")
             text = self.typed(key, hashed, str)
             m = BCRYPT_HASH.fullmatch(text)
-            if m is None or not 4 <= int(m.group(1)) <= 31 or text[28] not in _BCRYPT_SALT_LAST:
-                raise self.error(key, "not a bcrypt hash ($2b$<cost>$<53 characters>, cost 04-31); make one "
-                                 "with htpasswd -nBC 10 \"\" or python3 -c 'import bcrypt; …' (docs/web-config.md)")
+            if m is None or int(m.group(1)) < BCRYPT_MIN_COST or text[28] not in _BCRYPT_SALT_LAST:
+                raise self.error(key, "not a bcrypt hash ($2b$<cost>$<53 characters>, cost "
+                                 f"{BCRYPT_MIN_COST:02d}-{BCRYPT_MAX_COST}); make one with htpasswd -nBC 10 \"\" "
+                                 "or python3 -c 'import bcrypt; …' (docs/web-config.md)")
+            if int(m.group(1)) > BCRYPT_MAX_COST:
+                raise self.error(key, f"bcrypt cost above {BCRYPT_MAX_COST}, the most accelstats accepts: one check "
+                                 "of a cost-15 hash takes about 2 s of a CPU, and each higher cost doubles it, for "
+                                 "every first login, wrong password and unknown user name; make the hash again "
+                                 "with cost 10-12 (docs/web-config.md)")
             out.append((name, text.encode("ascii")))
         return tuple(out)
 
 
+_PEM_CERTIFICATE = re.compile(rb"-----BEGIN (?:X509 |TRUSTED )?CERTIFICATE-----.+?-----END (?:X509 |TRUSTED )?"
+                              rb"CERTIFICATE-----", re.S)
+
+
+def _tls_file(p: _Parser, key: str, path: Path) -> bytes:
+    """The bytes of the TLS file ``path`` named by ``key`` (:func:`_read_bytes`: a regular file of at
+    most :data:`MAX_FILE_BYTES`); raises :class:`WebConfigError` naming the key and the path."""
+    try:
+        return _read_bytes(path)
+    except FileNotFoundError as exc:
+        raise p.error(key, f"{path}: no such file") from exc
+    except PermissionError as exc:
+        raise p.error(key, f"{path}: not readable") from exc
+    except OSError as exc:
+        raise p.error(key, f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except ValueError as exc:
+        raise p.error(key, f"{path}: {exc}") from exc
+
+
+def _certificates(data: bytes) -> str:
+    """The PEM certificate blocks of ``data``, for ``cadata`` (text around them is dropped, as
+    OpenSSL's PEM reader skips it); "" when there is none."""
+    return "\n".join(block.decode("latin-1") for block in _PEM_CERTIFICATE.findall(data))
+
+
+def _no_password() -> bytes:
+    """The key's password callback: none. Without one OpenSSL would prompt on the terminal (a read that
+    may never return); an encrypted key then fails to load, as the documentation says it must."""
+    return b""
+
+
 def build_ssl_context(config: WebConfig) -> ssl.SSLContext:
     """A server-side ``SSLContext`` for ``config.tls`` (which must be set). Reads the certificate, key
-    and CA files; raises :class:`WebConfigError` naming the key whose file is missing or does not load."""
+    and CA files, each only when it is a regular file of at most :data:`MAX_FILE_BYTES` (a FIFO or a
+    device is an error, never a blocking read); certificates and CAs are loaded from those bytes, the
+    chain and key by OpenSSL from the paths just checked (Python's ``ssl`` has no in-memory API for
+    them). Raises :class:`WebConfigError` naming the key whose file is missing or does not load."""
     tls = config.tls
     assert tls is not None
     p = _Parser(config.path)
     k = "tls_server_config."
-    for key, path in (("cert_file", tls.cert_file), ("key_file", tls.key_file), ("client_ca_file", tls.client_ca_file)):
-        if path is not None and not os.access(path, os.R_OK):
-            reason = "no such file" if not path.exists() else "not readable"
-            raise p.error(k + key, f"{path}: {reason}")
+    cert_pem = _tls_file(p, k + "cert_file", tls.cert_file)
+    _tls_file(p, k + "key_file", tls.key_file)
+    ca_pem = _tls_file(p, k + "client_ca_file", tls.client_ca_file) if tls.client_ca_file is not None else None
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     if tls.min_version < ssl.TLSVersion.TLSv1_2:
         log.warning("web config %s: tls_server_config.min_version: set below TLS12, but %s refuses TLS 1.0 and 1.1 "
@@ -403,22 +483,27 @@ def build_ssl_context(config: WebConfig) -> ssl.SSLContext:
     with warnings.catch_warnings():  # ssl's DeprecationWarning for TLSv1/TLSv1_1: the log line above says it
         warnings.simplefilter("ignore", DeprecationWarning)
         ctx.minimum_version, ctx.maximum_version = tls.min_version, tls.max_version
+    certs = _certificates(cert_pem)
     try:
-        ssl.create_default_context(cafile=str(tls.cert_file))  # parses the certificate(s) alone
+        if not certs:
+            raise ValueError("no complete BEGIN/END CERTIFICATE block")
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=certs)  # parses them alone
     except (ssl.SSLError, ValueError) as exc:
         raise p.error(k + "cert_file", f"{tls.cert_file}: not a PEM certificate ({exc})") from exc
     try:
-        ctx.load_cert_chain(tls.cert_file, tls.key_file)
+        ctx.load_cert_chain(tls.cert_file, tls.key_file, password=_no_password)
     except ssl.SSLError as exc:
         raise p.error(k + "key_file", f"{tls.key_file}: not a PEM private key (unencrypted) for "
                       f"cert_file ({exc})") from exc
-    if tls.client_ca_file is not None or tls.client_ca:
+    except OSError as exc:  # replaced or removed since it was read
+        raise p.error(k + "key_file", f"{tls.key_file}: cannot read: {exc.strerror or exc}") from exc
+    if ca_pem is not None or tls.client_ca:
         where = k + ("client_ca_file" if tls.client_ca_file else "client_ca")
         try:
-            if tls.client_ca_file is not None:
-                ctx.load_verify_locations(cafile=str(tls.client_ca_file))
-            else:
-                ctx.load_verify_locations(cadata=tls.client_ca)
+            cadata = _certificates(ca_pem) if ca_pem is not None else tls.client_ca
+            if not cadata:
+                raise ValueError("no complete BEGIN/END CERTIFICATE block")
+            ctx.load_verify_locations(cadata=cadata)
         except (ssl.SSLError, ValueError) as exc:
             raise p.error(where, f"no PEM CA certificate could be loaded ({exc})") from exc
     ctx.verify_mode = CLIENT_AUTH[tls.client_auth_type]
@@ -434,215 +519,3 @@ def build_ssl_context(config: WebConfig) -> ssl.SSLContext:
         ctx.options &= ~ssl.OP_CIPHER_SERVER_PREFERENCE
     ctx.set_alpn_protocols(["http/1.1"])
     return ctx
-
-
-_CLIENT_AUTH_RANK = {"NoClientCert": 0, "VerifyClientCertIfGiven": 1, "RequireAndVerifyClientCert": 2}
-_TLS_NAMES = {v: k for k, v in TLS_VERSIONS.items()}
-
-
-def weakening(old: WebConfig, new: WebConfig) -> tuple[str, str] | None:
-    """``(key, reason)`` when ``new`` may not replace ``old`` while running, else None.
-
-    Refused: turning TLS off (``tls_server_config`` removed or empty) or on (the listening socket is
-    plain: switching needs a restart either way), turning basic auth off (``basic_auth_users`` removed
-    or empty), and lowering ``client_auth_type`` (RequireAndVerifyClientCert > VerifyClientCertIfGiven >
-    NoClientCert) or ``min_version``. A file written in place is briefly empty or cut short, and so
-    looks like each of these; a deliberate change of this kind takes a restart. Fewer users, other
-    passwords, other headers or certificates are not a weakening.
-    """
-    if (old.tls is None) != (new.tls is None):
-        return ("tls_server_config", "removed (or empty): turning TLS off needs a restart" if new.tls is None
-                else "added: switching from HTTP to HTTPS needs a restart")
-    if old.users and not new.users:
-        return "basic_auth_users", "removed (or empty): turning basic auth off needs a restart"
-    if old.tls is not None and new.tls is not None:
-        before, after = old.tls.client_auth_type, new.tls.client_auth_type
-        if _CLIENT_AUTH_RANK[after] < _CLIENT_AUTH_RANK[before]:
-            return "tls_server_config.client_auth_type", f"lowered from {before} to {after}: needs a restart"
-        if new.tls.min_version < old.tls.min_version:
-            return ("tls_server_config.min_version", f"lowered from {_TLS_NAMES[old.tls.min_version]} to "
-                    f"{_TLS_NAMES[new.tls.min_version]}: needs a restart")
-    return None
-
-
-def _der_element(der: bytes, pos: int) -> tuple[int, int, int]:
-    """``(tag, content start, content end)`` of the DER element at ``pos``; ValueError when malformed."""
-    if pos + 2 > len(der):
-        raise ValueError("truncated DER")
-    tag, length, pos = der[pos], der[pos + 1], pos + 2
-    if length & 0x80:
-        count = length & 0x7F
-        if not 1 <= count <= 4 or pos + count > len(der):
-            raise ValueError("bad DER length")
-        length, pos = int.from_bytes(der[pos:pos + count], "big"), pos + count
-    if pos + length > len(der):
-        raise ValueError("truncated DER")
-    return tag, pos, pos + length
-
-
-def _der_time(der: bytes, pos: int) -> tuple[datetime, int]:
-    """An X.509 ``Time`` (RFC 5280 4.1.2.5: UTCTime ``YYMMDDHHMMSSZ``, years 50-99 meaning 19xx, or
-    GeneralizedTime ``YYYYMMDDHHMMSSZ``) at ``pos``, and the position after it."""
-    tag, start, end = _der_element(der, pos)
-    text = der[start:end].decode("ascii")
-    if tag == 0x17 and len(text) == 13:
-        year = int(text[:2])
-        text = f"{1900 + year if year >= 50 else 2000 + year}{text[2:]}"
-    elif tag != 0x18 or len(text) != 15:
-        raise ValueError("not a UTCTime or GeneralizedTime")
-    return datetime.strptime(text, "%Y%m%d%H%M%SZ").replace(tzinfo=timezone.utc), end
-
-
-def certificate_validity(path: Path) -> tuple[datetime, datetime] | None:
-    """``(notBefore, notAfter)`` in UTC of the first PEM certificate in ``path`` (the server's own
-    certificate: the chain follows it), from the DER of RFC 5280's TBSCertificate; None when the file
-    cannot be read or parsed (OpenSSL reports a bad certificate when it loads it)."""
-    try:
-        text = _read_bounded(path)
-        m = re.search(r"-----BEGIN CERTIFICATE-----(.+?)-----END CERTIFICATE-----", text, re.S)
-        if m is None:
-            return None
-        der = base64.b64decode("".join(m.group(1).split()), validate=True)
-        _, cert, _ = _der_element(der, 0)  # Certificate ::= SEQUENCE
-        _, pos, _ = _der_element(der, cert)  # tbsCertificate ::= SEQUENCE
-        tag, _, end = _der_element(der, pos)
-        if tag == 0xA0:  # [0] EXPLICIT version
-            pos = end
-        for _ in range(3):  # serialNumber, signature, issuer
-            pos = _der_element(der, pos)[2]
-        _, pos, _ = _der_element(der, pos)  # validity ::= SEQUENCE { notBefore, notAfter }
-        not_before, pos = _der_time(der, pos)
-        not_after, _ = _der_time(der, pos)
-    except (OSError, ValueError, binascii.Error):  # UnicodeDecodeError is a ValueError
-        return None
-    return not_before, not_after
-
-
-def _open_to_others(path: Path, bit: int) -> int | None:
-    """``path``'s mode when it has ``bit`` (``S_IROTH``, ``S_IWOTH``) and every directory above the
-    file it names is searchable by others (so that every user can reach it), else None."""
-    try:
-        real = path.resolve()
-        mode = real.stat().st_mode
-        if not mode & bit:
-            return None
-        if not all(parent.stat().st_mode & stat.S_IXOTH for parent in real.parents):
-            return None
-    except OSError:
-        return None
-    return mode
-
-
-def security_warnings(config: WebConfig, now: datetime | None = None) -> list[str]:
-    """One line per risk in ``config``'s files (naming the file, never its contents): the web config
-    writable by every user (anyone on the host could add a user or swap the certificate), the private
-    key readable by every user (a file mode that allows it, in directories that every user can
-    search: a 0644 key under a 0700 directory is not reported), the server certificate expired or not
-    yet valid at ``now`` (default: the current time; clients refuse it, as Go's and OpenSSL's verifiers
-    do)."""
-    out = []
-    mode = _open_to_others(config.path, stat.S_IWOTH)
-    if mode is not None:
-        out.append(f"web config {config.path}: writable by every user on this host (mode "
-                   f"{stat.S_IMODE(mode):04o}): anyone here can add a user or change the certificate; chmod o-w")
-    if config.tls is not None:
-        where = f"web config {config.path}: tls_server_config."
-        mode = _open_to_others(config.tls.key_file, stat.S_IROTH)
-        if mode is not None:
-            out.append(f"{where}key_file: {config.tls.key_file}: readable by every user on this host (mode "
-                       f"{stat.S_IMODE(mode):04o}): anyone here can read the private key; chmod o-r")
-        validity = certificate_validity(config.tls.cert_file)
-        now = now or datetime.now(timezone.utc)
-        if validity is not None and now > validity[1]:
-            out.append(f"{where}cert_file: {config.tls.cert_file}: the certificate expired on "
-                       f"{validity[1]:%Y-%m-%d %H:%M:%S} UTC: clients will refuse it")
-        elif validity is not None and now < validity[0]:
-            out.append(f"{where}cert_file: {config.tls.cert_file}: the certificate is not valid before "
-                       f"{validity[0]:%Y-%m-%d %H:%M:%S} UTC: clients will refuse it until then")
-    return out
-
-
-_Stat = tuple[int, int, int, int] | None
-
-
-def _stat(path: Path) -> _Stat:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino)
-
-
-def _signature(paths: tuple[Path, ...]) -> tuple[_Stat, ...]:
-    return tuple(_stat(path) for path in paths)
-
-
-class WebConfigSource:
-    """The web configuration in force, reloaded when the file or a file it names changes.
-
-    Construction loads and checks everything (raises :class:`WebConfigError`) and logs
-    :func:`security_warnings`. ``tls_enabled`` is fixed then. :meth:`current` is thread-safe and cheap
-    when nothing changed (one ``stat`` per watched file). A change is applied when it loads in full
-    and :func:`weakening` has nothing against it (the warnings are logged again); otherwise it is
-    refused: the configuration in force stays, one error naming the file, the key and the reason is
-    logged, and ``reload_failures`` (refused changes since start, for
-    ``accelstats_web_config_reload_failures_total``) goes up by one. The next change is tried again.
-    Files are ``stat``-ed before they are read, so a change made while reading is seen next time.
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._lock = threading.Lock()
-        self.reload_failures = 0
-        self.refused: WebConfigError | None = None  # why the file on disk is not the one in force
-        seen = {path: _stat(path)}
-        config = load_web_config(path)
-        files = self._files(config)
-        seen.update({f: _stat(f) for f in files if f not in seen})
-        self._state = (config, build_ssl_context(config) if config.tls else None)
-        self.initial = config  # as loaded at start-up
-        self.tls_enabled = config.tls is not None
-        self._watched = files
-        self._sig = tuple(seen[f] for f in files)
-        for line in security_warnings(config):
-            log.warning("%s", line)
-
-    def _files(self, config: WebConfig) -> tuple[Path, ...]:
-        return (self.path,) + (config.tls.files() if config.tls else ())
-
-    def _reload(self, seen: dict[Path, _Stat]) -> None:
-        """Try the files as they are now (``seen``: their signatures, taken before reading)."""
-        old = self._state[0]
-        watched = list(self._files(old))
-        try:
-            config = load_web_config(self.path)
-            for f in self._files(config):  # watched even when refused: fixing a new key file retries
-                if f not in seen:
-                    seen[f] = _stat(f)
-                if f not in watched:
-                    watched.append(f)
-            why = weakening(old, config)
-            if why is not None:
-                raise _Parser(self.path).error(*why)
-            state = (config, build_ssl_context(config) if config.tls else None)
-        except WebConfigError as exc:
-            self.reload_failures += 1
-            self.refused = exc
-            log.error("%s; change refused, the configuration loaded before stays in force", exc)
-        else:
-            self._state, self.refused = state, None
-            watched = list(self._files(config))
-            log.info("web config %s reloaded", self.path)
-            for line in security_warnings(config):
-                log.warning("%s", line)
-        self._watched = tuple(watched)
-        self._sig = tuple(seen[f] if f in seen else _stat(f) for f in self._watched)
-
-    def current(self) -> tuple[WebConfig, ssl.SSLContext | None]:
-        """``(config, ssl_context)`` in force (context None without TLS): the last configuration that
-        loaded in full without lowering security. Never raises after construction."""
-        with self._lock:
-            sig = _signature(self._watched)
-            if sig != self._sig:
-                self._reload(dict(zip(self._watched, sig, strict=True)))
-            return self._state

@@ -17,6 +17,7 @@ so that against the code before the fix each test fails on its own rather than t
 from __future__ import annotations
 
 import base64
+import contextlib
 import logging
 import os
 import shutil
@@ -36,13 +37,14 @@ import bcrypt
 import pytest
 from conftest import in_ci
 from tls_pki import Pki, make_pki, openssl_missing
-from webconfig_util import Flood, dated_certificate, fetch, rewrite_in_place
+from webconfig_util import Flood, dated_certificate, fetch, peer_certificate, rewrite_in_place
 
-from accelstats import webauth, webconfig
+from accelstats import webauth, webchecks, websource
 from accelstats.config import Settings
 from accelstats.httpserver import serve
 from accelstats.manager import AcceleratorManager
-from accelstats.webconfig import WebConfigError, WebConfigSource, load_web_config
+from accelstats.webconfig import WebConfigError, load_web_config
+from accelstats.websource import WebConfigSource
 from collectors.nvml_replay import ReplayNVML
 
 PASSWORD = "s3cret-pw"
@@ -118,10 +120,16 @@ def client_ctx(pki: Pki) -> ssl.SSLContext:
 
 
 def touch(path: Path, text: str) -> None:
-    """Rewrite ``path`` with a modification time certainly different from the last one."""
-    old = path.stat().st_mtime_ns if path.exists() else time.time_ns()
-    path.write_text(text)
-    os.utime(path, ns=(old + 2_000_000_000, old + 2_000_000_000))
+    """Replace ``path`` (same mode) with ``text`` and a modification time certainly different from the
+    last one, in one rename: the source's thread checks at any moment, and must see one change."""
+    old = path.stat() if path.exists() else None
+    mtime = (old.st_mtime_ns if old else time.time_ns()) + 2_000_000_000
+    new = path.with_name(path.name + ".new")
+    new.write_text(text)
+    if old is not None:
+        new.chmod(old.st_mode & 0o7777)
+    os.utime(new, ns=(mtime, mtime))
+    new.replace(path)
 
 
 def hash_pieces(hashed: str) -> list[str]:
@@ -171,6 +179,7 @@ def test_rewrite_in_place_never_lets_a_request_without_credentials_through(
                     done.notify_all()
 
     def a_request_in_this_state() -> None:
+        assert s.source.sync(), "the file was never checked"  # this state applied or refused
         with done:
             seen = len(statuses["prometheus"])
             assert done.wait_for(lambda: len(statuses["prometheus"]) >= seen + 2, timeout=20), "no request made"
@@ -230,6 +239,7 @@ def test_a_refused_change_keeps_the_last_good_configuration_logs_once_and_counts
         path.unlink()
     else:
         touch(path, after.format(**values))
+    assert source.sync()  # checked (by the source's own thread)
     for _ in range(20):  # every connection and request asks
         assert source.current() == (config, ctx)
     assert source.reload_failures == 1
@@ -239,6 +249,7 @@ def test_a_refused_change_keeps_the_last_good_configuration_logs_once_and_counts
     assert "\n" not in line
     assert_no_secret(caplog.text, HASH)
     touch(path, before.format(**values))  # fixed: applies again
+    assert source.sync()
     assert source.current()[0] is not config
     assert source.reload_failures == 1 and len(errors(caplog)) == 1
 
@@ -254,7 +265,12 @@ def test_a_certificate_rewritten_in_place_keeps_the_old_one_until_it_is_whole(
     config, ctx = source.current()
     pem = cert.read_text()
     states = []
-    rewrite_in_place(cert, [pem[:len(pem) // 2], pem[len(pem) // 2:]], lambda: states.append(source.current()))
+
+    def checked() -> None:
+        assert source.sync()
+        states.append(source.current())
+
+    rewrite_in_place(cert, [pem[:len(pem) // 2], pem[len(pem) // 2:]], checked)
     assert states[:2] == [(config, ctx)] * 2  # empty, then half a certificate: the old context stays
     assert states[2][1] is not ctx  # whole again: reloaded
     assert source.reload_failures == 2 and len(errors(caplog)) == 2
@@ -266,6 +282,7 @@ def test_turning_auth_off_takes_a_restart(pki: Pki, tmp_path: Path) -> None:
     path.write_text(users_block(prometheus=HASH))
     source = WebConfigSource(path)
     touch(path, HEADERS)
+    assert source.sync()
     assert source.current()[0].users  # refused while running
     assert WebConfigSource(path).current()[0].users == ()  # a restart reads it as it is
 
@@ -320,6 +337,7 @@ def test_successes_are_cached_per_password_and_hash_and_no_password_is_kept(
     assert len(calls) == 1  # bcrypt once, then the cache
     rotated = bcrypt.hashpw(b"rotated", bcrypt.gensalt(rounds=4)).decode()
     touch(path, users_block(prometheus=rotated))
+    assert source.sync()
     assert not auth.check(source.current()[0], b"prometheus", PASSWORD.encode())  # the old success is not reused
     assert auth.check(source.current()[0], b"prometheus", b"rotated")
     assert auth.check(source.current()[0], b"prometheus", b"rotated")
@@ -556,6 +574,7 @@ def test_loose_modes_and_dated_certificates_warn_once_at_start_and_at_reload(
     assert len(warnings()) == 1, warnings()
     assert LOOSE[case].phrase in warnings()[0] and str(path) in warnings()[0]
     touch(path, text + HEADERS)  # a change: reloaded, warned again
+    assert source.sync()
     assert source.current()[0].headers
     assert len(warnings()) == 2 and warnings()[1] == warnings()[0]
     for _ in range(10):
@@ -615,9 +634,383 @@ def test_certificate_validity_reads_both_time_forms(pki: Pki, tmp_path: Path) ->
     """UTCTime (before 2050) and GeneralizedTime (2050 on), against openssl's own reading."""
     for start, end in (("20200101000000Z", "20491231235959Z"), ("20500101000000Z", "20910101000000Z")):
         cert, _ = dated_certificate(tmp_path, f"c{start[:4]}", start, end)
-        validity = webconfig.certificate_validity(cert)
+        validity = webchecks.certificate_validity(cert)
         assert validity is not None
         assert (f"{validity[0]:%Y%m%d%H%M%S}Z", f"{validity[1]:%Y%m%d%H%M%S}Z") == (start, end)
-    assert webconfig.certificate_validity(pki.server_key) is None
-    days = webconfig.certificate_validity(pki.server_cert)
+    assert webchecks.certificate_validity(pki.server_key) is None
+    days = webchecks.certificate_validity(pki.server_cert)
     assert days is not None and days[0] < days[1]
+
+
+# --------------------------------------------------------------------------------------------
+# the attacker's review: D3 (several flooding addresses), D4 (bcrypt cost), D5 (mixed costs),
+# D6 (files that block), D7 (headers that cannot be sent), D8 (values in errors)
+
+
+def test_a_flood_from_several_addresses_does_not_lock_out_a_first_login(start: Callable[[str], Served]) -> None:
+    """Four addresses (127.0.0.2-5, 4 clients each, another process each) send wrong passwords for
+    ``prometheus`` (cost 10); first logins of three other users from 127.0.0.1 must each get 200, and
+    no answer may be a 500. Before the fix a tie among the flooding addresses shed the newcomer: 503
+    every time. Bound: the gate promises the check running when a login arrives, one per other
+    waiting address and its own (6 with one slot, fewer with more), each as long as one bcrypt check
+    timed here while the floods run (the floods' clients and the server share the CPUs), twice over
+    for the HTTP work around them."""
+    cost = 10
+    hashes = {name: bcrypt.hashpw(b"legit-pw", bcrypt.gensalt(rounds=cost)).decode()
+              for name in ("prometheus", "legit0", "legit1", "legit2")}
+    idle_check = _median_seconds(lambda: bcrypt.checkpw(b"x", hashes["prometheus"].encode()), 5)
+    addresses = [f"127.0.0.{i}" for i in range(2, 6)]
+    s = start(users_block(**hashes))
+    floods = [Flood(s.port, address, 4, "prometheus") for address in addresses]
+    try:
+        for flood in floods:
+            assert flood.wait_answers(3, timeout=60), f"a flood got no answers: {flood.responses}"
+        one_check = _median_seconds(lambda: bcrypt.checkpw(b"x", hashes["prometheus"].encode()), 3)
+        bound = 2 * (1 + len(addresses) + 1) * one_check
+        took = {}
+        for name in ("legit0", "legit1", "legit2"):
+            began = time.perf_counter()
+            try:
+                status = fetch(s.port, None, auth=(name, "legit-pw"), timeout=4 * bound + 1)[0]
+            except OSError:
+                status = 0
+            took[name] = (status, time.perf_counter() - began)
+        answered: dict[str, int] = {}
+        for flood in floods:
+            for status_text, count in dict(flood.responses).items():
+                answered[status_text] = answered.get(status_text, 0) + count
+    finally:
+        for flood in floods:
+            flood.stop()
+    report = (f"one check {idle_check * 1000:.0f} ms idle, {one_check * 1000:.0f} ms under the floods; first logins "
+              f"{ {n: f'{st} in {t * 1000:.0f} ms' for n, (st, t) in took.items()} }; flood answers {answered}")
+    assert all(status == 200 and t <= bound for status, t in took.values()), report
+    assert "200" not in answered and "500" not in answered, report
+
+
+def _acquire_in_thread(gate: webauth.CheckGate, source: str, results: dict[str, object], name: str) -> threading.Thread:
+    """``gate.acquire(source)`` in a thread: ``results[name]`` becomes True/False or the exception it
+    raised; a granted slot is released at once."""
+    def run() -> None:
+        try:
+            got = gate.acquire(source)
+        except Exception as exc:  # noqa: BLE001 - the test reports whatever acquire raised
+            results[name] = exc
+            return
+        results[name] = got
+        if got:
+            gate.release()
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def _until(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.001)
+
+
+def test_check_gate_never_fails_when_it_sheds_from_the_newcomers_own_address() -> None:
+    """The waiting room (2) holds one check from a and one from b; a second check from a ties a and b:
+    before the fix the gate shed a's only waiter, deleted a's queue and then raised KeyError appending
+    the newcomer to it (an HTTP 500 and an ERROR line per request). Now a's older check gives way to
+    its newer one and every check ends with True or False."""
+    gate = webauth.CheckGate(slots=1, max_wait=30, max_waiting=2, per_source=2)
+    assert gate.acquire("x")
+    results: dict[str, object] = {}
+    threads = [_acquire_in_thread(gate, "a", results, "a1")]
+    _until(lambda: gate.waiting() == 1, "a1 to wait")
+    threads.append(_acquire_in_thread(gate, "b", results, "b1"))
+    _until(lambda: gate.waiting() == 2, "b1 to wait")
+    threads.append(_acquire_in_thread(gate, "a", results, "a2"))
+    _until(lambda: "a1" in results or "a2" in results, "a1 shed or a2 to end")
+    gate.release()
+    for t in threads:
+        t.join(timeout=10)
+    assert not [r for r in results.values() if isinstance(r, Exception)], results
+    assert results == {"a1": False, "a2": True, "b1": True}, results
+
+
+def test_check_gate_sheds_the_busiest_then_the_most_loaded_address_never_a_lone_check() -> None:
+    """Waiting room of 3. a (which has sent 6 checks) and b, c (one each): a newcomer d pushes out a's
+    oldest while a has two waiting, then, all tied at one, a newcomer e pushes out the most loaded (a);
+    a further check from a, tied and the most loaded, is refused itself rather than pushing out b's or
+    c's only check."""
+    gate = webauth.CheckGate(slots=1, max_wait=30, max_waiting=3, per_source=2)
+    for _ in range(4):  # a's earlier checks, each finding a free slot: they count as its load
+        assert gate.acquire("a")
+        gate.release()
+    assert gate.acquire("x")
+    results: dict[str, object] = {}
+    threads = []
+    for name, source, before in (("a1", "a", 0), ("a2", "a", 1), ("b1", "b", 2)):
+        threads.append(_acquire_in_thread(gate, source, results, name))
+        _until(lambda before=before: gate.waiting() == before + 1, f"{name} to wait")  # type: ignore[misc]
+    threads.append(_acquire_in_thread(gate, "d", results, "d1"))  # a has 2 waiting: its oldest goes
+    _until(lambda: "a1" in results, "a1 to be shed")
+    threads.append(_acquire_in_thread(gate, "e", results, "e1"))  # a, b, d: one each; a the most loaded
+    _until(lambda: "a2" in results, "a2 to be shed")
+    threads.append(_acquire_in_thread(gate, "a", results, "a3"))  # tied, most loaded: refused itself
+    _until(lambda: "a3" in results, "a3 to be refused")
+    assert results == {"a1": False, "a2": False, "a3": False}, results
+    assert gate.waiting() == 3
+    gate.release()
+    for t in threads:
+        t.join(timeout=10)
+    assert results == {"a1": False, "a2": False, "a3": False, "b1": True, "d1": True, "e1": True}, results
+
+
+def _with_cost(hashed: str, cost: int) -> str:
+    """``hashed`` with its cost field changed: a well-formed hash of that cost (no password matches
+    it, and making a real cost-31 hash would take 36 hours)."""
+    return hashed[:4] + f"{cost:02d}" + hashed[6:]
+
+
+def test_a_bcrypt_cost_above_15_is_refused_at_start_and_at_reload(tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """Cost 31: one unknown user name would pin a CPU for 36 hours (the dummy hash takes the highest
+    cost). Refused at start with the file and the user named, never the hash; a reload with cost 16
+    is refused like any invalid change (the last good configuration stays, counted)."""
+    path = tmp_path / "web.yml"
+    path.write_text(users_block(prometheus=HASH, grafana=_with_cost(HASH, 31)))
+    with pytest.raises(WebConfigError) as err:
+        WebConfigSource(path)
+    message = str(err.value)
+    assert message.startswith(f"web config {path}: basic_auth_users.grafana: ") and "above 15" in message, message
+    assert_no_secret(message, HASH, _with_cost(HASH, 31))
+    path.write_text(users_block(prometheus=HASH))
+    source = WebConfigSource(path)
+    config = source.current()[0]
+    touch(path, users_block(prometheus=HASH, grafana=_with_cost(HASH, 16)))
+    assert source.sync()
+    assert source.current()[0] is config and source.reload_failures == 1
+    assert len(errors(caplog)) == 1 and "basic_auth_users.grafana" in errors(caplog)[0], errors(caplog)
+    assert_no_secret(caplog.text, HASH, _with_cost(HASH, 16))
+    touch(path, users_block(prometheus=HASH, grafana=_with_cost(HASH, 15)))  # 15 is the most accepted
+    assert source.sync()
+    assert [name for name, _ in source.current()[0].users] == ["prometheus", "grafana"]
+
+
+def test_a_bcrypt_cost_above_12_is_warned_once_per_load(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "web.yml"
+    text = users_block(prometheus=HASH, grafana=_with_cost(HASH, 13))
+
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+    path.write_text(text)
+    source = WebConfigSource(path)
+    assert len(warnings()) == 1 and "grafana" in warnings()[0] and "prometheus" not in warnings()[0], warnings()
+    assert str(path) in warnings()[0] and "cost above 12" in warnings()[0]
+    for _ in range(5):
+        source.current()
+    touch(path, text + HEADERS)  # reloaded: warned again, once
+    assert source.sync()
+    assert source.current()[0].headers
+    assert len(warnings()) == 2 and warnings()[1] == warnings()[0]
+    assert_no_secret(caplog.text, HASH, _with_cost(HASH, 13))
+
+
+def test_a_failed_check_costs_the_highest_configured_cost_whatever_the_users_cost(tmp_path: Path) -> None:
+    """One cost-4 user and one cost-10 user: a wrong password for either, and an unknown user, must
+    take the same time (fastest of 9 interleaved rounds, within 0.8-1.25 of each other). Before the
+    fix the cost-4 user's wrong password took ~1 ms against ~60 ms for an unknown user."""
+    fast = bcrypt.hashpw(b"fast-pw", bcrypt.gensalt(rounds=4)).decode()
+    slow = bcrypt.hashpw(b"slow-pw", bcrypt.gensalt(rounds=10)).decode()
+    path = tmp_path / "web.yml"
+    path.write_text(users_block(fast=fast, slow=slow))
+    source = WebConfigSource(path)
+    auth = webauth.BasicAuth(lambda environ, start_response: [], source)
+    config = source.current()[0]
+    assert not auth.check(config, b"nobody", b"warm-up")
+    took: dict[str, list[float]] = {"fast user, wrong password": [], "slow user, wrong password": [],
+                                    "unknown user": []}
+    for _ in range(9):
+        for case, user in (("fast user, wrong password", b"fast"), ("slow user, wrong password", b"slow"),
+                           ("unknown user", b"nobody")):
+            began = time.perf_counter()
+            assert not auth.check(config, user, b"wrong")
+            took[case].append(time.perf_counter() - began)
+    best = {case: min(times) for case, times in took.items()}
+    report = ", ".join(f"{case} {t * 1000:.1f} ms" for case, t in best.items())
+    for case in ("fast user, wrong password", "slow user, wrong password"):
+        assert 0.8 <= best[case] / best["unknown user"] <= 1.25, report
+    assert auth.check(config, b"fast", b"fast-pw") and auth.check(config, b"slow", b"slow-pw")
+
+
+def _unblock_fifo(fifo: Path) -> None:
+    """Open ``fifo`` for writing and close it, so that a reader blocked opening it (the code before the
+    fix) gets end-of-file and goes on; nothing to do when no reader is there (ENXIO)."""
+    with contextlib.suppress(OSError):
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+
+def test_a_fifo_named_as_the_certificate_in_a_reload_does_not_stop_tls(
+        pki: Pki, start: Callable[[str], Served], caplog: pytest.LogCaptureFixture) -> None:
+    """web.yml is changed to name a FIFO as cert_file. Before the fix the next TLS connection made the
+    event loop open it, blocking for good: no connection was answered again. Now the change is
+    refused (counted, one error) and TLS keeps answering, with the old certificate, within 1 s."""
+    s = start(tls_block(pki) + users_block(prometheus=HASH))
+    ctx = client_ctx(pki)
+    old_cert = ssl.PEM_cert_to_DER_cert(pki.server_cert.read_text())
+    assert peer_certificate(s.port, ctx) == old_cert
+    fifo = s.path.parent / "cert.fifo"
+    os.mkfifo(fifo)
+    try:
+        touch(s.path, tls_block(pki).replace(str(pki.server_cert), str(fifo)) + users_block(prometheus=HASH))
+        began = time.perf_counter()
+        status = fetch(s.port, ctx, auth=("prometheus", PASSWORD), timeout=1)[0]  # asks for a check
+        assert status == 200 and time.perf_counter() - began < 1
+        assert s.source.sync(timeout=5)
+        began = time.perf_counter()
+        assert peer_certificate(s.port, ctx, timeout=1) == old_cert
+        assert fetch(s.port, ctx, auth=("prometheus", PASSWORD), timeout=1)[0] == 200
+        assert time.perf_counter() - began < 1
+    finally:
+        _unblock_fifo(fifo)
+    assert s.source.reload_failures == 1
+    assert len(errors(caplog)) == 1 and "tls_server_config.cert_file" in errors(caplog)[0], errors(caplog)
+    assert "not a regular file" in errors(caplog)[0]
+
+
+@pytest.mark.parametrize("key", ["cert_file", "key_file", "client_ca_file"])
+def test_serve_with_a_fifo_named_as_a_tls_file_exits_2(pki: Pki, fixtures_dir: Path, tmp_path: Path, key: str) -> None:
+    """At start-up a FIFO as the certificate, the key or the client CA file is one error line and exit
+    status 2; before the fix OpenSSL opened it and start-up hung."""
+    fifo = tmp_path / f"{key}.fifo"
+    os.mkfifo(fifo)
+    files = {"cert_file": str(pki.server_cert), "key_file": str(pki.server_key)}
+    extra = {"client_auth_type": "RequireAndVerifyClientCert", "client_ca_file": str(pki.ca)} \
+        if key == "client_ca_file" else {}
+    block = {**files, **extra, key: str(fifo)}
+    web = tmp_path / "web.yml"
+    web.write_text("tls_server_config:\n" + "".join(f"  {k}: {v}\n" for k, v in block.items()))
+    try:
+        proc = subprocess.run([*CLI, "serve", "--listen", f"127.0.0.1:{_free_port()}", "--web-config", str(web),
+                               "--nvml-replay", str(fixtures_dir / "h200" / "nvidia-smi-q.xml")],
+                              capture_output=True, text=True, timeout=15, check=False)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"accelstats serve hung on a FIFO as {key} (no exit after 15 s)")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == f"accelstats: error: web config {web}: tls_server_config.{key}: {fifo}: not a regular file\n"
+
+
+def test_a_check_stuck_on_a_file_blocks_no_connection_and_holds_one_thread(
+        pki: Pki, start: Callable[[str], Served], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file on a hung network mount: ``stat`` of web.yml never returns (simulated). Before the fix
+    the event loop stat-ed it for the next TLS connection and hung with it. Now TLS connections and
+    requests are answered at once and only one thread (the source's own) waits on the file."""
+    s = start(tls_block(pki) + users_block(prometheus=HASH))
+    ctx = client_ctx(pki)
+    assert fetch(s.port, ctx, auth=("prometheus", PASSWORD))[0] == 200
+    real_stat = websource._stat
+    entered, release = threading.Event(), threading.Event()
+    stuck: list[str] = []
+    lock = threading.Lock()
+
+    def hung_stat(path: Path) -> object:
+        if path == s.path and not release.is_set():
+            with lock:
+                stuck.append(threading.current_thread().name)
+            entered.set()
+            release.wait(60)
+        return real_stat(path)
+
+    monkeypatch.setattr(websource, "_stat", hung_stat)
+    try:
+        took = []
+        for _ in range(6):
+            began = time.perf_counter()
+            try:
+                status = fetch(s.port, ctx, auth=("prometheus", PASSWORD), timeout=2)[0]
+            except OSError as exc:
+                status = type(exc).__name__  # type: ignore[assignment]
+            took.append((status, time.perf_counter() - began))
+        assert entered.wait(5), "no thread looked at web.yml"
+        assert all(status == 200 and t < 1 for status, t in took), took
+        with lock:
+            assert len(stuck) == 1, stuck
+    finally:
+        release.set()
+    assert s.source.sync(timeout=5)  # free again: checks resume
+
+
+UNSENDABLE = {  # header: a value that cannot go into an HTTP response (YAML double-quoted escapes)
+    "X-XSS-Protection": '"1; mode=block\\r\\nSet-Cookie: session=stolen"',
+    "Content-Security-Policy": '"default-src \\u2603"',
+    "Strict-Transport-Security": '"max-age=31536000\\0"',
+}
+
+
+def test_header_values_that_cannot_be_sent_are_refused_at_start_and_at_reload(
+        start: Callable[[str], Served], caplog: pytest.LogCaptureFixture) -> None:
+    """A value with CR/LF (response splitting), beyond Latin-1, or with NUL: before the fix it loaded,
+    and then every response, /healthz included, was a 500. Now it is an error naming the header (never
+    the value) at start, and a refused, counted change at reload."""
+    for name, value in UNSENDABLE.items():
+        text = f"http_server_config:\n  headers:\n    {name}: {value}\n"
+        path = Path(tempfile.mkdtemp(prefix="accelstats-hdr-")) / "web.yml"
+        path.write_text(text)
+        try:
+            with pytest.raises(WebConfigError) as err:
+                WebConfigSource(path)
+        finally:
+            shutil.rmtree(path.parent)
+        message = str(err.value)
+        assert message.startswith(f"web config {path}: http_server_config.headers.{name}: cannot be sent"), message
+        assert "stolen" not in message and "default-src" not in message and "max-age" not in message, message
+    s = start(HEADERS + users_block(prometheus=HASH))
+    for name, value in UNSENDABLE.items():
+        touch(s.path, f"http_server_config:\n  headers:\n    X-Frame-Options: deny\n    {name}: {value}\n"
+              + users_block(prometheus=HASH))
+        assert s.source.sync()
+        status, headers, _ = fetch(s.port, None, "/healthz")
+        assert (status, headers.get("X-Frame-Options")) == (200, "deny")
+        assert fetch(s.port, None, auth=("prometheus", PASSWORD))[0] == 200
+    assert s.source.reload_failures == len(UNSENDABLE)
+    assert len(errors(caplog)) == len(UNSENDABLE) and "stolen" not in caplog.text
+
+
+SECRET_VALUE = "8675309123"
+VALUE_ERRORS = [  # (web.yml, the key the error names, the type it names or None for a wrong value)
+    (f"basic_auth_users:\n  prom: {SECRET_VALUE}\n", "basic_auth_users.prom", "got int"),
+    (f"basic_auth_users:\n  prom: [{SECRET_VALUE}, hunter2-{SECRET_VALUE}]\n", "basic_auth_users.prom", "got list"),
+    (f"basic_auth_users:\n  prom: {SECRET_VALUE}.5\n", "basic_auth_users.prom", "got float"),
+    (f"basic_auth_users:\n  {SECRET_VALUE}: '{HASH}'\n", "basic_auth_users", "of type int"),
+    (f"tls_server_config:\n  cert_file: {SECRET_VALUE}\n  key_file: k\n", "tls_server_config.cert_file", "got int"),
+    (f"tls_server_config:\n  cert_file: [{SECRET_VALUE}]\n  key_file: k\n", "tls_server_config.cert_file",
+     "got list"),
+    (f"tls_server_config:\n  cert_file: c\n  key_file: k\n  min_version: {SECRET_VALUE}\n",
+     "tls_server_config.min_version", "got int"),
+    (f"tls_server_config:\n  cert_file: c\n  key_file: k\n  client_auth_type: x{SECRET_VALUE}\n",
+     "tls_server_config.client_auth_type", None),
+    (f"tls_server_config:\n  cert_file: c\n  key_file: k\n  max_version: x{SECRET_VALUE}\n",
+     "tls_server_config.max_version", None),
+    (f"tls_server_config:\n  cert_file: c\n  key_file: k\n  cipher_suites: [x{SECRET_VALUE}]\n",
+     "tls_server_config.cipher_suites[0]", None),
+    (f"http_server_config:\n  headers:\n    X-Frame-Options: x{SECRET_VALUE}\n",
+     "http_server_config.headers.X-Frame-Options", None),
+    (f"http_server_config:\n  http2: {SECRET_VALUE}\n", "http_server_config.http2", "got int"),
+]
+
+
+def test_errors_name_the_key_and_the_type_never_the_value(tmp_path: Path) -> None:
+    """A password given as a number (``prom: 8675309123``) or in a list, under basic_auth_users or
+    tls_server_config, and unknown values of the enumerated keys: the error names the key and the
+    type, never the value. Before the fix numbers were quoted ("got int 8675309123") and unknown
+    values of client_auth_type, versions, cipher suites and headers too."""
+    path = tmp_path / "web.yml"
+    shown, unnamed = [], []
+    for text, key, kind in VALUE_ERRORS:
+        path.write_text(text)
+        with pytest.raises(WebConfigError) as err:
+            load_web_config(path)
+        message = str(err.value)
+        if SECRET_VALUE in message:
+            shown.append(message)
+        if not message.startswith(f"web config {path}: {key}: ") or (kind is not None and kind not in message):
+            unnamed.append(message)
+    assert not shown, "a value from the file in an error:\n" + "\n".join(shown)
+    assert not unnamed, "the key or the type not named:\n" + "\n".join(unnamed)

@@ -1,7 +1,7 @@
-"""Helpers for tests/test_webconfig_hardening.py: HTTP(S) requests from a chosen source address, a file
-rewritten in place the way ``printf ... > web.yml`` does, certificates with chosen validity dates, and
-a password-guessing flood run in its own process (``python3 tests/webconfig_util.py flood ...``), so
-that its client threads do not share the server's GIL.
+"""Helpers for tests/test_webconfig_hardening.py: HTTP(S) requests from a chosen source address, the
+certificate a TLS server presents, a file rewritten in place the way ``printf ... > web.yml`` does,
+certificates with chosen validity dates, and a password-guessing flood run in its own process
+(``python3 tests/webconfig_util.py flood ...``), so that its client threads do not share the server's GIL.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ def fetch(port: int, ctx: ssl.SSLContext | None, path: str = "/metrics", auth: t
           source: str = "127.0.0.1", timeout: float = 10.0) -> tuple[int, dict[str, str], str]:
     """(status, headers, body) of one GET to 127.0.0.1:``port`` from ``source`` (any 127/8 address on
     Linux); HTTPS when ``ctx`` is given. Raises OSError (ssl errors, timeouts) as http.client does."""
-    kwargs = {"timeout": timeout, "source_address": (source, 0)}
-    conn = (http.client.HTTPSConnection("127.0.0.1", port, context=ctx, **kwargs) if ctx is not None  # type: ignore[arg-type]
-            else http.client.HTTPConnection("127.0.0.1", port, **kwargs))  # type: ignore[arg-type]
+    conn = (http.client.HTTPSConnection("127.0.0.1", port, timeout=timeout, source_address=(source, 0), context=ctx)
+            if ctx is not None else
+            http.client.HTTPConnection("127.0.0.1", port, timeout=timeout, source_address=(source, 0)))
     headers = {"Authorization": basic(*auth)} if auth is not None else {}
     try:
         conn.request("GET", path, headers=headers)
@@ -37,6 +37,15 @@ def fetch(port: int, ctx: ssl.SSLContext | None, path: str = "/metrics", auth: t
         return r.status, dict(r.getheaders()), r.read().decode()
     finally:
         conn.close()
+
+
+def peer_certificate(port: int, ctx: ssl.SSLContext, timeout: float = 10.0) -> bytes:
+    """The DER of the certificate the TLS server on 127.0.0.1:``port`` presents (handshake only)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as raw, \
+            ctx.wrap_socket(raw, server_hostname="localhost") as tls:
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return der
 
 
 def rewrite_in_place(path: Path, chunks: list[str], between: Callable[[], None]) -> None:

@@ -1,0 +1,153 @@
+"""What a web configuration reload may not do, and what an operator should be warned of
+(:mod:`accelstats.webconfig` loads the file; :mod:`accelstats.websource` applies these checks).
+
+:func:`weakening` names the change a running exporter refuses (basic auth or TLS off, TLS switched on,
+a lower ``client_auth_type`` or ``min_version``): those take a restart. :func:`security_warnings`
+lists a world-writable file, a world-readable private key and a certificate outside its validity
+period (read from the certificate's DER with :func:`certificate_validity`, no library needed).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+import stat
+from datetime import datetime, timezone
+from pathlib import Path
+
+from accelstats.webconfig import BCRYPT_WARN_COST, TLS_VERSIONS, WebConfig, _key_name, _read_bounded, _redact
+
+_CLIENT_AUTH_RANK = {"NoClientCert": 0, "VerifyClientCertIfGiven": 1, "RequireAndVerifyClientCert": 2}
+_TLS_NAMES = {v: k for k, v in TLS_VERSIONS.items()}
+
+
+def weakening(old: WebConfig, new: WebConfig) -> tuple[str, str] | None:
+    """``(key, reason)`` when ``new`` may not replace ``old`` while running, else None.
+
+    Refused: turning TLS off (``tls_server_config`` removed or empty) or on (the listening socket is
+    plain: switching needs a restart either way), turning basic auth off (``basic_auth_users`` removed
+    or empty), and lowering ``client_auth_type`` (RequireAndVerifyClientCert > VerifyClientCertIfGiven >
+    NoClientCert) or ``min_version``. A file written in place is briefly empty or cut short, and so
+    looks like each of these; a deliberate change of this kind takes a restart. Fewer users, other
+    passwords, other headers or certificates are not a weakening.
+    """
+    if (old.tls is None) != (new.tls is None):
+        return ("tls_server_config", "removed (or empty): turning TLS off needs a restart" if new.tls is None
+                else "added: switching from HTTP to HTTPS needs a restart")
+    if old.users and not new.users:
+        return "basic_auth_users", "removed (or empty): turning basic auth off needs a restart"
+    if old.tls is not None and new.tls is not None:
+        before, after = old.tls.client_auth_type, new.tls.client_auth_type
+        if _CLIENT_AUTH_RANK[after] < _CLIENT_AUTH_RANK[before]:
+            return "tls_server_config.client_auth_type", f"lowered from {before} to {after}: needs a restart"
+        if new.tls.min_version < old.tls.min_version:
+            return ("tls_server_config.min_version", f"lowered from {_TLS_NAMES[old.tls.min_version]} to "
+                    f"{_TLS_NAMES[new.tls.min_version]}: needs a restart")
+    return None
+
+
+def _der_element(der: bytes, pos: int) -> tuple[int, int, int]:
+    """``(tag, content start, content end)`` of the DER element at ``pos``; ValueError when malformed."""
+    if pos + 2 > len(der):
+        raise ValueError("truncated DER")
+    tag, length, pos = der[pos], der[pos + 1], pos + 2
+    if length & 0x80:
+        count = length & 0x7F
+        if not 1 <= count <= 4 or pos + count > len(der):
+            raise ValueError("bad DER length")
+        length, pos = int.from_bytes(der[pos:pos + count], "big"), pos + count
+    if pos + length > len(der):
+        raise ValueError("truncated DER")
+    return tag, pos, pos + length
+
+
+def _der_time(der: bytes, pos: int) -> tuple[datetime, int]:
+    """An X.509 ``Time`` (RFC 5280 4.1.2.5: UTCTime ``YYMMDDHHMMSSZ``, years 50-99 meaning 19xx, or
+    GeneralizedTime ``YYYYMMDDHHMMSSZ``) at ``pos``, and the position after it."""
+    tag, start, end = _der_element(der, pos)
+    text = der[start:end].decode("ascii")
+    if tag == 0x17 and len(text) == 13:
+        year = int(text[:2])
+        text = f"{1900 + year if year >= 50 else 2000 + year}{text[2:]}"
+    elif tag != 0x18 or len(text) != 15:
+        raise ValueError("not a UTCTime or GeneralizedTime")
+    return datetime.strptime(text, "%Y%m%d%H%M%SZ").replace(tzinfo=timezone.utc), end
+
+
+def certificate_validity(path: Path) -> tuple[datetime, datetime] | None:
+    """``(notBefore, notAfter)`` in UTC of the first PEM certificate in ``path`` (the server's own
+    certificate: the chain follows it), from the DER of RFC 5280's TBSCertificate; None when the file
+    cannot be read or parsed (OpenSSL reports a bad certificate when it loads it)."""
+    try:
+        text = _read_bounded(path)
+        m = re.search(r"-----BEGIN CERTIFICATE-----(.+?)-----END CERTIFICATE-----", text, re.S)
+        if m is None:
+            return None
+        der = base64.b64decode("".join(m.group(1).split()), validate=True)
+        _, cert, _ = _der_element(der, 0)  # Certificate ::= SEQUENCE
+        _, pos, _ = _der_element(der, cert)  # tbsCertificate ::= SEQUENCE
+        tag, _, end = _der_element(der, pos)
+        if tag == 0xA0:  # [0] EXPLICIT version
+            pos = end
+        for _ in range(3):  # serialNumber, signature, issuer
+            pos = _der_element(der, pos)[2]
+        _, pos, _ = _der_element(der, pos)  # validity ::= SEQUENCE { notBefore, notAfter }
+        not_before, pos = _der_time(der, pos)
+        not_after, _ = _der_time(der, pos)
+    except (OSError, ValueError, binascii.Error):  # UnicodeDecodeError is a ValueError
+        return None
+    return not_before, not_after
+
+
+def _open_to_others(path: Path, bit: int) -> int | None:
+    """``path``'s mode when it has ``bit`` (``S_IROTH``, ``S_IWOTH``) and every directory above the
+    file it names is searchable by others (so that every user can reach it), else None."""
+    try:
+        real = path.resolve()
+        mode = real.stat().st_mode
+        if not mode & bit:
+            return None
+        if not all(parent.stat().st_mode & stat.S_IXOTH for parent in real.parents):
+            return None
+    except OSError:
+        return None
+    return mode
+
+
+def security_warnings(config: WebConfig, now: datetime | None = None) -> list[str]:
+    """One line per risk in ``config`` (naming the file, never a value from it): users whose bcrypt cost
+    is above :data:`BCRYPT_WARN_COST` (one line for all of them: each check costs 0.5 s or more), the web config
+    writable by every user (anyone on the host could add a user or swap the certificate), the private
+    key readable by every user (a file mode that allows it, in directories that every user can
+    search: a 0644 key under a 0700 directory is not reported), the server certificate expired or not
+    yet valid at ``now`` (default: the current time; clients refuse it, as Go's and OpenSSL's verifiers
+    do)."""
+    out = []
+    costly = [name for name, hashed in config.users if int(hashed[4:6]) > BCRYPT_WARN_COST]
+    if costly:
+        names = ", ".join(_key_name(n, 40) for n in costly[:5])
+        names += f" and {len(costly) - 5} more" if len(costly) > 5 else ""
+        out.append(_redact(f"web config {config.path}: basic_auth_users: bcrypt cost above {BCRYPT_WARN_COST} for "
+                           f"{names}: each first login, wrong password and unknown user name costs 0.5 s of a CPU "
+                           "or more (cost 13; each step doubles it), and unknown users are checked at the highest "
+                           "cost configured; cost 10-12 is usual"))
+    mode = _open_to_others(config.path, stat.S_IWOTH)
+    if mode is not None:
+        out.append(f"web config {config.path}: writable by every user on this host (mode "
+                   f"{stat.S_IMODE(mode):04o}): anyone here can add a user or change the certificate; chmod o-w")
+    if config.tls is not None:
+        where = f"web config {config.path}: tls_server_config."
+        mode = _open_to_others(config.tls.key_file, stat.S_IROTH)
+        if mode is not None:
+            out.append(f"{where}key_file: {config.tls.key_file}: readable by every user on this host (mode "
+                       f"{stat.S_IMODE(mode):04o}): anyone here can read the private key; chmod o-r")
+        validity = certificate_validity(config.tls.cert_file)
+        now = now or datetime.now(timezone.utc)
+        if validity is not None and now > validity[1]:
+            out.append(f"{where}cert_file: {config.tls.cert_file}: the certificate expired on "
+                       f"{validity[1]:%Y-%m-%d %H:%M:%S} UTC: clients will refuse it")
+        elif validity is not None and now < validity[0]:
+            out.append(f"{where}cert_file: {config.tls.cert_file}: the certificate is not valid before "
+                       f"{validity[0]:%Y-%m-%d %H:%M:%S} UTC: clients will refuse it until then")
+    return out
