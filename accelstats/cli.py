@@ -147,7 +147,8 @@ def main() -> None:
 def serve(listen: str | None, collectors: tuple[str, ...], web_config: str | None, **opts: Any) -> None:
     """Serve /metrics, /healthz and / until SIGTERM or SIGINT."""
     from accelstats.httpserver import serve as start_server
-    from accelstats.webconfig import WebConfigError, WebConfigSource
+    from accelstats.webconfig import WebConfigError
+    from accelstats.websource import WebConfigSource
 
     settings = build_settings(listen=listen, collectors=collectors, **opts)
     if web_config is not None:

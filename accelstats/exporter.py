@@ -156,8 +156,14 @@ class AccelstatsCollector:
 
     def describe(self) -> Iterator[Metric]:
         """Yield every family of the catalog without samples (no NVML call at registration)."""
-        for spec in catalog.ALL:
-            yield _family(spec)
+        return describe_catalog()
+
+
+def describe_catalog() -> Iterator[Metric]:
+    """Every family of the catalog (:data:`catalog.ALL`), without samples: what a registry needs to
+    find a family by name (``name[]`` filters) without collecting."""
+    for spec in catalog.ALL:
+        yield _family(spec)
 
 
 def make_registry(manager: AcceleratorManager) -> CollectorRegistry:

@@ -22,15 +22,15 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 from urllib.parse import parse_qs
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 
 from accelstats import __version__, catalog
-from accelstats.exporter import AccelstatsCollector, render
+from accelstats.exporter import describe_catalog, render
 from accelstats.httphead import TEXT
 from accelstats.manager import AcceleratorManager, Collection
-from accelstats.webconfig import WebConfigSource
+from accelstats.websource import WebConfigSource
 
 log = logging.getLogger(__name__)
 
@@ -127,35 +127,25 @@ def negotiate(accept: str) -> tuple[Encoder, str, str]:
 # -- the WSGI app -----------------------------------------------------------------------------------
 
 
+MAX_FILTERS = 16
+"""Different ``name[]`` filters whose bodies are kept per collection (Prometheus sends none; a
+federation or a debugging client a few)."""
+
+
 class _OneCollection:
-    """A collector over one finished collection (rendered, never collected again)."""
+    """A collector over one finished collection (rendered, never collected again), described by the
+    catalog so that a registry can find its families by name (``name[]`` filters)."""
 
     def __init__(self, collection: Collection) -> None:
         self.collection = collection
 
+    def describe(self) -> Iterator[Metric]:
+        """The catalog's families, without samples."""
+        return describe_catalog()
+
     def collect(self) -> Iterator[Metric]:
         """The families of the one collection (:func:`render`)."""
         return render(self.collection)
-
-
-class _WithExtra:
-    """:class:`AccelstatsCollector` plus other collectors' families after it (the server's counters),
-    as one collector: the catalog's ``describe()`` already names every family, so ``name[]`` filters
-    find them and the registry sees no duplicate."""
-
-    def __init__(self, inner: AccelstatsCollector, extra: Sequence[_Collector]) -> None:
-        self.inner = inner
-        self.extra = extra
-
-    def describe(self) -> Iterator[Metric]:
-        """The catalog's families, without samples."""
-        return self.inner.describe()
-
-    def collect(self) -> Iterator[Metric]:
-        """A collection's families, then those of ``extra``."""
-        yield from self.inner.collect()
-        for collector in self.extra:
-            yield from collector.collect()
 
 
 class SharedExposition:
@@ -164,57 +154,77 @@ class SharedExposition:
     :meth:`AcceleratorManager.collect` hands one collection to every scrape that arrived while it
     ran; rendering and encoding it is the larger part of a big scrape (63 of 121 ms for 8 GPUs and
     1000 containers, docs/performance.md), so the encoded body (and its gzip) is kept for the newest
-    collection, per format chosen by the ``Accept`` header (:func:`negotiate`) and per gzip
-    (:func:`gzip_wanted`). ``extra`` collectors (the server's counters) are encoded after the
-    collection's families, read when the body is encoded. Requests with a ``name[]`` filter go to
-    client_python's own app, uncached.
+    collection, per format chosen by the ``Accept`` header (:func:`negotiate`), per gzip
+    (:func:`gzip_wanted`) and per ``name[]`` filter (client_python's ``restricted_registry``: the
+    families named), the filtered ones for at most :data:`MAX_FILTERS` different filters per
+    collection (more are encoded for their request alone: a client varying its filter cannot make the
+    cache grow). ``extra`` collectors (the server's counters) are encoded after the collection's
+    families, read when the body is encoded. Filtered bodies were once client_python's own app,
+    uncached: a flood of filtered requests cost an encoding each and held every scrape behind them.
     """
 
     def __init__(self, manager: AcceleratorManager, extra: Sequence[_Collector] = ()) -> None:
         self.manager = manager
         self.extra = tuple(extra)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # held while an unfiltered body is encoded
+        self._cache_lock = threading.Lock()  # held only to look at or change the cache
         self._collection: Collection | None = None
-        self._bodies: dict[tuple[str, bool], bytes] = {}  # (content type, gzip) -> body
+        self._bodies: dict[tuple[str, bool, tuple[str, ...] | None], bytes] = {}  # (type, gzip, names) -> body
         self.encodings = 0  # bodies encoded (a counter for tests and benchmarks)
 
-    def body(self, accept: str, accept_encoding: str) -> tuple[bytes, list[tuple[str, str]]]:
-        """(body, headers) for one scrape: one collection (shared), encoded once per collection and format."""
+    def body(self, accept: str, accept_encoding: str,
+             names: Iterable[str] | None = None) -> tuple[bytes, list[tuple[str, str]]]:
+        """(body, headers) for one scrape: one collection (shared), encoded once per collection, format
+        and ``names`` (a ``name[]`` filter: only those families; None: every family)."""
         encoder, content_type, _ = negotiate(accept)
         compress = gzip_wanted(accept_encoding)
+        wanted = tuple(sorted(set(names))) if names is not None else None
         collection = self.manager.collect()
-        with self._lock:
-            if collection is not self._collection:
-                self._collection, self._bodies = collection, {}
-            key = (content_type, compress)
-            body = self._bodies.get(key)
-            if body is None:
-                plain = self._bodies.get((content_type, False))
-                if plain is None:
-                    registry = CollectorRegistry(auto_describe=False)
-                    registry.register(_OneCollection(collection))
-                    for collector in self.extra:
-                        registry.register(collector)
-                    plain = encoder(registry)
-                    self.encodings += 1
-                    self._bodies[(content_type, False)] = plain
-                body = gzip.compress(plain) if compress else plain
-                self._bodies[key] = body
+        if wanted is None:  # under the lock: concurrent scrapes of one collection wait for one encoding
+            with self._lock:
+                body = self._encoded(collection, encoder, content_type, compress, None)
+        else:  # outside it: a filtered request (rare, and a flood's choice) never holds up a scrape
+            body = self._encoded(collection, encoder, content_type, compress, wanted)
         headers = [("Content-Type", content_type)]
         if compress:
             headers.append(("Content-Encoding", "gzip"))
         return body, headers
 
 
+    def _encoded(self, collection: Collection, encoder: Encoder, content_type: str, compress: bool,
+                 wanted: tuple[str, ...] | None) -> bytes:
+        """The body of ``collection`` in ``content_type`` (gzipped when ``compress``), only the families
+        ``wanted`` when given: from the cache, or encoded and kept (for at most MAX_FILTERS filters)."""
+        with self._cache_lock:
+            if collection is not self._collection:
+                self._collection, self._bodies = collection, {}
+            body = self._bodies.get((content_type, compress, wanted))
+            plain = self._bodies.get((content_type, False, wanted))
+            cache = wanted is None or len({k[2] for k in self._bodies} | {wanted}) <= MAX_FILTERS + 1
+        if body is not None:
+            return body
+        if plain is None:
+            registry = CollectorRegistry(auto_describe=False)
+            registry.register(_OneCollection(collection))
+            for collector in self.extra:
+                registry.register(collector)
+            plain = encoder(registry.restricted_registry(wanted) if wanted is not None else registry)
+            self.encodings += 1
+        body = gzip.compress(plain) if compress else plain
+        if cache:
+            with self._cache_lock:
+                if collection is self._collection:
+                    self._bodies[(content_type, False, wanted)] = plain
+                    self._bodies[(content_type, compress, wanted)] = body
+        return body
+
+
 def make_app(manager: AcceleratorManager, extra: Sequence[_Collector] = ()) -> WSGIApp:
     """WSGI app: ``/metrics`` (a body shared by scrapes that share a collection, see
-    :class:`SharedExposition`; gzip and OpenMetrics by request; ``name[]`` filters through
-    client_python's app), ``/healthz``, ``/``; GET and HEAD only (405 otherwise, no collection);
+    :class:`SharedExposition`; gzip and OpenMetrics by request; ``name[]`` filters the same
+    way), ``/healthz``, ``/``; GET and HEAD only (405 otherwise, no collection);
     HEAD without a body and, on ``/metrics``, without collecting. ``extra``: collectors whose families
     follow the collection's (the server's counters)."""
-    registry = CollectorRegistry(auto_describe=True)
-    registry.register(_WithExtra(AccelstatsCollector(manager), extra))
-    filtered = make_wsgi_app(registry)
     shared = SharedExposition(manager, extra)
     landing = LANDING.format(version=__version__).encode()
 
@@ -225,10 +235,8 @@ def make_app(manager: AcceleratorManager, extra: Sequence[_Collector] = ()) -> W
             encoding = [("Content-Encoding", "gzip")] if compress else []
             start_response("200 OK", [("Content-Type", content_type), *encoding])
             return []
-        if "name[]" in parse_qs(environ.get("QUERY_STRING", "")):
-            cleaned = dict(environ, HTTP_ACCEPT=canonical, HTTP_ACCEPT_ENCODING="gzip" if compress else "")
-            return filtered(cleaned, start_response)  # type: ignore[no-any-return]
-        body, headers = shared.body(canonical, "gzip" if compress else "")
+        names = parse_qs(environ.get("QUERY_STRING", "")).get("name[]")
+        body, headers = shared.body(canonical, "gzip" if compress else "", names)
         start_response("200 OK", headers + [("Content-Length", str(len(body)))])
         return [body]
 

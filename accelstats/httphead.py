@@ -1,12 +1,14 @@
 """Request heads as the HTTP server (:mod:`accelstats.httpserver`) reads them: pure functions.
 
-RFC 9112 rules kept strictly, since a lenient parser is what request smuggling uses: a request line of
-three parts with a token method and ``HTTP/1.0`` or ``HTTP/1.1`` (another ``HTTP/x.y`` gets ``505``),
-header lines ``token: value`` with no folding and no space before the colon, no CR or NUL in a value,
-one ``Content-Length`` of digits; at most :data:`MAX_HEADERS` header lines (``431``) in at most
-:data:`MAX_HEAD_BYTES` bytes. Keep-alive is HTTP/1.1's default and HTTP/1.0's ``Connection:
-keep-alive``; a request that announces a body is answered and its connection closed (no GET or HEAD
-needs one, and an unread body must not be taken for the next request).
+RFC 9112 rules kept strictly, since a lenient parser is what request smuggling uses: a request line
+of three parts with a token method and ``HTTP/1.0`` or ``HTTP/1.1`` (another ``HTTP/x.y`` gets
+``505``), header lines ``token: value`` with no folding and no space before the colon, no CR or NUL
+in a value, one ``Content-Length`` of ASCII digits; at most :data:`MAX_EMPTY_LINE_BYTES` of empty
+lines before a request (RFC 9112 §2.2 asks a server to ignore at least one; a stream of them is an
+attack); at most :data:`MAX_HEADERS` header lines (``431``) in at most :data:`MAX_HEAD_BYTES` bytes.
+Keep-alive is HTTP/1.1's default and HTTP/1.0's ``Connection: keep-alive``; a request that announces
+a body is answered and its connection closed (no GET or HEAD needs one, and an unread body must not
+be taken for the next request).
 """
 
 from __future__ import annotations
@@ -15,23 +17,30 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from email.utils import formatdate
+from urllib.parse import urlsplit
 
 TEXT = "text/plain; charset=utf-8"
 MAX_HEAD_BYTES = 32768
 MAX_HEADERS = 100
+MAX_EMPTY_LINE_BYTES = 64  # CR and LF bytes ignored before one request; more is not a client's mistake
+_DIGITS = re.compile(r"[0-9]+")
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 
 @dataclass(frozen=True)
 class Request:
     """One parsed request head: method, target and version as sent, headers in order (name, value:
-    latin-1 decoded), and whether the connection may serve another request after this one."""
+    latin-1 decoded), whether the connection may serve another request after this one, and the
+    target's path (still percent-encoded) and query (an absolute-form target, ``http://host/path``,
+    reduced to them: RFC 9112 §3.2.2)."""
 
     method: str
     target: str
     version: str
     headers: list[tuple[str, str]]
     keep_alive: bool
+    path: str = "/"
+    query: str = ""
 
 
 class BadRequestError(Exception):
@@ -73,16 +82,37 @@ def parse_head(head: bytes) -> Request:
     tokens = {t.strip().lower() for n, v in headers if n.lower() == "connection" for t in v.split(",")}
     keep_alive = "close" not in tokens if version == b"HTTP/1.1" else "keep-alive" in tokens
     lengths = {v.strip() for n, v in headers if n.lower() == "content-length"}
-    if len(lengths) > 1 or any(not v.isdigit() for v in lengths):
+    if len(lengths) > 1 or any(not _DIGITS.fullmatch(v) for v in lengths):  # not str.isdigit: "²" is one
         raise BadRequestError("400 Bad Request", "bad Content-Length")
     if any(n.lower() == "transfer-encoding" for n, _ in headers) or lengths - {"0"}:
         keep_alive = False  # a body we do not read: answer, then close
-    return Request(method.decode("ascii"), target.decode("latin-1"), version.decode("ascii"), headers, keep_alive)
+    text = target.decode("latin-1")
+    path, query = split_target(text)
+    return Request(method.decode("ascii"), text, version.decode("ascii"), headers, keep_alive, path, query)
 
 
-def strip_empty_lines(buf: bytearray) -> None:
-    """Drop the empty lines before a request (RFC 9112 §2.2: a server ignores at least one)."""
-    del buf[:len(buf) - len(buf.lstrip(b"\r\n"))]
+def split_target(target: str) -> tuple[str, str]:
+    """``(path, query)`` of a request target in origin form (``/metrics?x``) or absolute form
+    (``http://host:port/metrics?x``, path ``/`` when empty); raises :class:`BadRequestError` (400)
+    for an absolute form ``urlsplit`` refuses (e.g. ``http://[::1/metrics``: an unclosed IPv6
+    literal)."""
+    if target.lower().startswith(("http://", "https://")):
+        try:
+            parts = urlsplit(target)
+            parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+        except ValueError as exc:
+            raise BadRequestError("400 Bad Request", "bad request target") from exc
+        return parts.path or "/", parts.query
+    path, _, query = target.partition("?")
+    return path, query
+
+
+def strip_empty_lines(buf: bytearray) -> int:
+    """Drop the empty lines before a request (RFC 9112 §2.2: a server ignores at least one); returns
+    how many bytes were dropped, which the caller bounds (:data:`MAX_EMPTY_LINE_BYTES`)."""
+    dropped = len(buf) - len(buf.lstrip(b"\r\n"))
+    del buf[:dropped]
+    return dropped
 
 
 def head_end(buf: bytearray) -> int:

@@ -10,7 +10,13 @@ and then stall cannot lock out a scrape:
   :data:`WORKER_IDLE_EXIT` idle seconds) runs the WSGI app, and only for a request whose head is
   complete. An idle, slow-header or handshake-stalling client costs one file descriptor and the bytes
   it sent, never a thread: the server runs at most 1 + :data:`WORKERS` threads however many
-  connections are open.
+  connections are open. The loop reads at most :data:`_READS_PER_EVENT` times from one connection per
+  turn, so a client that never stops sending cannot keep it from the others or from the deadlines.
+* *Work is shared by client address* (:class:`accelstats.httpworkers.FairWorkers`): requests wait per
+  address and are taken round-robin, at most two of one address running at once, so a flood from one
+  address, or a few, does not queue a scrape from another. A request whose client has closed its side
+  by the time a worker takes it (connect, send, close: a flood's cheapest form) is not run and not
+  answered, as nginx does.
 * *Deadlines are totals*, fixed when a connection enters a state and never moved by a byte arriving:
   the TLS handshake within ``handshake_timeout`` (10 s) of the accept; a request head within
   ``header_timeout`` (10 s) of the accept (plain), of the handshake's end (TLS) or of the first
@@ -27,14 +33,18 @@ and then stall cannot lock out a scrape:
   never more than ``RLIMIT_NOFILE`` less :data:`FD_RESERVE` descriptors kept for NVML, the files a
   collection reads and the process itself (:func:`connection_limit`; ``systemd/accelstats.service``
   sets ``LimitNOFILE=8192``). A connection that arrives at the limit makes room: the connection that
-  has been longest in its current state among those not waiting on a worker (still handshaking or
-  sending its head, idle between requests, or having its answer written) is closed (counted as
-  ``evicted``). Only when every connection has a request with a worker is the newcomer closed at once
-  (``limit``). Oldest-first eviction is what lets a scrape through a flood: a scraper needs a few
-  milliseconds from connect to a complete request, so a client holding every slot would have to open
-  ``max_connections`` new connections within those milliseconds to push it out, while the slots it
-  holds are the first to go; an idle keep-alive scraper that loses its connection just opens another.
-  The same eviction answers ``EMFILE`` from ``accept``.
+  has been longest in its current state among those whose request is not running (still handshaking
+  or sending its head, idle between requests, its request waiting for a worker, or having its answer
+  written) is closed (counted as ``evicted``). Only when every connection has a request running is
+  the newcomer closed at once (``limit``). Oldest-first eviction is what lets a scrape through a
+  flood: a scraper needs a few milliseconds from connect to a complete request, so a client holding
+  every slot would have to open ``max_connections`` new connections within those milliseconds to
+  push it out, while the slots it holds are the first to go; an idle keep-alive scraper that loses
+  its connection just opens another. The same eviction answers ``EMFILE`` from ``accept``.
+* *Bounded memory for answers.* Answers not yet sent, all connections together, are kept under
+  ``output_budget`` (:data:`OUTPUT_BUDGET`, 128 MiB, each connection's bytes counted even where the
+  body is shared): past it the connection that has been writing longest is closed (``evicted``), so
+  clients that ask and never read cannot make the exporter hold their answers until ``write_timeout``.
 * *Counted:* every connection the server closes on its own, by reason, in
   ``accelstats_http_connections_refused_total{reason}`` (:data:`REFUSED_REASONS`): ``limit``,
   ``evicted``, ``tls_handshake_timeout``, ``header_timeout``, ``idle_timeout`` (keep-alive idle),
@@ -42,7 +52,7 @@ and then stall cannot lock out a scrape:
   (:class:`ServerCounters`), with ``accelstats_web_config_reload_failures_total`` when a web
   configuration is in use.
 
-Why one module of ~700 lines: :class:`HTTPServer` is one state machine over the sockets it owns
+Why one module of ~750 lines: :class:`HTTPServer` is one state machine over the sockets it owns
 (states, deadlines, eviction order and the hand-off to workers); the pieces that stand alone are
 elsewhere (the app in :mod:`accelstats.httpapp`, head parsing in :mod:`accelstats.httphead`), and
 cutting the machine further would spread one connection's transitions over several files.
@@ -57,7 +67,9 @@ import contextlib
 import errno
 import io
 import logging
+import os
 import resource
+import select
 import selectors
 import socket
 import ssl
@@ -68,11 +80,12 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from email.utils import formatdate
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote
 
 from accelstats import __version__
 from accelstats.httpapp import ServerCounters, WSGIApp, make_app
 from accelstats.httphead import (
+    MAX_EMPTY_LINE_BYTES,
     MAX_HEAD_BYTES,
     BadRequestError,
     Request,
@@ -81,9 +94,11 @@ from accelstats.httphead import (
     simple_answer,
     strip_empty_lines,
 )
+from accelstats.httpworkers import FairWorkers
 from accelstats.manager import AcceleratorManager
 from accelstats.webauth import BasicAuth
-from accelstats.webconfig import WebConfigError, WebConfigSource
+from accelstats.webconfig import WebConfigError
+from accelstats.websource import WebConfigSource
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +121,8 @@ LINGER_TIMEOUT = 2.0  # seconds, after our last byte, to read what the client st
 MAX_REQUESTS = 1000  # requests per connection
 _SWEEP = 0.1  # seconds between deadline checks
 _ACCEPTS_PER_WAKE = 64
+_READS_PER_EVENT = 4  # recv() calls for one connection per turn of the loop (16 KiB each)
+OUTPUT_BUDGET = 128 << 20  # bytes of unsent answers, all connections together, before the oldest unread go
 _CHUNK = 1 << 20  # bytes per send(): the kernel takes what fits in the socket buffer
 _NOT_TLS = (b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
             b"Client sent an HTTP request to an HTTPS server.\n")  # what Go's net/http answers
@@ -127,7 +144,7 @@ _TLS_START = "tls_start"  # the first byte (TLS or not)
 _HANDSHAKE = "handshake"
 _READING = "reading"  # a request head, begun or not
 _IDLE = "idle"  # keep-alive, between requests
-_WORKING = "working"  # a request with a worker (queued or running): no deadline, not evictable
+_WORKING = "working"  # a request with a worker (queued or running): no deadline; evictable until it starts
 _WRITING = "writing"
 _LINGER = "linger"  # after our last byte: half-closed, reading until EOF
 _TIMEOUT_REASON = {_TLS_START: "tls_handshake_timeout", _HANDSHAKE: "tls_handshake_timeout",
@@ -137,8 +154,8 @@ _TIMEOUT_REASON = {_TLS_START: "tls_handshake_timeout", _HANDSHAKE: "tls_handsha
 class _Conn:
     """One client connection, owned by the event loop."""
 
-    __slots__ = ("buf", "deadline", "drained", "events", "keep_alive", "out", "peer", "requests", "sock", "state",
-                 "tls")
+    __slots__ = ("buf", "closed", "deadline", "drained", "empty", "events", "keep_alive", "out", "peer", "requests",
+                 "sock", "started", "state", "tls", "unsent")
 
     def __init__(self, sock: socket.socket, peer: Any, tls: bool) -> None:
         self.sock = sock
@@ -152,62 +169,15 @@ class _Conn:
         self.keep_alive = False
         self.requests = 0
         self.drained = 0  # bytes read and dropped after our last byte
+        self.empty = 0  # CR and LF bytes dropped before the request being read
+        self.unsent = 0  # bytes of the answer not yet sent
+        self.started = False  # a worker took its request (set by the worker)
+        self.closed = False  # closed by the event loop (read by workers: skip its request)
 
-
-class _Workers:
-    """At most ``limit`` threads running ``run(job)``, started on demand; a thread idle for
-    :data:`WORKER_IDLE_EXIT` seconds ends. Jobs wait in order while every thread is busy."""
-
-    def __init__(self, limit: int, run: Callable[[Any], Callable[[], None]]) -> None:
-        self.limit = limit
-        self._run = run  # job -> deliver: the work, then a call that hands its result over
-        self._cond = threading.Condition()
-        self._jobs: deque[Any] = deque()
-        self._idle = 0  # threads waiting for a job, or about to (see _worker)
-        self.threads = 0
-        self._stopped = False
-
-    def submit(self, job: Any) -> None:
-        """Queue ``job``; start a thread when more jobs wait than threads are free."""
-        with self._cond:
-            self._jobs.append(job)
-            if len(self._jobs) > self._idle and self.threads < self.limit:
-                self.threads += 1
-                threading.Thread(target=self._worker, name="accelstats-http-worker", daemon=True).start()
-            self._cond.notify()
-
-    def stop(self) -> None:
-        """Threads end after their current job; queued jobs are dropped."""
-        with self._cond:
-            self._stopped = True
-            self._jobs.clear()
-            self._cond.notify_all()
-
-    def _worker(self) -> None:
-        announced = False
-        while True:
-            with self._cond:
-                if announced:
-                    self._idle -= 1
-                end = time.monotonic() + WORKER_IDLE_EXIT
-                while not self._jobs and not self._stopped:
-                    left = end - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._idle += 1
-                    self._cond.wait(left)
-                    self._idle -= 1
-                if self._stopped or not self._jobs:
-                    self.threads -= 1
-                    return
-                job = self._jobs.popleft()
-            deliver = self._run(job)
-            # Count this thread free before its answer goes out: the client's next request, which may
-            # come as soon as the answer is read, must find it free, not start another thread.
-            with self._cond:
-                self._idle += 1
-                announced = True
-            deliver()
+    @property
+    def client(self) -> str:
+        """The client's address: the key its requests are queued under."""
+        return str(self.peer[0]) if isinstance(self.peer, tuple) and self.peer else "local"
 
 
 class HTTPServer:
@@ -234,10 +204,13 @@ class HTTPServer:
         self.idle_timeout = IDLE_TIMEOUT
         self.write_timeout = WRITE_TIMEOUT
         self.max_requests = MAX_REQUESTS
-        self.workers = _Workers(workers, self._work)
+        self.workers: FairWorkers[tuple[_Conn, Request, bool]] = FairWorkers(workers, self._work,
+                                                                             idle_exit=WORKER_IDLE_EXIT)
+        self.output_budget = OUTPUT_BUDGET
+        self._unsent = 0  # bytes of answers not yet sent, every connection together
         self._conns: set[_Conn] = set()
         self._evictable: OrderedDict[_Conn, None] = OrderedDict()  # oldest state change first
-        self._done: deque[tuple[_Conn, list[bytes], bool]] = deque()
+        self._done: deque[tuple[_Conn, list[bytes] | None, bool]] = deque()
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -245,6 +218,13 @@ class HTTPServer:
         listener.setblocking(False)
         self._selector.register(listener, selectors.EVENT_READ, self._accept)
         self._selector.register(self._wake_r, selectors.EVENT_READ, self._drain_wake)
+        # Connections whose request waits for a worker, watched for the client closing its side
+        # (EPOLLRDHUP alone: pipelined bytes do not wake it); the epoll is itself watched by the loop.
+        self._gone: Any = None
+        self._gone_fds: dict[int, _Conn] = {}
+        if hasattr(select, "epoll") and hasattr(select, "EPOLLRDHUP"):
+            self._gone = select.epoll()
+            self._selector.register(self._gone, selectors.EVENT_READ, self._on_gone)
         self._accept_paused_until = 0.0
         self._emfile_logged = 0.0
         self._stop = False
@@ -292,9 +272,13 @@ class HTTPServer:
             self.shutdown()
         self._closed = True
         self.workers.stop()
+        if self.web is not None:  # its checking thread: serve() was handed the source, and owns it now
+            self.web.close()
         for conn in list(self._conns):
             self._close(conn)
         self._selector.close()
+        if self._gone is not None:
+            self._gone.close()
         for sock in (self.socket, self._wake_r, self._wake_w):
             sock.close()
 
@@ -317,8 +301,37 @@ class HTTPServer:
             pass
         while self._done:
             conn, out, keep_alive = self._done.popleft()
-            if conn in self._conns:
+            if conn not in self._conns:
+                continue
+            self._unwatch_gone(conn)
+            if out is None:  # the client had gone before a worker took its request
+                self._close(conn)
+            else:
                 self._start_writing(conn, out, keep_alive)
+
+    def _on_gone(self) -> None:
+        """Close the connections whose client closed its side while their request waited for a worker:
+        connect, send, close is a flood's cheapest request, and each would hold a connection slot
+        until a worker came to it."""
+        for fd, _ in self._gone.poll(0, 256):
+            conn = self._gone_fds.get(fd)
+            if conn is None:
+                with contextlib.suppress(OSError, ValueError):
+                    self._gone.unregister(fd)
+                continue
+            self._unwatch_gone(conn)
+            if conn in self._conns and not conn.started:
+                self._close(conn)
+
+    def _unwatch_gone(self, conn: _Conn) -> None:
+        """Stop watching ``conn`` for its client closing (its request started, or it is closing)."""
+        if self._gone is None:
+            return
+        fd = conn.sock.fileno()
+        if fd >= 0 and self._gone_fds.get(fd) is conn:
+            del self._gone_fds[fd]
+            with contextlib.suppress(OSError, ValueError):
+                self._gone.unregister(fd)
 
     def _want(self, conn: _Conn, events: int) -> None:
         if events == conn.events:
@@ -336,8 +349,7 @@ class HTTPServer:
         conn.state = state
         conn.deadline = time.monotonic() + timeout if timeout is not None else float("inf")
         self._evictable.pop(conn, None)
-        if state != _WORKING:
-            self._evictable[conn] = None
+        self._evictable[conn] = None  # _WORKING too: evictable while its request waits for a worker
         self._want(conn, events)
 
     def _close(self, conn: _Conn, reason: str | None = None) -> None:
@@ -346,8 +358,13 @@ class HTTPServer:
         if reason is not None:
             self.counters.count(reason)
             log.debug("%s: closed (%s)", conn.peer, reason)
+        self._unwatch_gone(conn)
         self._conns.discard(conn)
         self._evictable.pop(conn, None)
+        conn.closed = True
+        self._unsent -= conn.unsent
+        conn.unsent = 0
+        conn.out.clear()
         if conn.events:
             with contextlib.suppress(KeyError, ValueError):  # the selector is closed
                 self._selector.unregister(conn.sock)
@@ -355,13 +372,18 @@ class HTTPServer:
         with contextlib.suppress(OSError):
             conn.sock.close()
 
-    def _evict_one(self) -> bool:
-        """Close the connection longest in its state among those not waiting on a worker."""
-        if not self._evictable:
-            return False
-        conn = next(iter(self._evictable))
-        self._close(conn, None if conn.state == _LINGER else "evicted")
-        return True
+    def _evict_one(self, keep: _Conn | None = None, state: str | None = None) -> bool:
+        """Close the connection longest in its state among those whose request is not running
+        (handshaking, reading a head, idle, queued for a worker, writing, lingering); ``state``: only
+        among those in that state; never ``keep``. False when there is none."""
+        for conn in self._evictable:
+            if conn is keep or (state is not None and conn.state != state):
+                continue
+            if conn.state == _WORKING and conn.started:
+                continue  # its request runs: the work is done or nearly; the answer follows
+            self._close(conn, None if conn.state == _LINGER else "evicted")
+            return True
+        return False
 
     def _sweep(self, now: float) -> None:
         if self._accept_paused_until and now >= self._accept_paused_until:
@@ -483,8 +505,16 @@ class HTTPServer:
     # -- requests
 
     def _read(self, conn: _Conn) -> None:
-        strip_empty_lines(conn.buf)
+        conn.empty += strip_empty_lines(conn.buf)
+        reads = 0
         while head_end(conn.buf) < 0 and len(conn.buf) <= MAX_HEAD_BYTES:
+            if conn.empty > MAX_EMPTY_LINE_BYTES:
+                self._start_writing(conn, [simple_answer("400 Bad Request", b"empty lines instead of a request\n")],
+                                    False)
+                return
+            if reads == _READS_PER_EVENT and not (isinstance(conn.sock, ssl.SSLSocket) and conn.sock.pending()):
+                return  # the loop's turn: other clients, and the deadlines, come first (epoll brings it back)
+            reads += 1
             try:
                 data = conn.sock.recv(16384)
             except (BlockingIOError, InterruptedError, ssl.SSLWantReadError):
@@ -503,7 +533,7 @@ class HTTPServer:
             if conn.state == _IDLE:  # the next request begins: its head has header_timeout from now
                 self._enter(conn, _READING, self.header_timeout)
             conn.buf += data
-            strip_empty_lines(conn.buf)
+            conn.empty += strip_empty_lines(conn.buf)
         self._dispatch(conn)
 
     def _dispatch(self, conn: _Conn) -> None:
@@ -522,23 +552,24 @@ class HTTPServer:
             self._start_writing(conn, [simple_answer(exc.status, f"{exc}\n".encode())], False)
             return
         conn.requests += 1
+        conn.empty = 0
+        conn.started = False
         keep_alive = request.keep_alive and conn.requests < self.max_requests and not self._stop
         self._enter(conn, _WORKING, None, 0)
-        self.workers.submit((conn, request, keep_alive))
+        if self._gone is not None:
+            with contextlib.suppress(OSError):
+                fd = conn.sock.fileno()
+                self._gone.register(fd, select.EPOLLRDHUP)
+                self._gone_fds[fd] = conn
+        self.workers.submit(conn.client, (conn, request, keep_alive))
 
     def _environ(self, conn: _Conn, request: Request) -> dict[str, Any]:
-        target = request.target
-        if target.startswith(("http://", "https://", "HTTP://", "HTTPS://")):  # absolute form
-            parts = urlsplit(target)
-            path, query = parts.path or "/", parts.query
-        else:
-            path, _, query = target.partition("?")
         env: dict[str, Any] = {
-            "REQUEST_METHOD": request.method, "SCRIPT_NAME": "", "PATH_INFO": unquote(path, "latin-1"),
-            "QUERY_STRING": query, "SERVER_PROTOCOL": request.version,
+            "REQUEST_METHOD": request.method, "SCRIPT_NAME": "", "PATH_INFO": unquote(request.path, "latin-1"),
+            "QUERY_STRING": request.query, "SERVER_PROTOCOL": request.version,
             "SERVER_NAME": str(self.server_address[0]), "SERVER_PORT": str(self.server_port),
             "SERVER_SOFTWARE": f"accelstats/{__version__}",
-            "REMOTE_ADDR": str(conn.peer[0]) if isinstance(conn.peer, tuple) else "",
+            "REMOTE_ADDR": conn.client if isinstance(conn.peer, tuple) else "",
             "wsgi.version": (1, 0), "wsgi.url_scheme": "https" if conn.tls else "http",
             "wsgi.input": io.BytesIO(), "wsgi.errors": sys.stderr,
             "wsgi.multithread": True, "wsgi.multiprocess": False, "wsgi.run_once": False,
@@ -554,10 +585,21 @@ class HTTPServer:
             env[key] = f"{env[key]},{value}" if key in env else value
         return env
 
-    def _work(self, job: tuple[_Conn, Request, bool]) -> Callable[[], None]:
-        """On a worker: run the app for one request; returns the call that hands the answer to the loop."""
+    def _work(self, job: tuple[_Conn, Request, bool]) -> Callable[[], None] | None:
+        """On a worker: run the app for one request; returns the call that hands the answer to the loop,
+        None when the loop closed the connection meanwhile (evicted). A client that has closed its
+        side (``POLLRDHUP``: it sent FIN, e.g. connect, send, close) is not answered and its request
+        not run, as nginx does ("client prematurely closed connection"): such requests cost a flood
+        nothing and would delay the scrapes behind them."""
         conn, request, keep_alive = job
-        out, keep_alive = self._respond(conn, request, keep_alive)
+        conn.started = True
+        if conn.closed:
+            return None
+        out: list[bytes] | None
+        if _peer_gone(conn.sock):
+            out = None
+        else:
+            out, keep_alive = self._respond(conn, request, keep_alive)
 
         def deliver() -> None:
             self._done.append((conn, out, keep_alive))
@@ -620,7 +662,13 @@ class HTTPServer:
     def _start_writing(self, conn: _Conn, out: list[bytes], keep_alive: bool) -> None:
         conn.out = deque(memoryview(b) for b in out if b)
         conn.keep_alive = keep_alive
+        conn.unsent = sum(len(b) for b in conn.out)
+        self._unsent += conn.unsent
         self._enter(conn, _WRITING, self.write_timeout, selectors.EVENT_WRITE)
+        # Answers a client does not read stay in memory until write_timeout: past the budget the
+        # oldest unread ones go (each connection's bytes counted, shared bodies as often as shared).
+        while self._unsent > self.output_budget and self._evict_one(keep=conn, state=_WRITING):
+            pass
         self._write(conn)
 
     def _write(self, conn: _Conn) -> None:
@@ -638,6 +686,8 @@ class HTTPServer:
                 log.debug("%s: %s", conn.peer, exc)
                 self._close(conn)
                 return
+            conn.unsent -= n
+            self._unsent -= n
             if n < len(data):
                 conn.out[0] = data[n:]
             else:
@@ -677,20 +727,44 @@ class HTTPServer:
                 return
 
 
+def _peer_gone(sock: socket.socket) -> bool:
+    """Whether the client has closed its side of ``sock`` or the connection failed (``poll`` with
+    ``POLLRDHUP``, Linux; without it, a FIN shows as readable with nothing to read, which is not
+    told apart from a pipelined request: False)."""
+    rdhup = getattr(select, "POLLRDHUP", 0)
+    if not rdhup:
+        return False
+    try:
+        fd = sock.fileno()
+        if fd < 0:
+            return True
+        poller = select.poll()
+        poller.register(fd, rdhup | select.POLLHUP | select.POLLERR)
+        return bool(poller.poll(0))
+    except (OSError, ValueError):
+        return True
+
+
 def _listener(host: str, port: int) -> socket.socket:
     """A listening TCP socket: ``host ""`` is every interface, IPv6 and IPv4 on one socket
     (IPV6_V6ONLY off), IPv4 only where the host has no IPv6. Backlog: ``SOMAXCONN`` (socketserver's
     default of 5 overflowed with 50 concurrent scrapers; benchmarks/load.py), capped by the kernel at
-    net.core.somaxconn."""
-    if host == "" and socket.has_ipv6 and socket.has_dualstack_ipv6():
-        try:
-            return socket.create_server(("::", port), family=socket.AF_INET6, backlog=socket.SOMAXCONN,
-                                        dualstack_ipv6=True)
-        except OSError as exc:
-            if exc.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
-                raise
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    return socket.create_server((host or "0.0.0.0", port), family=family, backlog=socket.SOMAXCONN)
+    net.core.somaxconn. Raises OSError whose ``strerror`` is the system's alone (``create_server``
+    appends the address to it)."""
+    try:
+        if host == "" and socket.has_ipv6 and socket.has_dualstack_ipv6():
+            try:
+                return socket.create_server(("::", port), family=socket.AF_INET6, backlog=socket.SOMAXCONN,
+                                            dualstack_ipv6=True)
+            except OSError as exc:
+                if exc.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
+                    raise
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        return socket.create_server((host or "0.0.0.0", port), family=family, backlog=socket.SOMAXCONN)
+    except OSError as exc:
+        if exc.errno is None:
+            raise
+        raise OSError(exc.errno, os.strerror(exc.errno)) from exc
 
 
 def serve(manager: AcceleratorManager, host: str, port: int,

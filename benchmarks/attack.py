@@ -27,6 +27,13 @@ Printed: scrapes, errors, latency p50/p99/max (target: p99 <= 1 s); the hostile 
 ``/proc/<pid>/status``), open fds (``/proc/<pid>/fd``) and RSS, max and median, sampled every 0.5 s;
 the exporter's CPU; ``accelstats_http_connections_refused_total`` from the last scrape.
 
+``--requests`` attacks with requests that cost work instead of stalled connections: the exporter
+(plain HTTP) over the scrape benchmark's host (``--gpus`` 8 x ``--containers`` 1000: 2 MB answers);
+from 127.0.0.2, half the connections send ``GET /metrics`` with a ``name[]`` filter naming every
+family, 20 times pipelined, with a 4 KiB receive buffer, and never read (``no-read``); the other half
+connect, send one such request and close, over and over (``fire-forget``). The scraper comes from
+127.0.0.1.
+
 ``--urandom N`` runs the other part instead (item 7): the exporter (plain HTTP, all collectors) over a
 cgroup v1 devices tree of N docker containers whose ``devices.list`` is a symlink to ``/dev/urandom``
 (plus one normal container), scraped ``--urandom-scrapes`` times (200) one after another; printed:
@@ -51,6 +58,7 @@ import http.client
 import os
 import re
 import resource
+import select
 import selectors
 import socket
 import ssl
@@ -66,12 +74,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import bcrypt
-from scrape import default_shared, loadavg, machine, percentile  # benchmarks/ is sys.path[0]
+from scrape import build_host, default_shared, loadavg, machine, percentile  # benchmarks/ is sys.path[0]
 
 REPO = Path(__file__).resolve().parents[1]
 PASSWORD = "attack-benchmark"
 KINDS_TLS = ("idle", "tls-stall", "tls-idle", "slow-header")
 KINDS_PLAIN = ("idle", "half-head", "idle", "slow-header")
+KINDS_REQUESTS = ("no-read", "fire-forget")
+ATTACKER_SOURCE = "127.0.0.2"  # --requests: the flood's address (the scraper's is 127.0.0.1)
 SLOW_HEAD = b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nUser-Agent: slow\r\nX-Pad: " + b"a" * 100000
 
 
@@ -197,12 +207,16 @@ class Attacker:
     target: int
     tls: bool
     trickle: float = 2.0
+    request: bytes = b""  # --requests: what no-read and fire-forget connections send
+    pipeline: int = 20  # --requests: requests each no-read connection sends at once
+    kinds: tuple[str, ...] = ()
     held: int = 0  # connections established and being hostile now
     opened: int = 0
     closed_by_server: int = 0
     connect_errors: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
+    _next_check: float = 0.0
 
     def start(self) -> None:
         """Run in a daemon thread."""
@@ -216,7 +230,7 @@ class Attacker:
             self._thread.join(30)
 
     def _run(self) -> None:
-        kinds = KINDS_TLS if self.tls else KINDS_PLAIN
+        kinds = self.kinds or (KINDS_TLS if self.tls else KINDS_PLAIN)
         hello = client_hello()
         ctx = ssl.create_default_context()
         ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
@@ -255,6 +269,18 @@ class Attacker:
                     h.stage = "handshake"
                     progress(h)
                     return
+                if h.kind == "fire-forget":  # connect, send, close: the cheapest request there is
+                    with contextlib.suppress(OSError):
+                        h.sock.send(self.request)
+                    close(h, False)
+                    return
+                if h.kind == "no-read":  # ask for many answers and never read one
+                    with contextlib.suppress(BlockingIOError):
+                        h.sock.send(self.request * self.pipeline)
+                    sel.unregister(h.sock)  # not watched: reading would read the answers
+                    h.stage = "holding"
+                    self.held += 1
+                    return
                 if h.kind == "tls-stall":
                     h.sock.send(hello[:len(hello) // 2])
                 elif h.kind == "half-head":
@@ -289,6 +315,9 @@ class Attacker:
                 for _ in range(min(len(pending), 200)):  # at most 2000 new connections a second
                     kind = pending.pop()
                     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                    if self.kinds:
+                        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                        sock.bind((ATTACKER_SOURCE, 0))
                     sock.setblocking(False)
                     rc = sock.connect_ex(("127.0.0.1", self.port))
                     if rc not in (0, errno.EINPROGRESS):
@@ -309,6 +338,13 @@ class Attacker:
                             if h in conns:
                                 close(h, True)
                 now = time.monotonic()
+                if now >= self._next_check:  # no-read connections the server closed (POLLRDHUP)
+                    self._next_check = now + 1.0
+                    for h in [h for h in conns if h.kind == "no-read" and h.stage == "holding"]:
+                        poller = select.poll()
+                        poller.register(h.sock, select.POLLRDHUP | select.POLLHUP | select.POLLERR)
+                        if poller.poll(0):
+                            close(h, True)
                 for h in [h for h in conns if h.stage == "trickling" and h.next_byte <= now]:
                     try:
                         h.sent += h.sock.send(SLOW_HEAD[h.sent:h.sent + 1])
@@ -445,6 +481,10 @@ def main() -> int:
     parser.add_argument("--keep-alive", action="store_true", help="scrape over one kept connection")
     parser.add_argument("--repo", type=Path, default=REPO, help="the checkout whose accelstats to run")
     parser.add_argument("--shared", type=Path, default=default_shared())
+    parser.add_argument("--requests", action="store_true",
+                        help="instead of stalled connections: requests that cost work (plain HTTP, big host)")
+    parser.add_argument("--gpus", type=int, default=8, help="--requests: replayed GPUs")
+    parser.add_argument("--containers", type=int, default=1000, help="--requests: containers holding them")
     parser.add_argument("--urandom", type=int, default=0, metavar="N",
                         help="instead: RSS over scrapes of N containers whose devices.list is /dev/urandom")
     parser.add_argument("--urandom-scrapes", type=int, default=200)
@@ -460,23 +500,39 @@ def main() -> int:
     print(f"# start {loadavg()}")
     if args.urandom:
         return urandom_run(args, capture)
+    args.plain = args.plain or args.requests
     mode = "plain HTTP" if args.plain else "TLS + basic auth (bcrypt cost 12)"
-    print(f"# {args.repo}: {mode}, exporter RLIMIT_NOFILE {args.nofile}; {args.connections} hostile connections "
-          f"({', '.join(sorted(set(KINDS_PLAIN if args.plain else KINDS_TLS)))}); a scrape every {args.interval:g} s "
-          f"for {args.seconds:g} s, {'one kept connection' if args.keep_alive else 'a new connection each'}")
+    kinds = KINDS_REQUESTS if args.requests else KINDS_PLAIN if args.plain else KINDS_TLS
+    host = f"{args.gpus} GPUs x {args.containers} containers" if args.requests else "1 GPU"
+    print(f"# {args.repo}: {mode}, {host}, exporter RLIMIT_NOFILE {args.nofile}; {args.connections} hostile "
+          f"connections ({', '.join(sorted(set(kinds)))}{' from ' + ATTACKER_SOURCE if args.requests else ''}); "
+          f"a scrape every {args.interval:g} s for {args.seconds:g} s, "
+          f"{'one kept connection' if args.keep_alive else 'a new connection each'}")
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         web = make_web_config(folder, args.plain)
         ctx = None if args.plain else ssl.create_default_context(cafile=str(folder / "tls.crt"))
-        with exporter(args.repo, folder, web, args.nofile, capture) as (proc, port):
+        replay = capture
+        if args.requests:
+            settings = build_host(folder, capture, args.gpus, args.containers)
+            assert settings.nvml_replay is not None
+            replay = settings.nvml_replay
+        with exporter(args.repo, folder, web, args.nofile, replay) as (proc, port):
             scrape_once(port, ctx)  # bcrypt once: successful checks are cached
             idle_threads = int(dict(line.split(":", 1) for line in Path(f"/proc/{proc.pid}/status").read_text()
                                     .splitlines() if ":" in line)["Threads"])
             idle_fds = len(os.listdir(f"/proc/{proc.pid}/fd"))
-            attacker = Attacker(port, args.connections, tls=not args.plain, trickle=args.trickle)
+            request = b""
+            if args.requests:  # a name[] filter naming every family: a full body, encoded per filter
+                families = sorted(set(re.findall(rb"^# TYPE (\S+)", scrape_once(port, ctx)[1], re.M)))
+                query = "&".join(f"name[]={f.decode()}" for f in families)
+                request = f"GET /metrics?{query} HTTP/1.1\r\nHost: localhost\r\n\r\n".encode()
+            attacker = Attacker(port, args.connections, tls=not args.plain, trickle=args.trickle,
+                                request=request, kinds=KINDS_REQUESTS if args.requests else ())
             attacker.start()
             end = time.monotonic() + 60
-            while attacker.held < args.connections * 0.95 and time.monotonic() < end:
+            holding = args.connections * (0.95 if not args.requests else 0.45)  # fire-forget ones never hold
+            while attacker.held < holding and time.monotonic() < end:
                 time.sleep(0.1)
             print(f"hostile connections open: {attacker.held} after {attacker.opened} opened "
                   f"({time.monotonic() - end + 60:.1f} s)")

@@ -160,10 +160,16 @@ def check_body(status: int, length: str | None, body: bytes) -> str:
     return ""
 
 
-def http_scrape(host: str, port: int, timeout: float) -> ScrapeResult:
-    """``GET /metrics`` on a new connection (``Connection: close``); never raises."""
+def http_scrape(host: str, port: int, timeout: float, sources: int = 1) -> ScrapeResult:
+    """``GET /metrics`` on a new connection (``Connection: close``); never raises. ``sources`` > 1:
+    scraper thread ``scraper-<i>`` connects from 127.0.0.<2 + i mod sources> (one address per
+    Prometheus server: the exporter shares its workers by client address)."""
     t0 = time.perf_counter()
-    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    source = None
+    if sources > 1:
+        index = int(threading.current_thread().name.rpartition("-")[2] or 0)
+        source = (f"127.0.0.{2 + index % sources}", 0)
+    conn = http.client.HTTPConnection(host, port, timeout=timeout, source_address=source)
     connect = 0.0
     try:
         conn.connect()
@@ -357,6 +363,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--sources", type=int, default=1,
+                        help="client addresses (127.0.0.2 on): 1 = every scraper from 127.0.0.1")
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--containers", type=int, default=1000)
     parser.add_argument("--timeout", type=float, default=30.0, help="per-request socket timeout, seconds")
@@ -368,7 +376,8 @@ def main() -> int:
     capture = args.shared / "fixtures" / "h200" / "nvidia-smi-q.xml"
     print(f"# {machine()}")
     print(f"# start {loadavg()}")
-    print(f"# {args.clients} clients x {args.seconds:g} s, {args.gpus} replayed GPUs, {args.containers} containers; "
+    print(f"# {args.clients} clients x {args.seconds:g} s from {args.sources} address(es), {args.gpus} replayed GPUs, "
+          f"{args.containers} containers; "
           "http.client, a new connection per request (no keep-alive reuse), no gzip")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -388,7 +397,7 @@ def main() -> int:
             ps, me = server.ps, psutil.Process()
             cpu_s0, cpu_c0 = cpu_seconds(ps), cpu_seconds(me)
             with ProcessWatch(ps) as watch:
-                results, wall = run_clients(lambda: http_scrape("127.0.0.1", server.port, args.timeout),
+                results, wall = run_clients(lambda: http_scrape("127.0.0.1", server.port, args.timeout, args.sources),
                                             args.clients, args.seconds)
             cpu_s, cpu_c = cpu_seconds(ps) - cpu_s0, cpu_seconds(me) - cpu_c0
             s = summarize(results, wall)

@@ -54,7 +54,7 @@ from tls_pki import Pki, make_pki, openssl_missing
 from accelstats.config import Settings
 from accelstats.httpserver import serve
 from accelstats.manager import AcceleratorManager
-from accelstats.webconfig import WebConfigSource
+from accelstats.websource import WebConfigSource
 from collectors.nvml_replay import ReplayNVML
 
 REFUSED = "accelstats_http_connections_refused_total"
@@ -326,7 +326,9 @@ def test_when_every_connection_has_a_request_in_progress_a_newcomer_is_closed(st
         return counting()
 
     s.manager.collect = held  # type: ignore[method-assign]
-    busy = [socket.create_connection(("127.0.0.1", s.port), timeout=5) for _ in range(3)]
+    # three clients (requests from one address beyond its share would wait for a worker, and be evictable)
+    busy = [socket.create_connection(("127.0.0.1", s.port), timeout=5, source_address=(f"127.0.0.{2 + i}", 0))
+            for i in range(3)]
     try:
         for sock in busy:
             sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")

@@ -114,7 +114,7 @@ class DevicePluginState:
 
         ``web_config``: an exporter-toolkit web config file, as ``accelstats serve --web-config`` takes
         (docs/web-config.md): TLS, basic auth and headers, reloaded when the file changes
-        (:class:`accelstats.webconfig.WebConfigSource`). It is loaded and checked before the running
+        (:class:`accelstats.websource.WebConfigSource`). It is loaded and checked before the running
         endpoint is touched: a bad file is a ConfigError naming ``metrics_web_config`` and the key
         at fault, and the endpoint in force stays. Raises ConfigError (also when the address cannot
         be bound)."""
@@ -122,7 +122,7 @@ class DevicePluginState:
             return
         web = None
         if listen and web_config is not None:
-            from accelstats.webconfig import WebConfigSource
+            from accelstats.websource import WebConfigSource
 
             try:
                 web = WebConfigSource(web_config)
@@ -140,6 +140,8 @@ class DevicePluginState:
             try:
                 self._metrics_server, _ = serve(_ManagerProxy(self), host, port, web=web)  # type: ignore[arg-type]
             except OSError as exc:
+                if web is not None:
+                    web.close()
                 raise ConfigError(f"config: metrics_listen: cannot listen on {listen[:200]}: "
                                   f"{exc.strerror or exc}") from exc
             self._metrics_listen, self._metrics_web_config = listen, web_config
