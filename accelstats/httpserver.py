@@ -13,8 +13,10 @@ and then stall cannot lock out a scrape:
   connections are open. The loop reads at most :data:`_READS_PER_EVENT` times from one connection per
   turn, so a client that never stops sending cannot keep it from the others or from the deadlines.
 * *Work is shared by client address* (:class:`accelstats.httpworkers.FairWorkers`): requests wait per
-  address and are taken round-robin, at most two of one address running at once, so a flood from one
-  address, or a few, does not queue a scrape from another. A request whose client has closed its side
+  address and are taken round-robin, at most two of one address running at once (scrapes of
+  ``/metrics`` without a filter excepted: concurrent ones share a collection and its encoded body, so
+  many at once cost little more than one), so a flood from one address, or a few, does not queue a
+  scrape from another. A request whose client has closed its side
   by the time a worker takes it (connect, send, close: a flood's cheapest form) is not run and not
   answered, as nginx does.
 * *Deadlines are totals*, fixed when a connection enters a state and never moved by a byte arriving:
@@ -80,7 +82,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from email.utils import formatdate
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import parse_qs, unquote
 
 from accelstats import __version__
 from accelstats.httpapp import ServerCounters, WSGIApp, make_app
@@ -561,7 +563,7 @@ class HTTPServer:
                 fd = conn.sock.fileno()
                 self._gone.register(fd, select.EPOLLRDHUP)
                 self._gone_fds[fd] = conn
-        self.workers.submit(conn.client, (conn, request, keep_alive))
+        self.workers.submit(conn.client, (conn, request, keep_alive), shared=_shared_answer(request))
 
     def _environ(self, conn: _Conn, request: Request) -> dict[str, Any]:
         env: dict[str, Any] = {
@@ -725,6 +727,15 @@ class HTTPServer:
             if not data or conn.drained > 65536:
                 self._close(conn)
                 return
+
+
+def _shared_answer(request: Request) -> bool:
+    """Whether concurrent requests like ``request`` share their cost: ``/metrics`` without a ``name[]``
+    filter joins the collection in progress and its encoded body; ``/healthz`` and ``/`` cost
+    nothing. Other requests (filtered ones, any other path) are capped per client address."""
+    if request.method not in ("GET", "HEAD") or request.path not in ("/metrics", "/healthz", "/"):
+        return False
+    return "name[]" not in parse_qs(request.query)
 
 
 def _peer_gone(sock: socket.socket) -> bool:

@@ -30,8 +30,9 @@ leave a 65th a sixty-fifth of it; with 2 per address a flooding address leaves a
 class FairWorkers(Generic[Job]):
     """At most ``limit`` threads (started on demand, ended after ``idle_exit`` idle seconds) running
     ``run(job)``; jobs queued per key, taken round-robin across keys with at most ``per_key`` of one
-    key running at once. ``run`` returns the call that hands the job's result over; it is called after
-    this thread counts itself free, so the client's next request finds a free thread.
+    key running at once, except *shared* jobs (:meth:`submit`), which queue apart and have no cap.
+    ``run`` returns the call that hands the job's result over; it is called after this thread counts
+    itself free, so the client's next request finds a free thread.
 
     Thread-safe: :meth:`submit` is called from the event loop, the rest from the workers.
     """
@@ -46,6 +47,7 @@ class FairWorkers(Generic[Job]):
         self._cond = threading.Condition()
         self._queues: OrderedDict[str, deque[Job]] = OrderedDict()  # keys with waiting jobs, next turn first
         self._running: dict[str, int] = {}
+        self._capped: dict[str, bool] = {}  # queue key -> whether per_key applies (kept while queued or running)
         self._idle = 0  # threads waiting for a job, or about to (see _worker)
         self._waiting = 0  # jobs queued
         self.threads = 0
@@ -57,12 +59,18 @@ class FairWorkers(Generic[Job]):
         with self._cond:
             return self._waiting
 
-    def submit(self, key: str, job: Job) -> None:
+    def submit(self, key: str, job: Job, shared: bool = False) -> None:
         """Queue ``job`` for ``key``; start a thread when more jobs could start than threads are idle
-        and fewer than ``limit`` threads exist."""
+        and fewer than ``limit`` threads exist. ``shared``: a job whose cost concurrent jobs share (a
+        scrape of ``/metrics`` joins the collection and the encoded body in progress: 50 concurrent
+        scrapers from one address shared 23 to a collection, two at a time shared none), queued apart
+        from the key's other jobs, still in its turn, without the ``per_key`` cap."""
         with self._cond:
             if self._stopped:
                 return
+            if shared:
+                key += "\0shared"
+            self._capped[key] = not shared
             self._queues.setdefault(key, deque()).append(job)
             self._waiting += 1
             if self.threads < self.limit and self._startable_more_than(self._idle):
@@ -76,6 +84,7 @@ class FairWorkers(Generic[Job]):
         with self._cond:
             self._stopped = True
             self._queues.clear()
+            self._capped = {k: v for k, v in self._capped.items() if k in self._running}
             self._waiting = 0
             self._cond.notify_all()
 
@@ -84,7 +93,8 @@ class FairWorkers(Generic[Job]):
         counting there (caller holds the lock)."""
         startable = 0
         for key, queue in self._queues.items():
-            startable += min(len(queue), self.per_key - self._running.get(key, 0))
+            room = self.per_key - self._running.get(key, 0) if self._capped[key] else len(queue)
+            startable += min(len(queue), room)
             if startable > count:
                 return True
         return False
@@ -92,7 +102,7 @@ class FairWorkers(Generic[Job]):
     def _take(self) -> tuple[str, Job] | None:
         """The next job by the round-robin order (caller holds the lock), or None."""
         for key, queue in self._queues.items():
-            if self._running.get(key, 0) < self.per_key:
+            if not self._capped[key] or self._running.get(key, 0) < self.per_key:
                 job = queue.popleft()
                 self._waiting -= 1
                 if queue:
@@ -133,6 +143,8 @@ class FairWorkers(Generic[Job]):
                         self._running[key] = left_running
                     else:
                         del self._running[key]
+                        if key not in self._queues:
+                            del self._capped[key]
                     # Free before the answer goes out: the client's next request, which may come as soon
                     # as it has read the answer, must find this thread, not start another.
                     self._idle += 1

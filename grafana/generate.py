@@ -230,7 +230,8 @@ def containers() -> Dashboard:
                [query(f'count(accelstats_container_info{{{INSTANCE}, namespace=~"$namespace", pod=~"$pod", '
                       'alloc_id=~"$alloc"})')], 4, 8),
         pie("Attribution sources", "How each (container, GPU) pair was found: devices_cgroup (the devices cgroup "
-            "grants the GPU: cgroup v1 devices.list, cgroup v2 device programs), process (NVML lists a process of the container on it) or open_fd (a process holds "
+            "grants the GPU: cgroup v1 devices.list, cgroup v2 device programs), process (NVML lists a "
+            "process of the container on it) or open_fd (a process holds "
             "/dev/nvidia<minor> open).", "short",
             [query(f"count by (attribution) ({procs})", "{{attribution}}")], 6, 8),
         grid("Containers and their GPUs", "One line per (container, GPU): runtime, Kubernetes pod or Nomad "
