@@ -44,17 +44,19 @@ import msgpack
 import psutil
 from scrape import default_shared, loadavg, machine, percentile, write_scenario  # benchmarks/ is sys.path[0]
 
-from accelstats.nomad.ctymsgpack import encode_for_spec
-from accelstats.nomad.launcher import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the Nomad client emulator: test support
+from support.nomadclient.ctymsgpack import encode_for_spec
+from support.nomadclient.launcher import (
     PluginProcess,
     StreamEndedError,
     StreamFailedError,
     StreamHandle,
     StreamTimeoutError,
 )
+from support.nomadclient.validate import validate_fingerprint, validate_reserve, validate_stats
+
 from accelstats.nomad.proto import base_pb2, base_pb2_grpc, device_pb2, device_pb2_grpc
 from accelstats.nomad.server import MAGIC_COOKIE_KEY, MAGIC_COOKIE_VALUE
-from accelstats.nomad.validate import validate_fingerprint, validate_reserve, validate_stats
 
 ENV = {MAGIC_COOKIE_KEY: MAGIC_COOKIE_VALUE, "PLUGIN_MIN_PORT": "10000", "PLUGIN_MAX_PORT": "25000",
        "PLUGIN_PROTOCOL_VERSIONS": "2"}

@@ -1,6 +1,6 @@
-"""Unit tests of the Nomad-faithful plugin client: ``accelstats.nomad.launcher`` (handshake, hclog,
-streams, process start errors with shell stubs), ``accelstats.nomad.ctymsgpack`` (go-cty msgpack
-encoding, HCL literals, hclspec defaults) and ``accelstats.nomad.validate`` (Nomad's checks on
+"""Unit tests of the Nomad-faithful plugin client: ``support.nomadclient.launcher`` (handshake, hclog,
+streams, process start errors with shell stubs), ``support.nomadclient.ctymsgpack`` (go-cty msgpack
+encoding, HCL literals, hclspec defaults) and ``support.nomadclient.validate`` (Nomad's checks on
 plugin messages). No real plugin is started here; end-to-end runs live elsewhere."""
 
 from __future__ import annotations
@@ -19,10 +19,16 @@ import grpc
 import msgpack
 import pytest
 from google.protobuf import timestamp_pb2
+from support.nomadclient import ctymsgpack, launcher, validate
+from support.nomadclient.ctymsgpack import ConfigError
+from support.nomadclient.launcher import (
+    HandshakeError,
+    PluginProcess,
+    PluginStartError,
+    parse_handshake,
+    parse_log_line,
+)
 
-from accelstats.nomad import ctymsgpack, launcher, validate
-from accelstats.nomad.ctymsgpack import ConfigError
-from accelstats.nomad.launcher import HandshakeError, PluginProcess, PluginStartError, parse_handshake, parse_log_line
 from accelstats.nomad.proto import base_pb2, device_pb2, hclspec_pb2, structs_pb2
 
 # --------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The installed ``nomad-device-accelstats`` driven as a Nomad client drives it (spec/nomad-plugin.md).
 
 Every test launches the console script as a subprocess over a real unix-socket gRPC connection
-(``accelstats.nomad.launcher``): handshake, the three processes A/B/C of an agent start, config
+(``support.nomadclient.launcher``): handshake, the three processes A/B/C of an agent start, config
 encoded as go-cty encodes it, and Nomad's validation of every message.
 """
 
@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from accelstats.nomad.ctymsgpack import encode_for_spec
-from accelstats.nomad.launcher import PluginProcess, StreamTimeoutError, run_lifecycle
-from accelstats.nomad.validate import validate_fingerprint, validate_reserve, validate_stats
+from support.nomadclient.ctymsgpack import encode_for_spec
+from support.nomadclient.launcher import PluginProcess, StreamTimeoutError, run_lifecycle
+from support.nomadclient.validate import validate_fingerprint, validate_reserve, validate_stats
 
 H200 = "GPU-5f1c2a9e-0b7d-4c3e-9a61-2d8e4f7b9c10"
 LOST = "GPU-5f1c2a9e-0b7d-4c3e-9a61-2d8e4f7b9c11"
@@ -261,8 +260,9 @@ def test_launcher_command_line(devdir: Path, tmp_path: Path) -> None:
     (devdir / "d").write_text("")
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(config(devdir=devdir)))
-    proc = subprocess.run([sys.executable, "-m", "accelstats.nomad.launcher", binary(), str(cfg), "--quiet-logs"],
-                          capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run([sys.executable, "-m", "support.nomadclient.launcher", binary(), str(cfg), "--quiet-logs"],
+                          capture_output=True, text=True, timeout=120, check=False,
+                          cwd=Path(__file__).resolve().parent)  # tests/: where the support package is
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert json.loads(proc.stdout)["ok"] is True
 

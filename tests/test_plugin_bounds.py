@@ -8,7 +8,7 @@ and string of the plugin config has a bound no operator reaches; a value past on
 once, by name, before anything is built from it.
 
 Part one drives the installed ``nomad-device-accelstats`` as Nomad does
-(:class:`accelstats.nomad.launcher.PluginProcess`) and measures the refusal's time and the plugin's
+(:class:`support.nomadclient.launcher.PluginProcess`) and measures the refusal's time and the plugin's
 memory; part two checks each bound on the decoders themselves.
 """
 
@@ -22,13 +22,13 @@ from typing import Any
 import msgpack
 import psutil
 import pytest
+from support.nomadclient import ctymsgpack
+from support.nomadclient.ctymsgpack import encode_for_spec
+from support.nomadclient.launcher import PluginProcess
 from test_nomad_plugin import binary
 
 from accelstats.config import ConfigError, load_config
-from accelstats.nomad import ctymsgpack
 from accelstats.nomad.config import decode, schema
-from accelstats.nomad.ctymsgpack import encode_for_spec
-from accelstats.nomad.launcher import PluginProcess
 from accelstats.nomad.proto import hclspec_pb2
 
 H200 = "GPU-5f1c2a9e-0b7d-4c3e-9a61-2d8e4f7b9c10"

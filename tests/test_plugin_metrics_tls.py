@@ -2,7 +2,7 @@
 
 ``metrics_web_config`` names an exporter-toolkit web config file, the one ``accelstats serve
 --web-config`` takes (docs/web-config.md). The installed ``nomad-device-accelstats`` is driven as
-Nomad drives it (:class:`accelstats.nomad.launcher.PluginProcess`, config encoded by go-cty's rules);
+Nomad drives it (:class:`support.nomadclient.launcher.PluginProcess`, config encoded by go-cty's rules);
 ``/metrics`` is then read over real TLS (a throw-away PKI from tests/tls_pki.py) with and without
 credentials (bcrypt hashes of cost 4, to keep the test fast).
 """
@@ -20,11 +20,10 @@ from typing import Any
 import bcrypt
 import pytest
 from conftest import in_ci
+from support.nomadclient.ctymsgpack import encode_for_spec
+from support.nomadclient.launcher import PluginProcess
 from test_nomad_plugin import H200, binary, config
 from tls_pki import Pki, make_pki, openssl_missing
-
-from accelstats.nomad.ctymsgpack import encode_for_spec
-from accelstats.nomad.launcher import PluginProcess
 
 USER, PASSWORD = "prometheus", "scrape-pw"
 HASH = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()  # cost 4: fast tests

@@ -1,6 +1,6 @@
 """Reserve storms during Fingerprint and Stats streaming (issue 7, part 3), on the installed plugin.
 
-The real ``nomad-device-accelstats`` (accelstats.nomad.launcher.PluginProcess, as Nomad launches
+The real ``nomad-device-accelstats`` (support.nomadclient.launcher.PluginProcess, as Nomad launches
 it) with two replayed H200s: while its Fingerprint stream (a full message every second) and a
 Stats stream (every 0.5 s) are read, 8 threads fire Reserve back to back for 4 s with valid ID
 sets, unknown IDs and an empty list (benchmarks/plugin.py ``reserve_storm``).
@@ -23,11 +23,10 @@ import time
 from pathlib import Path
 
 from paths import FIXTURES, REPO_ROOT
+from support.nomadclient.ctymsgpack import encode_for_spec
+from support.nomadclient.launcher import PluginProcess
+from support.nomadclient.validate import validate_fingerprint, validate_stats
 from test_nomad_plugin import binary
-
-from accelstats.nomad.ctymsgpack import encode_for_spec
-from accelstats.nomad.launcher import PluginProcess
-from accelstats.nomad.validate import validate_fingerprint, validate_stats
 
 if str(REPO_ROOT / "benchmarks") not in sys.path:  # benchmarks/ is not a package
     sys.path.insert(0, str(REPO_ROOT / "benchmarks"))

@@ -1,6 +1,6 @@
 """Fuzzing the go-cty msgpack encoder and the HCL literal reader (accelstats/nomad/ctymsgpack.py).
 
-Documented error type: :class:`accelstats.nomad.ctymsgpack.ConfigError` ("the config cannot be
+Documented error type: :class:`support.nomadclient.ctymsgpack.ConfigError` ("the config cannot be
 decoded against the schema … or a value cannot be encoded"), raised by :func:`parse_literal`,
 :func:`encode_number`, :func:`pack`, :func:`convert`, :func:`decode_config` and
 :func:`encode_for_spec`. Inputs: arbitrary text and Python values, HCL literals rendered from random
@@ -20,9 +20,7 @@ import msgpack
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
-
-from accelstats.nomad import config as plugin_config
-from accelstats.nomad.ctymsgpack import (
+from support.nomadclient.ctymsgpack import (
     INT64_MAX,
     INT64_MIN,
     ConfigError,
@@ -37,6 +35,8 @@ from accelstats.nomad.ctymsgpack import (
     schema_defaults,
     unpack,
 )
+
+from accelstats.nomad import config as plugin_config
 from accelstats.nomad.proto import hclspec_pb2
 
 from .profiles import fuzz_settings

@@ -4,7 +4,7 @@ Documented error type: :class:`accelstats.config.ConfigError` ("Raises ConfigErr
 field"; the servicer answers INVALID_ARGUMENT with it). Inputs: arbitrary bytes, msgpack of random
 values (maps with keys of any type, ext and bin items), near-valid configs (the schema's keys with
 values of every type), and valid configs encoded exactly as a Nomad client does
-(:func:`accelstats.nomad.ctymsgpack.encode_for_spec` over the plugin's own schema, in each number
+(:func:`support.nomadclient.ctymsgpack.encode_for_spec` over the plugin's own schema, in each number
 mode), which must decode to the settings they hold.
 
 The escapes this module found (map keys that are not strings, or not hashable; ``²``, which
@@ -23,11 +23,11 @@ import msgpack
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
+from support.nomadclient.ctymsgpack import encode_for_spec
 
 from accelstats.config import ConfigError, MpsResourceSettings, MpsSettings
 from accelstats.nomad import config as plugin_config
 from accelstats.nomad.config import FileDevicesConfig, PluginConfig, decode
-from accelstats.nomad.ctymsgpack import encode_for_spec
 from accelstats.nomad.proto import hclspec_pb2
 
 from .profiles import fuzz_settings

@@ -16,9 +16,10 @@ import atheris
 from _common import seed_corpus
 
 with atheris.instrument_imports(include=["accelstats"]):
+    from support.nomadclient.ctymsgpack import encode_for_spec
+
     from accelstats.config import ConfigError
     from accelstats.nomad import config as plugin_config
-    from accelstats.nomad.ctymsgpack import encode_for_spec
     from accelstats.nomad.proto import hclspec_pb2
 
 ALLOW_KNOWN = len(sys.argv) > 1 and sys.argv[1] == "--allow-known"
