@@ -108,10 +108,11 @@ def make_manager(settings: Settings) -> AcceleratorManager:
     a replay file that cannot be read or a file-devices directory that does not exist."""
     nvml: Any = None
     if settings.nvml_replay is not None:
-        from collectors.nvml_replay import ReplayError, ReplayNVML
+        from collectors.nvml_lib import open_replay
+        from collectors.nvml_replay import ReplayError
 
         try:
-            nvml = ReplayNVML.from_path(settings.nvml_replay)
+            nvml = open_replay(settings.nvml_replay)
         except ReplayError as exc:
             fail(str(exc))
         except OSError as exc:

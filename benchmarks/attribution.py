@@ -37,7 +37,7 @@ from scrape import default_shared, loadavg, machine, percentile, write_scenario
 
 from accelstats.config import Settings
 from accelstats.manager import AcceleratorManager
-from collectors.nvml_replay import ReplayNVML
+from collectors.nvml_lib import open_replay
 
 RUNC_DEFAULTS = [("c", 1, 3, "rwm"), ("c", 1, 5, "rwm"), ("c", 1, 7, "rwm"), ("c", 1, 8, "rwm"), ("c", 1, 9, "rwm"),
                  ("c", 5, 0, "rwm"), ("c", 5, 2, "rwm"), ("c", 136, None, "rwm"), ("c", 10, 200, "rwm"),
@@ -107,9 +107,9 @@ def main() -> None:
             common = {"nvml_replay": scenario, "collectors": ("nvidia",), "rootfs": Path(tmp),
                       "open_fd_scan": True}
             m1 = AcceleratorManager(Settings(cgroup_root=Path("/sys/fs/cgroup"), **common),  # type: ignore[arg-type]
-                                    ReplayNVML.from_path(scenario))
+                                    open_replay(scenario))
             m2 = AcceleratorManager(Settings(cgroup_root=unified, **common),  # type: ignore[arg-type]
-                                    ReplayNVML.from_path(scenario))
+                                    open_replay(scenario))
             m1.setup()
             m2.setup()
             assert m1.layout is not None and m1.layout.devices_root == V1_ROOT

@@ -63,7 +63,7 @@ from scrape import build_host, default_shared, loadavg, machine, percentile, wri
 from accelstats.config import Settings
 from accelstats.exporter import make_registry
 from accelstats.manager import AcceleratorManager
-from collectors.nvml_replay import ReplayNVML
+from collectors.nvml_lib import open_replay
 
 NVML_WORKER = "accelstats-nvml"  # the scrape's NVML thread (collectors/nvidia.py, DeadlineWorker name)
 SLOW_CALLS = frozenset({"nvmlDeviceGetBAR1MemoryInfo", "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetFieldValues",
@@ -277,7 +277,7 @@ def main() -> int:
                 nvml, replay = pynvml, None
             else:
                 replay = write_scenario(root / "scenario.toml", capture, gpus)
-                nvml = ReplayNVML.from_path(replay)
+                nvml = open_replay(replay)
             settings = dataclasses.replace(settings, nvml_replay=replay, rootfs=root / "rootfs")
             r = measure(settings, nvml, args.rounds, smi, pause)
             if r["with_gpu"] != containers:

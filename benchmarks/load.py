@@ -59,7 +59,7 @@ from scrape import build_host, default_shared, loadavg, machine, percentile  # b
 from accelstats.config import Settings
 from accelstats.exporter import make_registry
 from accelstats.manager import AcceleratorManager
-from collectors.nvml_replay import ReplayNVML
+from collectors.nvml_lib import open_replay
 
 REPO = Path(__file__).resolve().parents[1]
 DURATION_FAMILY = b"# TYPE accelstats_scrape_collector_duration_seconds gauge\n"
@@ -70,8 +70,8 @@ DOWN_SAMPLE = re.compile(rb"^accelstats_(?:gpu_up|scrape_collector_success)\{[^}
 
 
 class RecordingNVML:
-    """Wraps an NVML object (the ``pynvml`` module or a :class:`ReplayNVML`) and counts every NVML
-    function called through it, by name (``counts``). While :meth:`record` is on, calls made on a
+    """Wraps an NVML object (the ``pynvml`` module, or pynvml over a replay: :class:`ReplayedNVML`) and
+    counts every NVML function called through it, by name (``counts``). While :meth:`record` is on, calls made on a
     thread named ``thread`` are also kept, in order, as ``(name, args, kwargs)`` in ``calls``.
 
     Everything else (constants, classes, ``NVMLError``, ``source``) is the wrapped object's own, so
@@ -324,7 +324,7 @@ def check_in_process(settings: Settings, clients: int, seconds: float) -> tuple[
     registry for ``seconds``, NVML replay wrapped to count calls. Returns (scrapes, NVML passes counted
     by calls, distinct collector-duration pairs in the bodies)."""
     assert settings.nvml_replay is not None
-    nvml = RecordingNVML(ReplayNVML.from_path(settings.nvml_replay))
+    nvml = RecordingNVML(open_replay(settings.nvml_replay))
     manager = AcceleratorManager(settings, nvml)
     manager.setup()
     registry = make_registry(manager)

@@ -34,7 +34,7 @@ from prometheus_client.exposition import generate_latest
 from accelstats.config import Settings
 from accelstats.exporter import make_registry, render
 from accelstats.manager import AcceleratorManager
-from collectors.nvml_replay import ReplayNVML
+from collectors.nvml_lib import open_replay
 
 RUNC_DEFAULTS = ["c 1:3 rwm", "c 1:5 rwm", "c 1:7 rwm", "c 1:8 rwm", "c 1:9 rwm", "c 5:0 rwm", "c 5:2 rwm",
                  "c 136:* rwm", "c 10:200 rwm", "c 195:255 rw"]
@@ -146,7 +146,7 @@ def time_scrapes(settings: Settings, scrapes: int) -> dict[str, float]:
     """Full scrapes (``generate_latest`` on the exporter's registry: collection + rendering +
     encoding), then the three parts timed alone, in milliseconds; plus the exposition size."""
     assert settings.nvml_replay is not None
-    manager = AcceleratorManager(settings, ReplayNVML.from_path(settings.nvml_replay))
+    manager = AcceleratorManager(settings, open_replay(settings.nvml_replay))
     manager.setup()
     registry = make_registry(manager)
     size = len(generate_latest(registry))  # warm-up

@@ -45,7 +45,7 @@ from accelstats.config import Settings
 from accelstats.exporter import make_registry
 from accelstats.httpserver import serve
 from accelstats.manager import AcceleratorManager
-from collectors.nvml_replay import ReplayNVML
+from collectors.nvml_lib import open_replay
 
 MIB = 2**20
 LIMIT_BYTES = 5 * MIB
@@ -142,7 +142,7 @@ def soak(settings: Settings, scrapes: int, every: int = 1000, warmup: int | None
     if every <= 0 or scrapes % every:
         raise ValueError(f"--every {every} must divide --scrapes {scrapes}")
     warmup = min(1000, scrapes // 10) if warmup is None else warmup
-    manager = AcceleratorManager(settings, ReplayNVML.from_path(settings.nvml_replay))
+    manager = AcceleratorManager(settings, open_replay(settings.nvml_replay))
     manager.setup()
     server = None
     if http:

@@ -1,7 +1,8 @@
 """NVIDIA GPUs through NVML: device list, one sample per device per collection, processes.
 
-``NvidiaBackend`` runs over the ``pynvml`` module (nvidia-ml-py) or, unchanged, over the replay
-stand-in :class:`collectors.nvml_replay.ReplayNVML`. Rules it follows (DESIGN.md, STYLE.md §3, §4):
+``NvidiaBackend`` runs over the ``pynvml`` module (nvidia-ml-py), on the driver's ``libnvidia-ml`` or
+on the replayed one (:class:`collectors.nvml_lib.ReplayedNVML`: pynvml itself, with a replayed
+library underneath). Rules it follows (STYLE.md §3, §4):
 
 * NVIDIA devices are looked for on the PCI bus (vendor ``0x10de`` under
   ``<sysfs>/bus/pci/devices/*/vendor``) before NVML is touched; a host without them stays quiet.
@@ -29,7 +30,7 @@ from typing import Any
 
 from collectors.deadline import DeadlineWorker
 from collectors.model import Device, DeviceSample, DeviceSnapshot, NoDataError, ProcessType, ProcessUsage
-from collectors.nvml_call import DeviceLostError, NvmlCaller, NvmlUnavailableError, error_name
+from collectors.nvml_call import DeviceLostError, NvmlCaller, NvmlUnavailableError
 from collectors.pcie import PcieSampler
 from collectors.xid import XidWatcher
 
@@ -102,7 +103,6 @@ class _DeviceState:
         self.slow: dict[str, Any] = {}
         self.slow_read_at = -1e18
         self.up = True
-        self.memory_v2 = True  # memory info v2 until the driver says it has none (then v1)
         self.failure_logged = ""
 
 
@@ -178,9 +178,9 @@ class NvidiaBackend:
             return self._fail(f"no NVIDIA PCI device (vendor {NVIDIA_PCI_VENDOR}) under "
                               f"{self.sysfs_root}/bus/pci/devices")
         try:
-            self.nvml.nvmlInit()
+            self.nvml.nvmlInit()  # not through self.call: its failure is the session's status
         except self.nvml.NVMLError as exc:
-            return self._fail(f"nvmlInit failed: {error_name(self.nvml, exc)}")
+            return self._fail(f"nvmlInit failed: {self.call.failed('nvmlInit', exc, logging.DEBUG)}")
         except OSError as exc:  # pynvml raises OSError subclasses from ctypes on odd hosts
             return self._fail(f"nvmlInit failed: {exc}")
         self._initialised = True
@@ -197,7 +197,7 @@ class NvidiaBackend:
         self._status_logged = ""
         log.info("NVML ready (%s): %d device(s), driver %s", self.source, len(self._devices),
                  self.driver_version)
-        self.xid_watcher = XidWatcher(self.nvml, {s.device.uuid: s.handle for s in self._devices
+        self.xid_watcher = XidWatcher(self.call, {s.device.uuid: s.handle for s in self._devices
                                                   if s.device.kind == "gpu"})
         self.xid_watcher.start()
         if self.pcie is not None:
@@ -251,7 +251,7 @@ class NvidiaBackend:
         try:
             self.nvml.nvmlShutdown()
         except self.nvml.NVMLError as exc:
-            log.debug("nvmlShutdown: %s", error_name(self.nvml, exc))
+            self.call.failed("nvmlShutdown", exc, logging.DEBUG)
 
     def close(self) -> None:
         """Shut NVML down and end the NVML worker and PCIe sampler threads: the backend is not used
@@ -453,9 +453,11 @@ class NvidiaBackend:
     def sample(self, state: _DeviceState) -> DeviceSample:
         """Read one device now. Raises DeviceLostError / NvmlUnavailableError (see nvml_call)."""
         c, h, nv, dev = self.call, state.handle, self.nvml, state.device
-        mem = c("nvmlDeviceGetMemoryInfo", h, version=nv.nvmlMemory_v2) if state.memory_v2 else None
-        if mem is None:  # memory info v2 is newer than some drivers: fall back to v1 once, for good
-            state.memory_v2 = False
+        mem = c("nvmlDeviceGetMemoryInfo", h, version=nv.nvmlMemory_v2)
+        if mem is None and c.missing("nvmlDeviceGetMemoryInfo", version=None):
+            # a library without nvmlDeviceGetMemoryInfo_v2 (before R510): v1, which counts reserved
+            # memory as used. Only a missing function switches: a failed v2 call leaves memory out
+            # of this reading, never the overstated v1 figure.
             mem = c("nvmlDeviceGetMemoryInfo", h)
         processes, process_types = self._processes(state)
         if dev.kind == "mig":
@@ -570,6 +572,8 @@ class NvidiaBackend:
         readable: list[ProcessType] = []
         for ptype, call in PROCESS_CALLS:
             procs = c(call, h)
+            if procs is None and c.missing(call):  # pynvml calls the _v3 symbol, new in R510: try _v2
+                procs = c(f"{call}_v2", h)
             if procs is not None:
                 readable.append(ptype)
                 for p in procs:

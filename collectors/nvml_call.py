@@ -3,9 +3,13 @@
 Every NVML call of the backend goes through :class:`NvmlCaller` (STYLE.md §3, nvitop's
 ``nvmlQuery``). It answers:
 
-* a value, or ``None`` for NOT_SUPPORTED, DEPRECATED, FUNCTION_NOT_FOUND (logged once and never
-  called again: pynvml and the driver do not match), NOT_FOUND where the caller says so, and NVML's "value not
-  available" sentinels (2^32-1, 2^64-1 and their signed forms; spec/metrics.md conventions);
+* a value, or ``None`` for NOT_SUPPORTED, DEPRECATED, NOT_FOUND where the caller says so, and NVML's
+  "value not available" sentinels (2^32-1, 2^64-1 and their signed forms);
+* ``None`` for a function the driver's library does not have — FUNCTION_NOT_FOUND, or pynvml's
+  ``NVMLLibraryMismatchError`` (a plain ``Exception`` its ``@throwOnVersionMismatch`` functions
+  raise when the versioned symbol they call is missing: ``nvmlDeviceGetComputeRunningProcesses`` calls
+  ``_v3``, which libraries before R510 lack). Logged once, counted as FUNCTION_NOT_FOUND, and never
+  called again (:meth:`NvmlCaller.missing` tells the caller, which may fall back to an older call);
 * raises :class:`DeviceLostError` for errors that mean the device stopped answering
   (GPU_IS_LOST, UNKNOWN, TIMEOUT, GPU_NOT_FOUND, RESET_REQUIRED, IRQ_ISSUE): the device is then
   reported with ``accelstats_gpu_up 0``;
@@ -37,6 +41,10 @@ ABSENT_ERRORS = frozenset({"NOT_SUPPORTED", "FUNCTION_NOT_FOUND", "DEPRECATED"})
 _UNSET: Any = object()
 
 
+class _NeverRaisedError(Exception):
+    """Stands for pynvml's NVMLLibraryMismatchError where pynvml has none."""
+
+
 class DeviceLostError(Exception):
     """The device did not answer (NVML GPU_IS_LOST, UNKNOWN, TIMEOUT, ...): report it down."""
 
@@ -66,9 +74,10 @@ def error_name(nvml: Any, exc: BaseException) -> str:
 class NvmlCaller:
     """Calls ``nvml.<function>`` by name and classifies its outcome (see module docstring).
 
-    ``nvml`` is the ``pynvml`` module or a :class:`collectors.nvml_replay.ReplayNVML`; both raise
-    ``nvml.NVMLError``. ``errors`` counts (call, error name) pairs that were answered with ``None``
-    or raised; it is read by the exporter as ``accelstats_nvml_errors_total``.
+    ``nvml`` is the ``pynvml`` module, or pynvml over the replayed library
+    (:class:`collectors.nvml_lib.ReplayedNVML`). ``errors`` counts (call, error name) pairs that
+    were answered with ``None`` or raised; it is read by the exporter as
+    ``accelstats_nvml_errors_total``.
     """
 
     def __init__(self, nvml: Any) -> None:
@@ -78,6 +87,8 @@ class NvmlCaller:
         self._lock = threading.Lock()
         self._names: dict[int, str] = {}
         self._missing: set[tuple[str, tuple[str, ...]]] = set()
+        # pynvml's NVMLLibraryMismatchError (nvidia-ml-py 12.560+; a class that never matches before)
+        self._mismatch: type[BaseException] = getattr(nvml, "NVMLLibraryMismatchError", _NeverRaisedError)
 
     def _name(self, exc: BaseException) -> str:
         code = getattr(exc, "value", -1)
@@ -87,6 +98,13 @@ class NvmlCaller:
             self._names[code] = name
         return name
 
+    def failed(self, call: str, exc: BaseException, level: int = logging.WARNING) -> str:
+        """Count and log (once) ``exc``, raised by ``call`` where the caller must handle the error
+        itself (``nvmlInit``, ``nvmlShutdown``); returns the error's name."""
+        err = self._name(exc)
+        self._note(call, err, level)
+        return err
+
     def _note(self, call: str, err: str, level: int) -> None:
         with self._lock:
             self.errors[(call, err)] += 1
@@ -94,31 +112,41 @@ class NvmlCaller:
             self._logged.add((call, err))
         log.log(level if first else logging.DEBUG, "NVML %s: %s", call, err)
 
-    def __call__(self, call: str, *args: Any, not_found: Any = _UNSET, **kwargs: Any) -> Any:
+    def missing(self, call: str, **kwargs: Any) -> bool:
+        """True once ``call`` (with these keyword names) was found missing from the library."""
+        return (call, tuple(sorted(kwargs))) in self._missing
+
+    def __call__(self, call: str, *args: Any, not_found: Any = _UNSET, timeout: Any = _UNSET, absent: Any = None,
+                 **kwargs: Any) -> Any:
         """Return ``nvml.<call>(*args, **kwargs)``, ``None`` when absent; see the module docstring.
 
         ``not_found``: what to answer for NVML NOT_FOUND, which some calls use for "no new samples
         since that timestamp" (``nvmlDeviceGetSamples``, ``nvmlDeviceGetProcessUtilization``);
-        without it NOT_FOUND is logged, counted and answered with ``None``.
+        without it NOT_FOUND is logged, counted and answered with ``None``. ``timeout``: what to
+        answer for NVML TIMEOUT where it is the normal outcome (``nvmlEventSetWait_v2``), neither
+        logged nor counted; without it TIMEOUT means the device stopped answering. ``absent``: what
+        to answer instead of ``None`` when there is no value (for calls whose value is ``None``).
         Raises DeviceLostError or NvmlUnavailableError as classified above.
         """
         key = (call, tuple(sorted(kwargs)))  # nvmlDeviceGetMemoryInfo(version=v2) can be missing alone
         if key in self._missing:
-            return None
+            return absent
         fn = getattr(self.nvml, call, None)
         if fn is None:
             self._missing.add(key)
             self._note(call, "FUNCTION_NOT_FOUND", logging.WARNING)
-            return None
+            return absent
         try:
             value = fn(*args, **kwargs)
         except self.nvml.NVMLError as exc:
             err = self._name(exc)
+            if err == "TIMEOUT" and timeout is not _UNSET:
+                return timeout
             if err in ABSENT_ERRORS:
                 if err == "FUNCTION_NOT_FOUND":  # pynvml newer than the driver: ask once, not every scrape
                     self._missing.add(key)
                     self._note(call, err, logging.WARNING)
-                return None
+                return absent
             if err == "NOT_FOUND" and not_found is not _UNSET:
                 return not_found
             if err in LOST_ERRORS:
@@ -128,7 +156,12 @@ class NvmlCaller:
                 self._note(call, err, logging.WARNING)
                 raise NvmlUnavailableError(f"{call}: {err}") from exc
             self._note(call, err, logging.WARNING)
-            return None
+            return absent
+        except self._mismatch as exc:  # pynvml: the versioned symbol behind this call is missing
+            self._missing.add(key)
+            self._note(call, "FUNCTION_NOT_FOUND", logging.WARNING)
+            log.debug("NVML %s: %s", call, exc)
+            return absent
         if isinstance(value, int) and not isinstance(value, bool) and value in SENTINELS:
-            return None
+            return absent
         return value

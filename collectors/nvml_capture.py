@@ -30,7 +30,7 @@ Schema versions differ (``<!DOCTYPE>`` v11: Tesla T4, v12: A100, v13: H200 / RTX
 element paths it is read from, first match wins.
 
 A scenario TOML picks GPUs out of captures, overrides their identity and readings, adds processes
-and MIG instances, injects faults and schedules NVML events (:func:`load_scenario`)::
+and MIG instances, and names the driver (:func:`load_scenario`)::
 
     [[gpu]]                          # NVML index = position, unless `index` is given
     capture = "nvidia-smi-q.xml"     # relative to the TOML file; required
@@ -50,27 +50,20 @@ and MIG instances, injects faults and schedules NVML events (:func:`load_scenari
     memory_total_bytes = 17716740096 # required
     compute_instance_id = 0          # optional; uuid optional (default: nvml_replay.mig_uuid)
     [[gpu.mig.process]]              # same keys as [[gpu.process]], runs in this instance
-    [[fault]]
-    gpu = 1                          # NVML index; without it the fault hits that call on every GPU
-    call = "nvmlDeviceGetMemoryInfo" # an implemented call, or "*" (every call naming that GPU)
-    error = "GPU_IS_LOST"            # NVML_ERROR_<error>; optional when hang_seconds is given
-    after_calls = 0                  # this many matching calls succeed first
-    times = 3                        # then fail this many times (default: forever)
-    hang_seconds = 5                 # block (time.sleep) this long before failing / answering
-    [[event]]                        # an NVML event (nvmlEventSetWait_v2), delivered once it is due
-    gpu = 1                          # NVML index; required
-    xid = 79                         # required: the XID (eventData), 1..2^64-1
-    after_seconds = 0.2              # due this long after the replay's first nvmlInit (default 0)
-    type = "xid_critical"            # optional; the only type (nvmlEventTypeXidCriticalError)
-    gpu_instance_id = 1              # optional, MIG: an instance of that GPU (default: whole GPU,
-    compute_instance_id = 0          #   0xFFFFFFFF); compute_instance_id only with gpu_instance_id
+    driver_version = "470.256.02"    # top level, optional: the driver the replayed library is, which
+                                     #   selects the NVML symbols it exports (collectors.nvml_lib);
+                                     #   default: the first capture's <driver_version>
+    missing_functions = ["nvmlDeviceGetProcessUtilization"]  # optional: NVML functions the library
+                                     #   does not export, on top of what that driver lacks
+
+Other top-level tables (``[[fault]]``, ``[[event]]``: injected failures, hangs and XID events) are
+test support, read by ``tests/support/replay_faults.py`` through ``ReplayState.extra``; the product
+refuses them unless asked to keep them (``tables``).
 
 Scenario integers must fit the C type NVML answers them in (unsigned int; unsigned long long for
 bytes, ECC counts and ``clock_reasons``; ``used_memory_bytes`` below 2^64-1, which is
-NVML_VALUE_NOT_AVAILABLE); ``uuid`` must not be empty (or ``"N/A"``); ``hang_seconds`` must be
-finite, 0..:data:`MAX_HANG_SECONDS`, and so must ``after_seconds``; ``after_calls`` / ``times``
-non-negative integers; an event's ``gpu`` must exist and its instance ids name one of that GPU's MIG
-instances.
+NVML_VALUE_NOT_AVAILABLE); ``uuid`` must not be empty (or ``"N/A"``); ``driver_version`` must
+start with a major version number.
 
 Errors in either input are :class:`CaptureError`, naming the file and the line/column (malformed
 XML or TOML; the line and byte offset of a scenario that is not UTF-8) or the key.
@@ -117,9 +110,6 @@ CLOCK_REASON_BITS = {
     "hw_power_brake_slowdown": 0x80,
     "display_clocks_setting": 0x100,
 }
-
-# nvmlEventType* bit (nvml.h; equal to pynvml's) by scenario ``[[event]]`` ``type``.
-EVENT_TYPES = {"xid_critical": 0x8}  # nvmlEventTypeXidCriticalError
 
 # NVML_DEVICE_ARCH_* (nvml.h) by lower-cased ``product_architecture``.
 ARCHITECTURES = {
@@ -291,31 +281,22 @@ def int_max(name: str) -> int:
 
 
 @dataclass(frozen=True)
-class EventCapture:
-    """An NVML event a scenario schedules, an ``[[event]]`` (keys: the module docstring).
-
-    An event of type ``kind`` (a key of :data:`EVENT_TYPES`) on GPU ``gpu`` (NVML index) carrying
-    ``xid`` (``eventData``), due ``after_seconds`` after the replay's first ``nvmlInit``; the MIG
-    instance ids are None for an event of the whole GPU (NVML reports 0xFFFFFFFF).
-    """
-
-    gpu: int
-    xid: int
-    after_seconds: float = 0.0
-    kind: str = "xid_critical"
-    gpu_instance_id: int | None = None
-    compute_instance_id: int | None = None
-
-
-@dataclass(frozen=True)
 class SystemCapture:
-    """A whole capture: driver version (str), CUDA driver version (``"13.0"``), GPUs in NVML order,
-    and the NVML events a scenario schedules (a capture has none)."""
+    """A whole capture: driver version (str), CUDA driver version (``"13.0"``), GPUs in NVML order."""
 
     driver_version: str | None
     cuda_version: str | None
     gpus: tuple[GpuCapture, ...]
-    events: tuple[EventCapture, ...] = ()
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A loaded scenario: the capture it builds, the NVML functions it takes away from the driver's
+    library, and the top-level tables left for the test support (name -> the TOML tables as read)."""
+
+    capture: SystemCapture
+    missing_functions: tuple[str, ...] = ()
+    extra: dict[str, list[Any]] = field(default_factory=dict)
 
 
 # -- value converters: text (already known not to be N/A) -> value, or None when it does not parse --
@@ -703,34 +684,16 @@ def mig_profile(parent: GpuCapture, mig: MigCapture) -> str:
 
 
 # -- scenarios ---------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Fault:
-    """An injected failure, a scenario ``[[fault]]`` (keys: the module docstring).
-
-    ``call`` (an NVML call name or ``"*"``) fails with NVML_ERROR_<``error``> on GPU ``gpu`` (NVML
-    index; None: every GPU, or a system call), after ``after_calls`` matching calls succeed, ``times``
-    times (None: forever), each first blocking ``hang_seconds``.
-    """
-
-    call: str
-    error: str | None = None
-    gpu: int | None = None
-    after_calls: int = 0
-    times: int | None = None
-    hang_seconds: float = 0.0
-
-
 MAX_HANG_SECONDS = 365 * 86400  # a year; time.sleep refuses from about 9.2e9 s (OverflowError / EINVAL)
 _GPU_KEYS = {"capture", "capture_index", "index", "minor", "uuid", "name", "pci_bus_id", "override", "process", "mig"}
 _PROCESS_KEYS = {"pid", "used_memory_bytes", "sm_utilization_percent", "type", "name"}
 _MIG_KEYS = {"gpu_instance_id", "compute_instance_id", "profile", "memory_total_bytes", "uuid", "process"}
-_FAULT_KEYS = {"gpu", "call", "error", "after_calls", "times", "hang_seconds"}
-_EVENT_KEYS = {"gpu", "xid", "after_seconds", "type", "gpu_instance_id", "compute_instance_id"}
 _OVERRIDABLE = {f.name: f.type for f in fields(GpuCapture) if f.type in ("int | None", "str | None")}
 
 
-class _Table:
-    """One TOML table of a scenario, checked key by key; errors name the file and the key path."""
+class ScenarioTable:
+    """One TOML table of a scenario, checked key by key; errors name the file and the key path
+    (:class:`CaptureError`). ``allowed``: the keys it may hold."""
 
     def __init__(self, path: Path, where: str, data: Any, allowed: set[str]) -> None:
         self.path, self.where, self.data = path, where, data
@@ -771,15 +734,15 @@ class _Table:
             self.fail(f"must be a finite number of seconds, at most {MAX_HANG_SECONDS}, got {value!r}", key)
         return value
 
-    def tables(self, key: str, allowed: set[str]) -> list[_Table]:
+    def tables(self, key: str, allowed: set[str]) -> list[ScenarioTable]:
         items = self.data.get(key, [])
         if not isinstance(items, list):
             self.fail("expected an array of tables ([[...]])", key)
-        return [_Table(self.path, f"{self.where}.{key}[{i}]" if self.where else f"{key}[{i}]", t, allowed)
+        return [ScenarioTable(self.path, f"{self.where}.{key}[{i}]" if self.where else f"{key}[{i}]", t, allowed)
                 for i, t in enumerate(items)]
 
 
-def _process(t: _Table, gi: int | None = None, ci: int | None = None) -> ProcessCapture:
+def _process(t: ScenarioTable, gi: int | None = None, ci: int | None = None) -> ProcessCapture:
     kind = t.get("type", str, "compute")
     if kind not in ("compute", "graphics", "mps"):
         t.fail(f"expected 'compute', 'graphics' or 'mps', got {kind!r}", "type")
@@ -794,7 +757,7 @@ def _process(t: _Table, gi: int | None = None, ci: int | None = None) -> Process
                           compute_instance_id=ci, sm_utilization_percent=sm, name=t.get("name", str, ""))
 
 
-def _set_pci_bus_id(t: _Table, key: str, text: str, changes: dict[str, Any]) -> None:
+def _set_pci_bus_id(t: ScenarioTable, key: str, text: str, changes: dict[str, Any]) -> None:
     """``changes`` for a scenario ``pci_bus_id``: the id (normalised) and its domain, bus and device."""
     parts = pci_bus_id_parts(text)
     if parts is None:
@@ -803,7 +766,7 @@ def _set_pci_bus_id(t: _Table, key: str, text: str, changes: dict[str, Any]) -> 
     changes.update(pci_bus_id=f"{domain:08X}:{bus:02X}:{dev:02X}.{fn}", pci_domain=domain, pci_bus=bus, pci_device=dev)
 
 
-def _set_uuid(t: _Table, key: str, text: str, changes: dict[str, Any]) -> None:
+def _set_uuid(t: ScenarioTable, key: str, text: str, changes: dict[str, Any]) -> None:
     if not text.strip() or text.strip().lower() in _ABSENT:
         t.fail(f"a GPU always has a UUID in NVML, got {text!r}", key)
     changes["uuid"] = text
@@ -816,7 +779,7 @@ def _merge(procs: Sequence[ProcessCapture], extra: Sequence[ProcessCapture]) -> 
     return (*[p for p in kept if p.types], *extra)
 
 
-def _gpu(t: _Table, base: Path, captures: dict[Path, SystemCapture]) -> tuple[int | None, GpuCapture]:
+def _gpu(t: ScenarioTable, base: Path, captures: dict[Path, SystemCapture]) -> tuple[int | None, GpuCapture]:
     """One ``[[gpu]]`` → (requested NVML index or None, its capture with the scenario applied)."""
     file = base / t.get("capture", str, required=True)
     if file not in captures:
@@ -849,7 +812,7 @@ def _gpu(t: _Table, base: Path, captures: dict[Path, SystemCapture]) -> tuple[in
     if "pci_bus_id" in t.data:
         _set_pci_bus_id(t, "pci_bus_id", t.get("pci_bus_id", str), changes)
     if "override" in t.data:
-        o = _Table(t.path, f"{t.where}.override", t.data["override"], set(_OVERRIDABLE))
+        o = ScenarioTable(t.path, f"{t.where}.override", t.data["override"], set(_OVERRIDABLE))
         for key, value in o.data.items():
             if key == "uuid":
                 _set_uuid(o, key, o.get(key, str), changes)
@@ -875,7 +838,7 @@ def _gpu(t: _Table, base: Path, captures: dict[Path, SystemCapture]) -> tuple[in
     return t.get("index", int), replace(gpu, **changes)
 
 
-def _mig(t: _Table, index: int) -> MigCapture:
+def _mig(t: ScenarioTable, index: int) -> MigCapture:
     total = t.uint("memory_total_bytes", U64, required=True)
     used = sum(_process(p).used_memory_bytes or 0 for p in t.tables("process", _PROCESS_KEYS))
     if used > U64:
@@ -887,19 +850,15 @@ def _mig(t: _Table, index: int) -> MigCapture:
                       memory_free_bytes=max(0, total - used))
 
 
-def load_scenario(path: str | Path, *, calls: Collection[str],
-                  errors: Collection[str]) -> tuple[SystemCapture, list[Fault]]:
-    """Read a scenario TOML (keys: the module docstring) into GPUs in NVML index order (and the
-    ``[[event]]`` tables, :attr:`SystemCapture.events`, in file order) and faults; ``calls`` /
-    ``errors`` are the call and NVML error names a fault may name. The
-    driver and CUDA versions are those of the first capture file named. Raises CaptureError naming
-    the file and the line and column (malformed TOML), the line and byte offset (not UTF-8), the OS
-    reason (unreadable) or the key (unknown key, wrong type, a value out of its range: negative,
-    beyond the NVML C type's (:func:`int_max`), a non-finite or too long ``hang_seconds``; a capture
-    that is missing, not a file, unreadable or rejected by :func:`parse_capture`, ``capture_index``
-    out of range, unknown fault call or error name, duplicate index/uuid/minor, an empty uuid; an
-    event on a GPU the scenario lacks, an XID of 0, an unknown event type, a non-finite or negative
-    ``after_seconds``, instance ids naming no MIG instance of that GPU).
+def load_scenario(path: str | Path, *, tables: Collection[str] = ()) -> Scenario:
+    """Read a scenario TOML (keys: the module docstring) into GPUs in NVML index order. ``tables``:
+    other top-level tables to accept unread (:attr:`Scenario.extra`). The driver and CUDA versions
+    are those of the first capture file named, unless ``driver_version`` says otherwise. Raises
+    CaptureError naming the file and the line and column (malformed TOML), the line and byte offset
+    (not UTF-8), the OS reason (unreadable) or the key (unknown key, wrong type, a value out of its
+    range: negative, beyond the NVML C type's (:func:`int_max`); a capture that is missing, not a
+    file, unreadable or rejected by :func:`parse_capture`, ``capture_index`` out of range, duplicate
+    index/uuid/minor, an empty uuid, a ``driver_version`` without a major number).
     """
     path = Path(path)
     try:
@@ -925,63 +884,37 @@ def load_scenario(path: str | Path, *, calls: Collection[str],
         raise CaptureError(f"{path}: {where}: not valid TOML ({reason})") from exc
     except ValueError as exc:  # an integer of more than 4300 digits (sys.get_int_max_str_digits)
         raise CaptureError(f"{path}: not valid TOML ({str(exc).split(';')[0]})") from exc
-    top = _Table(path, "", data, {"gpu", "fault", "event"})
+    unread = [k for k in ("fault", "event") if k in data and k not in tables]
+    if unread:
+        raise CaptureError(f"{path}: {' and '.join(f'[[{k}]]' for k in unread)}: fault and event injection "
+                           "is test support (tests/support/replay_faults.py), not part of accelstats")
+    top = ScenarioTable(path, "", data, {"gpu", "driver_version", "missing_functions", *tables})
+    extra: dict[str, list[Any]] = {}
+    for name in tables:
+        if name in data:
+            if not isinstance(data[name], list):
+                top.fail("expected an array of tables ([[...]])", name)
+            extra[name] = data[name]
     captures: dict[Path, SystemCapture] = {}
-    tables = top.tables("gpu", _GPU_KEYS)
-    entries = [_gpu(t, path.parent, captures) for t in tables]
+    gpu_tables = top.tables("gpu", _GPU_KEYS)
+    entries = [_gpu(t, path.parent, captures) for t in gpu_tables]
     order = [pos if index is None else index for pos, (index, _) in enumerate(entries)]
     if sorted(order) != list(range(len(entries))):
         top.fail(f"gpu indices {order} are not 0..{len(entries) - 1}, each once", "gpu")
     for key in ("uuid", "minor"):
         seen: dict[Any, str] = {}
-        for (_, gpu), t in zip(entries, tables, strict=True):
+        for (_, gpu), t in zip(entries, gpu_tables, strict=True):
             value = getattr(gpu, key)
             if value is not None and value in seen:
                 t.fail(f"{key} {value!r} is also {seen[value]}'s; give each GPU its own", key)
             seen[value] = t.where
     by_index = dict(zip(order, (gpu for _, gpu in entries), strict=True))
     gpus = tuple(by_index[i] for i in range(len(entries)))
-    faults = [_fault(t, len(gpus), calls, errors) for t in top.tables("fault", _FAULT_KEYS)]
-    events = tuple(_event(t, gpus) for t in top.tables("event", _EVENT_KEYS))
     first = next(iter(captures.values()), SystemCapture(None, None, ()))
-    return SystemCapture(first.driver_version, first.cuda_version, gpus, events), faults
-
-
-def _fault(t: _Table, gpu_count: int, calls: Collection[str], errors: Collection[str]) -> Fault:
-    call = t.get("call", str, required=True)
-    if call != "*" and call not in calls:
-        t.fail(f"{call!r} is not a call the replay implements (or '*')", "call")
-    error = t.get("error", str)
-    if error is not None and error not in errors:
-        t.fail(f"unknown NVML error {error!r} (expected an NVML_ERROR_* name without the prefix)", "error")
-    gpu = t.get("gpu", int)
-    if gpu is not None and gpu >= gpu_count:
-        t.fail(f"no GPU with NVML index {gpu} (the scenario has {gpu_count})", "gpu")
-    hang = t.seconds("hang_seconds")
-    if error is None and not hang:
-        t.fail("a fault needs `error`, `hang_seconds` or both", "error")
-    return Fault(call=call, error=error, gpu=gpu, after_calls=t.get("after_calls", int, 0),
-                 times=t.get("times", int), hang_seconds=hang)
-
-
-def _event(t: _Table, gpus: Sequence[GpuCapture]) -> EventCapture:
-    gpu = t.get("gpu", int, required=True)
-    if gpu >= len(gpus):
-        t.fail(f"no GPU with NVML index {gpu} (the scenario has {len(gpus)})", "gpu")
-    xid = t.uint("xid", U64, required=True)
-    if xid == 0:
-        t.fail("XIDs are numbered from 1, got 0", "xid")
-    kind = t.get("type", str, "xid_critical")
-    if kind not in EVENT_TYPES:
-        t.fail(f"expected {' or '.join(map(repr, EVENT_TYPES))}, got {kind!r}", "type")
-    gi, ci = t.uint("gpu_instance_id"), t.uint("compute_instance_id")
-    if ci is not None and gi is None:
-        t.fail("given without gpu_instance_id", "compute_instance_id")
-    migs = gpus[gpu].migs
-    if gi is not None and not any(m.gpu_instance_id == gi and ci in (None, m.compute_instance_id) for m in migs):
-        have = ", ".join(f"{m.gpu_instance_id}/{m.compute_instance_id}" for m in migs)
-        t.fail(f"GPU {gpu} has no MIG instance {gi}{'' if ci is None else f'/{ci}'} "
-               f"({f'gpu/compute instance ids: {have}' if have else 'MIG is not enabled'})",
-               "gpu_instance_id" if ci is None else "compute_instance_id")
-    return EventCapture(gpu=gpu, xid=xid, after_seconds=t.seconds("after_seconds"), kind=kind,
-                        gpu_instance_id=gi, compute_instance_id=ci)
+    driver = top.get("driver_version", str, first.driver_version)
+    if driver is not None and not re.match(r"\d+(\.|$)", driver):
+        top.fail(f"expected a driver version such as \"470.256.02\", got {driver!r}", "driver_version")
+    missing = top.get("missing_functions", list, [])
+    if not all(isinstance(m, str) and re.fullmatch(r"nvml\w+", m) for m in missing):
+        top.fail(f"expected a list of NVML function names, got {missing!r}", "missing_functions")
+    return Scenario(SystemCapture(driver, first.cuda_version, gpus), tuple(missing), extra)

@@ -1,34 +1,30 @@
 # ruff: noqa: N802, N803, N815
 # (method and argument names are pynvml's)
-"""A replay of NVML: a pynvml-compatible stand-in answering from captured ``nvidia-smi -q -x`` output.
+"""The state behind the replayed ``libnvidia-ml``: GPUs answered from ``nvidia-smi -q -x`` captures.
 
 For tests, benchmarks and demos on machines without a GPU. Everything it reports is labelled
-``source="replay"`` (:attr:`ReplayNVML.source`), never passed off as a live reading.
+``source="replay"``, never passed off as a live reading.
 
-:class:`ReplayNVML` instances can be used wherever the ``pynvml`` module is: each implemented call
-has pynvml's name, arguments, return shape (pynvml's own ctypes structures and ``nvmlFriendlyObject``)
-and errors (``pynvml.NVMLError(pynvml.NVML_ERROR_<X>)``, which pynvml turns into subclasses such as
-``NVMLError_NotSupported``). Attributes it does not define fall back to the ``pynvml`` module for
-constants and classes (``NVML_CLOCK_SM``, ``nvmlMemory_v2``, ``NVMLError``, …); any pynvml NVML
-*function* it does not implement raises NVML_ERROR_FUNCTION_NOT_FOUND, so nothing reaches the real
-library. Behaviour follows NVML: every call but init raises UNINITIALIZED before ``nvmlInit`` and
-after the last ``nvmlShutdown`` (init is reference-counted); a value the capture gives as N/A raises
-NOT_SUPPORTED ("Requested functionality has been deprecated": DEPRECATED), and so does one NVML's
-unsigned type cannot hold (``-36 C``: listed in ``GpuCapture.invalid``); MIG device handles answer
-identity, memory and process calls and raise NOT_SUPPORTED for everything else (utilisation, power,
-clocks, events, …), as real MIG devices do.
+:class:`ReplayState` holds the GPUs of a capture or scenario and answers NVML's questions about them,
+one method per NVML function, named as pynvml names the function and taking the arguments pynvml's
+function takes. Nothing in accelstats calls these methods directly: :mod:`collectors.nvml_lib`
+exports NVML's C functions (the symbols of the driver generation the capture names), decodes the C
+arguments pynvml passes, calls the method and writes its answer into the caller's C structures. The
+real ``pynvml`` module, unchanged, runs on top (:func:`collectors.nvml_lib.open_replay`).
+
+Errors are ``pynvml.NVMLError(pynvml.NVML_ERROR_<X>)``; the library returns their codes. Behaviour
+follows NVML: every call but init raises UNINITIALIZED before ``nvmlInit`` and after the last
+``nvmlShutdown`` (init is reference-counted); a value the capture gives as N/A raises NOT_SUPPORTED
+("Requested functionality has been deprecated": DEPRECATED), and so does one NVML's unsigned type
+cannot hold (``-36 C``: listed in ``GpuCapture.invalid``); MIG device handles answer identity,
+memory and process calls and raise NOT_SUPPORTED for everything else (utilisation, power, clocks,
+events, …), as real MIG devices do.
 
 Events: ``nvmlEventSetCreate`` / ``nvmlEventSetFree``, ``nvmlDeviceGetSupportedEventTypes``,
-``nvmlDeviceRegisterEvents`` and ``nvmlEventSetWait_v2`` / ``nvmlEventSetWait`` deliver the XIDs a
-scenario schedules (``[[event]]``, :class:`collectors.nvml_capture.EventCapture`), each due
-``after_seconds`` after the replay's first ``nvmlInit``, to the sets registered for that GPU and
-event type; a wait sleeps in slices of at most :data:`EVENT_WAIT_SLICE_S` and raises TIMEOUT when
-nothing is due within ``timeoutms`` (:meth:`ReplayNVML.nvmlEventSetWait_v2` has the rules).
-
-Inputs (:meth:`ReplayNVML.from_path`): an ``nvidia-smi -q -x`` XML file (every ``<gpu>``, NVML index
-= position), or a scenario TOML (suffix ``.toml``; keys in :mod:`collectors.nvml_capture`) that picks
-GPUs out of captures, overrides their identity and readings, adds processes and MIG instances, and
-injects faults (errors, ``after_calls``, ``times``, hangs) into any call, and schedules XID events.
+``nvmlDeviceRegisterEvents`` and ``nvmlEventSetWait_v2`` keep NVML's rules for sets; what falls due
+comes from :attr:`ReplayState.event_source` (none: a wait times out, as on a healthy GPU). Every call
+passes :attr:`ReplayState.call_hooks` first. Both are how the test support injects faults, hangs and
+XID events (``tests/support/replay_faults.py``); they are not part of the product.
 
 Values NVML has but ``nvidia-smi -q -x`` does not print are documented where they are made up:
 samples and process-utilisation timestamps come from the wall clock, total energy grows at the
@@ -40,7 +36,6 @@ captured power draw from :data:`ENERGY_BASE_MJ`, the encoder/decoder sampling pe
 from __future__ import annotations
 
 import ctypes
-import inspect
 import re
 import threading
 import time
@@ -52,10 +47,7 @@ from typing import Any
 import pynvml
 
 from collectors.nvml_capture import (
-    EVENT_TYPES,
     CaptureError,
-    EventCapture,
-    Fault,
     GpuCapture,
     MigCapture,
     SystemCapture,
@@ -67,15 +59,16 @@ from collectors.nvml_capture import (
     pci_bus_id_parts,
 )
 
-__all__ = ["IMPLEMENTED_CALLS", "EventCapture", "Fault", "ReplayError", "ReplayEventData", "ReplayEventSet",
-           "ReplayHandle", "ReplayNVML", "mig_uuid"]
+__all__ = ["IMPLEMENTED_CALLS", "CallHook", "DueEvent", "EventSource", "ReplayError", "ReplayEventData",
+           "ReplayEventSet", "ReplayHandle", "ReplayState", "mig_uuid"]
 
 SAMPLE_PERIOD_US = 1_000_000 // 6  # one utilisation sample per 1/6 s, as NVML's sampler
 SAMPLE_BUFFER = 120  # samples NVML keeps per type (20 s at 6 Hz)
 SAMPLING_PERIOD_US = 100_000  # encoder/decoder sampling period the H200 reported (nvml_probe.json)
-ENERGY_BASE_MJ = 0  # total energy at ReplayNVML construction; then + power_usage_mw x seconds
+ENERGY_BASE_MJ = 0  # total energy at ReplayState construction; then + power_usage_mw x seconds
 UINT_MAX = 0xFFFFFFFF  # NVML's "no instance" gpuInstanceId / computeInstanceId of non-MIG processes
 MIG_MAX_DEVICES = 7  # nvmlDeviceGetMaxMigDeviceCount with MIG enabled (A30: 4)
+NVML_MEMORY_V2 = 40 | 2 << 24  # nvml.h: NVML_STRUCT_VERSION(Memory, 2); sizeof(nvmlMemory_v2_t) is 40
 EVENT_WAIT_SLICE_S = 0.05  # nvmlEventSetWait_v2 sleeps in slices of at most this (and of at least 1 ms)
 # nvmlDeviceGetSupportedEventTypes: every GPU (nvml.h: "for Fermi or newer fully supported devices"),
 # plus the single and double bit ECC events where ECC is enabled ("ECC events are available only on ECC
@@ -95,7 +88,10 @@ _SAMPLES = {0: "power_usage_mw", 1: "util_gpu_percent", 2: "util_memory_percent"
 _PROCESS_CALLS = {"nvmlDeviceGetComputeRunningProcesses": "compute",
                   "nvmlDeviceGetGraphicsRunningProcesses": "graphics",
                   "nvmlDeviceGetMPSComputeRunningProcesses": "mps"}
-_PURE_HELPERS = frozenset({"nvmlStructToFriendlyObject", "nvmlFriendlyObjectToStruct"})
+
+# A call hook: (the NVML call's names, the NVML index of the GPU it names or None) -> None; it may
+# sleep or raise pynvml.NVMLError (tests/support/replay_faults.py).
+CallHook = Callable[[tuple[str, ...], "int | None"], None]
 
 
 class ReplayError(ValueError):
@@ -117,18 +113,18 @@ class ReplayHandle:
 
     __slots__ = ("_owner", "gpu", "mig")
 
-    def __init__(self, owner: ReplayNVML, gpu: int, mig: MigCapture | None = None) -> None:
+    def __init__(self, owner: ReplayState, gpu: int, mig: MigCapture | None = None) -> None:
         self._owner, self.gpu, self.mig = owner, gpu, mig
 
     def __repr__(self) -> str:
         return f"<ReplayHandle gpu={self.gpu}{'' if self.mig is None else f' mig={self.mig.index}'}>"
 
 
-def _getter(call: str, attrs: str | tuple[str, ...], doc: str, mig: bool = False) -> Callable[[ReplayNVML, Any], Any]:
+def _getter(call: str, attrs: str | tuple[str, ...], doc: str, mig: bool = False) -> Callable[[ReplayState, Any], Any]:
     """A method answering ``call(handle)`` with GpuCapture ``attrs`` (one value, or a list of
     them); NOT_SUPPORTED (DEPRECATED) when one is None."""
 
-    def method(self: ReplayNVML, handle: Any) -> Any:
+    def method(self: ReplayState, handle: Any) -> Any:
         gpu = self._device(call, handle, mig=mig).gpu
         return self._need(gpu, attrs) if isinstance(attrs, str) else [self._need(gpu, a) for a in attrs]
 
@@ -142,34 +138,47 @@ class ReplayEventSet:
 
     __slots__ = ("_owner", "delivered", "live", "registered")
 
-    def __init__(self, owner: ReplayNVML) -> None:
+    def __init__(self, owner: ReplayState) -> None:
         self._owner, self.live = owner, True
         self.registered: dict[tuple[int, int], float] = {}  # (NVML index, event type bit) -> clock when
-        self.delivered: set[int] = set()  # positions in ReplayNVML._events
+        self.delivered: set[int] = set()  # what the event source delivered to this set (its keys)
 
     def __repr__(self) -> str:
         return f"<ReplayEventSet {'live' if self.live else 'freed'} registered={sorted(self.registered)}>"
 
 
 class ReplayEventData:
-    """What nvmlEventSetWait_v2 returns: the fields of pynvml's ``c_nvmlEventData_t`` (``_fields_``,
-    so ``nvmlStructToFriendlyObject`` takes it), with ``.device`` the :class:`ReplayHandle` of the GPU
-    (ctypes cannot hold one); printed as pynvml prints the structure."""
+    """An event to deliver: the fields of NVML's ``nvmlEventData_t``, with ``.device`` the
+    :class:`ReplayHandle` of the GPU (the library writes its pointer)."""
 
     __slots__ = ("computeInstanceId", "device", "eventData", "eventType", "gpuInstanceId")
-    _fields_ = pynvml.c_nvmlEventData_t._fields_
 
     def __init__(self, device: ReplayHandle, eventType: int, eventData: int, gpuInstanceId: int,
                  computeInstanceId: int) -> None:
         self.device, self.eventType, self.eventData = device, eventType, eventData
         self.gpuInstanceId, self.computeInstanceId = gpuInstanceId, computeInstanceId
 
-    def __str__(self) -> str:
-        return (f"c_nvmlEventData_t(device: {self.device}, eventType: 0x{self.eventType:08X}, "
-                f"eventData: {self.eventData}, gpuInstanceId: {self.gpuInstanceId}, "
-                f"computeInstanceId: {self.computeInstanceId})")
 
-    __repr__ = __str__
+class DueEvent:
+    """What an :class:`EventSource` hands out: NVML index ``gpu``, nvmlEventType* bit ``event_type``,
+    ``xid`` (eventData), MIG instance ids (None: the whole GPU) and ``key`` (marks it delivered)."""
+
+    __slots__ = ("compute_instance_id", "event_type", "gpu", "gpu_instance_id", "key", "xid")
+
+    def __init__(self, key: int, gpu: int, event_type: int, xid: int, gpu_instance_id: int | None = None,
+                 compute_instance_id: int | None = None) -> None:
+        self.key, self.gpu, self.event_type, self.xid = key, gpu, event_type, xid
+        self.gpu_instance_id, self.compute_instance_id = gpu_instance_id, compute_instance_id
+
+
+class EventSource:
+    """Where events come from: :meth:`take` answers (the event to deliver to an event set now, or
+    None, and the clock time the next one falls due, or None). The product has none: events are
+    injected by the test support (``tests/support/replay_faults.py``)."""
+
+    def take(self, es: ReplayEventSet, now: float, start: float) -> tuple[DueEvent | None, float | None]:
+        """Called under the state's lock; ``start`` is the clock at the first nvmlInit."""
+        return None, None
 
 
 class _Target:
@@ -181,106 +190,89 @@ class _Target:
         self.index, self.gpu, self.mig = index, gpu, mig
 
 
-class ReplayNVML:
-    """pynvml-compatible NVML replay of a :class:`SystemCapture` (module docstring: behaviour).
+class ReplayState:
+    """NVML's answers for a :class:`SystemCapture` (module docstring: behaviour).
 
-    ``capture``: the GPUs in NVML index order and the system versions. ``faults``: injected
-    failures. ``path``: the file it came from (None when built in code). ``clock`` (seconds since
-    the epoch; drives sample and process-utilisation timestamps and the energy counter) and
-    ``sleep`` (used by ``hang_seconds`` and nvmlEventSetWait_v2) are injectable for tests; the clock
-    also times scenario events. Thread-safe.
+    ``capture``: the GPUs in NVML index order and the system versions. ``path``: the file it came
+    from (None when built in code). ``clock`` (seconds since the epoch; drives sample and
+    process-utilisation timestamps and the energy counter) and ``sleep`` (used by
+    nvmlEventSetWait_v2, and by call hooks that hang) are injectable for tests. ``call_hooks`` run
+    before every call (:data:`CallHook`); ``event_source`` says which events fall due. ``extra``:
+    the scenario's tables that the product does not read (``[[fault]]``, ``[[event]]``), for the
+    test support. Thread-safe.
     """
 
     source = "replay"
 
-    def __init__(self, capture: SystemCapture, faults: Sequence[Fault] = (), *, path: Path | None = None,
-                 clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(self, capture: SystemCapture, *, path: Path | None = None,
+                 clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
+                 extra: dict[str, Any] | None = None, missing_functions: Sequence[str] = ()) -> None:
         self.path = path
         self.capture = capture
-        self.faults = tuple(faults)
-        self._clock, self._sleep = clock, sleep
-        self._lock = threading.Lock()
+        self.clock, self.sleep = clock, sleep
+        self.extra = extra or {}
+        self.missing_functions = tuple(missing_functions)
+        self.call_hooks: list[CallHook] = []
+        self.event_source = EventSource()
+        self.lock = threading.Lock()
         self._refcount = 0
-        self._fault_calls = [0] * len(self.faults)
-        self._fault_hits = [0] * len(self.faults)
         self._handles = [ReplayHandle(self, i) for i in range(len(capture.gpus))]
         self._mig_handles = {(i, m.index): ReplayHandle(self, i, m)
                              for i, g in enumerate(capture.gpus) for m in g.migs}
         self._t0 = clock()
         self._energy_last: dict[int, int] = {}
-        self._t_init: float | None = None  # clock at the first nvmlInit: scenario events count from it
-        # events in the order they fall due (file order among equals): (position, event)
-        self._events = sorted(enumerate(capture.events), key=lambda e: (e[1].after_seconds, e[0]))
-        self._claimed: set[int] = set()  # positions of events delivered to some set
+        self.t_init: float | None = None  # clock at the first nvmlInit: scenario events count from it
         self._sets: list[ReplayEventSet] = []
 
     @classmethod
-    def from_path(cls, path: str | Path, **kwargs: Any) -> ReplayNVML:
+    def from_path(cls, path: str | Path, *, tables: Sequence[str] = (), **kwargs: Any) -> ReplayState:
         """Load an ``nvidia-smi -q -x`` XML file, or a scenario when the suffix is ``.toml``.
 
-        ``kwargs`` go to the constructor (``clock``, ``sleep``). Raises ReplayError, and nothing
-        else whatever the file holds, naming the file and the line/column (malformed XML or TOML,
-        a ``<gpu>`` without a UUID or with another's), the line and byte offset (a scenario that is
-        not UTF-8), the OS reason (unreadable: missing, a directory, no permission) or the offending
-        key (scenario errors, :func:`collectors.nvml_capture.load_scenario`).
+        ``tables``: top-level scenario tables to accept unread and keep in :attr:`extra` (the test
+        support's ``fault`` and ``event``). ``kwargs`` go to the constructor (``clock``, ``sleep``).
+        Raises ReplayError, and nothing else whatever the file holds, naming the file and the
+        line/column (malformed XML or TOML, a ``<gpu>`` without a UUID or with another's), the line
+        and byte offset (a scenario that is not UTF-8), the OS reason (unreadable: missing, a
+        directory, no permission) or the offending key (scenario errors,
+        :func:`collectors.nvml_capture.load_scenario`).
         """
         path = Path(path)
         if "\0" in str(path):
             raise ReplayError(f"cannot read {path!r}: the name holds a NUL character")
         try:
             if path.suffix.lower() == ".toml":
-                errors = [n.removeprefix("NVML_ERROR_") for n in dir(pynvml) if n.startswith("NVML_ERROR_")]
-                capture, faults = load_scenario(path, calls=IMPLEMENTED_CALLS, errors=errors)
-                return cls(capture, faults, path=path, **kwargs)
+                scenario = load_scenario(path, tables=tables)
+                return cls(scenario.capture, path=path, extra=scenario.extra,
+                           missing_functions=scenario.missing_functions, **kwargs)
             return cls(parse_capture(path), path=path, **kwargs)
         except CaptureError as exc:
             raise ReplayError(str(exc)) from exc
         except OSError as exc:
             raise ReplayError(f"cannot read {path}: {exc.strerror or exc}") from exc
 
-    # -- pynvml module emulation ---------------------------------------------------------------
-    def __getattr__(self, name: str) -> Any:
-        """pynvml's constants and classes; its unimplemented NVML functions raise FUNCTION_NOT_FOUND."""
-        if name.startswith("__"):
-            raise AttributeError(name)
-        value = getattr(pynvml, name)
-        if inspect.isfunction(value) and "nvml" in name.lower() and name not in _PURE_HELPERS:
-            def not_found(*args: Any, **kwargs: Any) -> Any:
-                raise _err("FUNCTION_NOT_FOUND")
-            not_found.__name__ = name
-            return not_found
-        return value
+    @property
+    def gpu_count(self) -> int:
+        """Number of physical GPUs."""
+        return len(self._handles)
 
-    def __dir__(self) -> list[str]:
-        names = {n for n in dir(pynvml) if not inspect.isfunction(getattr(pynvml, n))}
-        return sorted(names | set(object.__dir__(self)))
+    def handle(self, index: int) -> ReplayHandle:
+        """The handle of GPU ``index`` (no NVML rules: for the test support's events)."""
+        return self._handles[index]
 
     # -- plumbing -----------------------------------------------------------------------------
-    def _enter(self, call: str, gpu: int | None = None) -> None:
-        """UNINITIALIZED check (except init), then the faults matching ``call`` and ``gpu``."""
-        hang, error = 0.0, None
-        with self._lock:
-            if self._refcount == 0 and call not in ("nvmlInit", "nvmlInitWithFlags"):
+    def _enter(self, call: str, gpu: int | None = None, *, also: tuple[str, ...] = ()) -> None:
+        """UNINITIALIZED check (except init), then the call hooks with ``(call, *also)`` and ``gpu``."""
+        with self.lock:
+            if self._refcount == 0 and call != "nvmlInit":
                 raise _err("UNINITIALIZED")
-            for i, f in enumerate(self.faults):
-                if f.call not in (call, "*") or (f.gpu is not None and f.gpu != gpu) or \
-                        (f.call == "*" and gpu is None):
-                    continue
-                self._fault_calls[i] += 1
-                if self._fault_calls[i] <= f.after_calls or (f.times is not None and self._fault_hits[i] >= f.times):
-                    continue
-                self._fault_hits[i] += 1
-                hang, error = max(hang, f.hang_seconds), error or f.error
-        if hang:
-            self._sleep(hang)
-        if error:
-            raise _err(error)
+        for hook in self.call_hooks:
+            hook((call, *also), gpu)
 
-    def _device(self, call: str, handle: Any, *, mig: bool = False) -> _Target:
+    def _device(self, call: str, handle: Any, *, mig: bool = False, also: tuple[str, ...] = ()) -> _Target:
         """Resolve a handle of this replay (INVALID_ARGUMENT otherwise) after :meth:`_enter`;
         MIG handles raise NOT_SUPPORTED unless ``mig``."""
         ours = isinstance(handle, ReplayHandle) and handle._owner is self
-        self._enter(call, handle.gpu if ours else None)
+        self._enter(call, handle.gpu if ours else None, also=also)
         if not ours:
             raise _err("INVALID_ARGUMENT")
         if handle.mig is not None and not mig:
@@ -295,27 +287,28 @@ class ReplayNVML:
         return value
 
     def _now_us(self) -> int:
-        return int(self._clock() * 1_000_000)
+        return int(self.clock() * 1_000_000)
 
     # -- system -------------------------------------------------------------------------------
     def nvmlInit(self) -> None:
-        """Initialise (reference-counted, like NVML); faults on ``nvmlInit`` or ``nvmlInitWithFlags``."""
-        self._enter("nvmlInit")
-        self.nvmlInitWithFlags(0)
+        """Initialise (reference-counted, like NVML). The library's ``nvmlInit``, ``nvmlInit_v2``
+        and ``nvmlInitWithFlags`` all come here; call hooks see the names ``nvmlInit`` and
+        ``nvmlInitWithFlags``."""
+        self._enter("nvmlInit", also=("nvmlInitWithFlags",))
+        with self.lock:
+            self._refcount += 1
+            if self.t_init is None:
+                self.t_init = self.clock()
 
     def nvmlInitWithFlags(self, flags: int) -> None:
-        """Initialise with NVML_INIT_FLAG_* ``flags`` (accepted, no effect); reference-counted."""
-        self._enter("nvmlInitWithFlags")
-        with self._lock:
-            self._refcount += 1
-            if self._t_init is None:
-                self._t_init = self._clock()
+        """Initialise with NVML_INIT_FLAG_* ``flags`` (accepted, no effect): :meth:`nvmlInit`."""
+        self.nvmlInit()
 
     def nvmlShutdown(self) -> None:
         """Drop one init reference; at zero every call but init raises UNINITIALIZED again, and the
         event sets are freed (NVML releases them with the library)."""
         self._enter("nvmlShutdown")
-        with self._lock:
+        with self.lock:
             self._refcount = max(0, self._refcount - 1)
             if self._refcount == 0:
                 for es in self._sets:
@@ -401,10 +394,10 @@ class ReplayNVML:
         return self._device("nvmlDeviceGetIndex", handle).index
 
     def nvmlDeviceGetPciInfo_v3(self, handle: Any) -> pynvml.nvmlPciInfo_t:
-        """pynvml ``nvmlPciInfo_t`` from ``<pci>``: ``.busId`` (str ``"00000000:00:06.0"``),
+        """``nvmlPciInfo_t`` from ``<pci>``: ``.busId`` (str ``"00000000:00:06.0"``),
         ``.busIdLegacy`` (``"0000:00:06.0"``), ``.domain .bus .device .pciDeviceId .pciSubSystemId``;
         MIG handles answer their parent's."""
-        g = self._device("nvmlDeviceGetPciInfo_v3", handle, mig=True).gpu
+        g = self._device("nvmlDeviceGetPciInfo", handle, mig=True, also=("nvmlDeviceGetPciInfo_v3",)).gpu
         info = pynvml.nvmlPciInfo_t()
         bus_id = str(self._need(g, "pci_bus_id"))
         info.busId = bus_id.encode()
@@ -413,11 +406,6 @@ class ReplayNVML:
                            ("pciDeviceId", "pci_device_id"), ("pciSubSystemId", "pci_subsystem_id")):
             setattr(info, attr, getattr(g, name) or 0)
         return info
-
-    def nvmlDeviceGetPciInfo(self, handle: Any) -> pynvml.nvmlPciInfo_t:
-        """Same as :meth:`nvmlDeviceGetPciInfo_v3` (pynvml's alias); faults match either name."""
-        self._device("nvmlDeviceGetPciInfo", handle, mig=True)
-        return self.nvmlDeviceGetPciInfo_v3(handle)
 
     nvmlDeviceGetSerial = _getter("nvmlDeviceGetSerial", "serial", "Board serial (str) from ``<serial>``.")
     nvmlDeviceGetMinorNumber = _getter(
@@ -464,7 +452,7 @@ class ReplayNVML:
         total, free, used = (self._need(src, f"memory_{k}_bytes") for k in ("total", "free", "used"))
         if not version:
             return pynvml.c_nvmlMemory_t(total=total, free=free, used=max(0, total - free))
-        if version != pynvml.nvmlMemory_v2:
+        if version != NVML_MEMORY_V2:
             raise _err("ARGUMENT_VERSION_MISMATCH")
         reserved = src.memory_reserved_bytes
         reserved = max(0, total - free - used) if reserved is None else reserved
@@ -542,8 +530,8 @@ class ReplayNVML:
         seconds since the replay was built; never decreases. NOT_SUPPORTED when power is N/A."""
         t = self._device("nvmlDeviceGetTotalEnergyConsumption", handle)
         power = int(self._need(t.gpu, "power_usage_mw"))
-        value = ENERGY_BASE_MJ + int(power * max(0.0, self._clock() - self._t0))
-        with self._lock:
+        value = ENERGY_BASE_MJ + int(power * max(0.0, self.clock() - self._t0))
+        with self.lock:
             value = self._energy_last[t.index] = max(value, self._energy_last.get(t.index, 0))
         return value
 
@@ -725,7 +713,7 @@ class ReplayNVML:
         """A new, empty event set (:class:`ReplayEventSet`)."""
         self._enter("nvmlEventSetCreate")
         es = ReplayEventSet(self)
-        with self._lock:
+        with self.lock:
             self._sets.append(es)
         return es
 
@@ -733,7 +721,7 @@ class ReplayNVML:
         """Free ``eventSet``; INVALID_ARGUMENT for a set that is not this replay's or already freed.
         A wait on it in another thread then raises INVALID_ARGUMENT (within one wait slice)."""
         self._enter("nvmlEventSetFree")
-        with self._lock:
+        with self.lock:
             es = self._event_set(eventSet)
             es.live = False
             self._sets.remove(es)
@@ -750,83 +738,55 @@ class ReplayNVML:
         (:meth:`nvmlDeviceGetSupportedEventTypes`) and for MIG handles, as NVML."""
         types = ctypes.c_ulonglong(eventTypes).value  # pynvml's conversion: TypeError for a non-int
         t = self._device("nvmlDeviceRegisterEvents", handle)
-        with self._lock:
+        with self.lock:
             es = self._event_set(eventSet)
             if types & ~pynvml.nvmlEventTypeAll:
                 raise _err("INVALID_ARGUMENT")
             if types & ~_supported_events(t.gpu):
                 raise _err("NOT_SUPPORTED")
-            now = self._clock()
+            now = self.clock()
             for bit in (1 << k for k in range(types.bit_length()) if types >> k & 1):
                 es.registered.setdefault((t.index, bit), now)
 
     def nvmlEventSetWait_v2(self, eventSet: Any, timeoutms: int) -> ReplayEventData:
-        """The next due event for ``eventSet`` (:class:`ReplayEventData`: ``.device`` the GPU's
-        handle, ``.eventType`` nvmlEventTypeXidCriticalError, ``.eventData`` the XID,
-        ``.gpuInstanceId`` / ``.computeInstanceId`` the scenario's or 0xFFFFFFFF), blocking up to
-        ``timeoutms`` (unsigned int as pynvml passes it: -1 is 2^32-1 ms), then TIMEOUT, as NVML.
+        """The next event :attr:`event_source` hands out for ``eventSet`` (:class:`ReplayEventData`:
+        ``.device`` the GPU's handle, ``.eventType``, ``.eventData`` the XID, ``.gpuInstanceId`` /
+        ``.computeInstanceId`` or 0xFFFFFFFF), blocking up to ``timeoutms`` (unsigned int: -1 is
+        2^32-1 ms), then TIMEOUT, as NVML.
 
-        A scenario event falls due ``after_seconds`` after the replay's first nvmlInit (by the
-        injectable clock). It is delivered to a set registered for its GPU and type, once per set,
-        the earliest due first: to every set registered before it fell due and, when none took it,
-        to the first set registered later that waits (so ``after_seconds = 0`` reaches the watcher
-        that registers after init); a set created after another took it does not get it again.
         Sleeps in slices of at most :data:`EVENT_WAIT_SLICE_S` (the injectable sleep), until the
         next event falls due or the timeout; a set freed meanwhile raises INVALID_ARGUMENT, a last
-        nvmlShutdown UNINITIALIZED. The wait names no GPU: faults with ``gpu`` or ``call = "*"`` do
-        not apply to it, faults naming this call (or nvmlEventSetWait) without ``gpu`` do.
+        nvmlShutdown UNINITIALIZED. The wait names no GPU: call hooks see ``gpu`` None.
         """
-        timeout = ctypes.c_uint(timeoutms).value / 1000  # pynvml's conversion: TypeError for a non-int
-        self._enter("nvmlEventSetWait_v2")
+        timeout = ctypes.c_uint(timeoutms).value / 1000
+        self._enter("nvmlEventSetWait_v2", also=("nvmlEventSetWait",))
         waited = 0.0
         while True:
-            with self._lock:
+            with self.lock:
                 if self._refcount == 0:
                     raise _err("UNINITIALIZED")
                 es = self._event_set(eventSet)
-                now = self._clock()
-                found, next_due = self._take(es, now)
+                now = self.clock()
+                found, next_due = self.event_source.take(es, now, self.t_init if self.t_init is not None else now)
+                if found is not None:
+                    es.delivered.add(found.key)
             if found is not None:
                 return ReplayEventData(
-                    self._handles[found.gpu], EVENT_TYPES[found.kind], found.xid,
+                    self._handles[found.gpu], found.event_type, found.xid,
                     UINT_MAX if found.gpu_instance_id is None else found.gpu_instance_id,
                     UINT_MAX if found.compute_instance_id is None else found.compute_instance_id)
             left = timeout - waited
             if left <= 0:
                 raise _err("TIMEOUT")
             step = min(EVENT_WAIT_SLICE_S, left, max(0.001, next_due - now) if next_due is not None else left)
-            self._sleep(step)
+            self.sleep(step)
             waited += step
-
-    def nvmlEventSetWait(self, eventSet: Any, timeoutms: int) -> ReplayEventData:
-        """pynvml's alias of :meth:`nvmlEventSetWait_v2`; faults match either name."""
-        ctypes.c_uint(timeoutms)  # pynvml converts before anything reaches NVML: TypeError for a non-int
-        self._enter("nvmlEventSetWait")
-        return self.nvmlEventSetWait_v2(eventSet, timeoutms)
 
     def _event_set(self, eventSet: Any) -> ReplayEventSet:
         """``eventSet`` if it is a live set of this replay, else INVALID_ARGUMENT (hold the lock)."""
         if not isinstance(eventSet, ReplayEventSet) or eventSet._owner is not self or not eventSet.live:
             raise _err("INVALID_ARGUMENT")
         return eventSet
-
-    def _take(self, es: ReplayEventSet, now: float) -> tuple[EventCapture | None, float | None]:
-        """(the event to deliver to ``es`` now, marked delivered; else None, and the clock time the
-        next event ``es`` is registered for falls due, None when there is none). Hold the lock."""
-        start = self._t_init if self._t_init is not None else now
-        for pos, event in self._events:
-            due = start + event.after_seconds
-            registered = es.registered.get((event.gpu, EVENT_TYPES[event.kind]))
-            if registered is None or pos in es.delivered:
-                continue
-            if due > now:
-                return None, due
-            if registered > due and pos in self._claimed:
-                continue  # it happened before this set listened, and another set took it
-            es.delivered.add(pos)
-            self._claimed.add(pos)
-            return event, None
-        return None, None
 
 
 def _supported_events(gpu: GpuCapture) -> int:
@@ -843,5 +803,5 @@ def _mig_slots(gpu: GpuCapture) -> int:
 
 
 
-# Every pynvml function name ReplayNVML answers (a scenario fault may name any of them).
-IMPLEMENTED_CALLS = frozenset(n for n in dir(ReplayNVML) if n.startswith("nvml"))
+# Every pynvml function name ReplayState answers (a call hook sees these names).
+IMPLEMENTED_CALLS = frozenset(n for n in dir(ReplayState) if n.startswith("nvml"))

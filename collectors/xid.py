@@ -16,56 +16,73 @@ exporter or plugin restarts (the driver needs a reset or reload to recover from 
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import threading
 from collections import Counter
 from typing import Any
 
-from collectors.nvml_call import error_name
+from collectors.nvml_call import DeviceLostError, NvmlCaller, NvmlUnavailableError
 
 log = logging.getLogger(__name__)
 
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 WAIT_MS = 1000
+_TIMED_OUT = object()
+_FAILED = object()
+
+
+def handle_address(handle: Any) -> int | None:
+    """The pointer value of an NVML device handle (pynvml's ``c_nvmlDevice_t``), which is what
+    identifies the device: pynvml builds a new ctypes object for every handle it returns, and the
+    ``device`` of an event is one of those."""
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except (ctypes.ArgumentError, TypeError):
+        return None
 
 
 class XidWatcher:
     """Counts critical XIDs per GPU UUID from NVML events (see module docstring).
 
-    ``nvml``: pynvml or the replay; ``handles``: ``{uuid: handle}`` of the GPUs to watch. Start with
-    :meth:`start`, stop with :meth:`stop` (the thread ends within about a second). GPUs whose driver
-    does not support the event type are skipped (logged once). Thread-safe readers:
-    :meth:`counts` and :meth:`critical`.
+    ``call``: the backend's :class:`collectors.nvml_call.NvmlCaller` (every NVML call goes through
+    it, so failures are logged once and counted in ``accelstats_nvml_errors_total``); ``handles``:
+    ``{uuid: handle}`` of the GPUs to watch. Start with :meth:`start`, stop with :meth:`stop` (the
+    thread ends within about a second). GPUs whose driver does not support the event type are
+    skipped. Thread-safe readers: :meth:`counts` and :meth:`critical`.
     """
 
-    def __init__(self, nvml: Any, handles: dict[str, Any]) -> None:
-        self.nvml = nvml
+    def __init__(self, call: NvmlCaller, handles: dict[str, Any]) -> None:
+        self.call = call
         self.handles = handles
         self._counts: dict[str, Counter[int]] = {}
         self._critical: dict[str, int] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._set: Any = None
         self.watching: list[str] = []
 
     def start(self) -> None:
         """Register every GPU for critical-XID events and start waiting in a daemon thread.
         Does nothing when no GPU supports the event (a message is logged)."""
-        nv = self.nvml
-        kind = getattr(nv, "nvmlEventTypeXidCriticalError", 8)
+        c = self.call
+        kind = getattr(c.nvml, "nvmlEventTypeXidCriticalError", 8)
         try:
-            self._set = nv.nvmlEventSetCreate()
-        except nv.NVMLError as exc:
-            log.warning("XID events not available: nvmlEventSetCreate: %s", error_name(nv, exc))
-            return
-        for uuid, handle in self.handles.items():
-            try:
-                if not nv.nvmlDeviceGetSupportedEventTypes(handle) & kind:
+            self._set = c("nvmlEventSetCreate")
+            if self._set is None:
+                log.warning("XID events not available: nvmlEventSetCreate failed")
+                return
+            for uuid, handle in self.handles.items():
+                supported = c("nvmlDeviceGetSupportedEventTypes", handle)
+                if not supported or not supported & kind:
                     continue
-                nv.nvmlDeviceRegisterEvents(handle, kind, self._set)
+                if c("nvmlDeviceRegisterEvents", handle, kind, self._set, absent=_FAILED) is _FAILED:
+                    log.info("XID events not watched on %s", uuid)
+                    continue
                 self.watching.append(uuid)
-            except nv.NVMLError as exc:
-                log.info("XID events not watched on %s: %s", uuid, error_name(nv, exc))
+        except (DeviceLostError, NvmlUnavailableError) as exc:
+            log.warning("XID events not watched: %s", exc)
         if not self.watching:
             self._free()
             return
@@ -73,22 +90,24 @@ class XidWatcher:
         self._thread.start()
 
     def _run(self) -> None:
-        nv = self.nvml
-        by_handle = {id(h): u for u, h in self.handles.items()}
+        by_address = {handle_address(h): u for u, h in self.handles.items()}
         failures = 0
         while not self._stop.is_set():
             try:
-                event = nv.nvmlEventSetWait_v2(self._set, WAIT_MS)
-            except nv.NVMLError as exc:
-                name = error_name(nv, exc)
-                if name == "TIMEOUT":
-                    failures = 0
-                    continue
+                event = self.call("nvmlEventSetWait_v2", self._set, WAIT_MS, timeout=_TIMED_OUT)
+            except (DeviceLostError, NvmlUnavailableError) as exc:
+                event, reason = None, str(exc)
+            else:
+                reason = "no event data"
+            if event is _TIMED_OUT:
+                failures = 0
+                continue
+            if event is None:
                 failures += 1
-                log.log(logging.WARNING if failures == 1 else logging.DEBUG, "nvmlEventSetWait: %s", name)
+                log.log(logging.WARNING if failures == 1 else logging.DEBUG, "XID events: %s", reason)
                 self._stop.wait(min(30.0, failures))
                 continue
-            uuid = by_handle.get(id(event.device)) or self._uuid_of(event.device)
+            uuid = by_address.get(handle_address(event.device)) or self._uuid_of(event.device)
             xid = int(event.eventData)
             with self._lock:
                 self._counts.setdefault(uuid, Counter())[xid] += 1
@@ -100,16 +119,21 @@ class XidWatcher:
 
     def _uuid_of(self, handle: Any) -> str:
         try:
-            value = self.nvml.nvmlDeviceGetUUID(handle)
-        except self.nvml.NVMLError:
+            value = self.call("nvmlDeviceGetUUID", handle)
+        except (DeviceLostError, NvmlUnavailableError):
+            value = None
+        if value is None:
             return "unknown"
         return value.decode() if isinstance(value, bytes) else str(value)
 
     def _free(self) -> None:
+        if self._set is None:
+            return
         try:
-            self.nvml.nvmlEventSetFree(self._set)
-        except self.nvml.NVMLError as exc:
-            log.debug("nvmlEventSetFree: %s", error_name(self.nvml, exc))
+            self.call("nvmlEventSetFree", self._set)
+        except (DeviceLostError, NvmlUnavailableError) as exc:
+            log.debug("nvmlEventSetFree: %s", exc)
+        self._set = None
 
     def counts(self, uuid: str) -> tuple[tuple[int, int], ...]:
         """``((xid, count), …)`` seen on ``uuid`` since start, sorted by XID."""

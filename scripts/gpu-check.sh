@@ -12,6 +12,7 @@ mkdir -p "$OUT"
 OUT=$(realpath "$OUT")
 export PYTHONUNBUFFERED=1
 py=python3
+repo=$PWD
 fail=0
 step() { echo "== $*" | tee -a "$OUT/steps.log"; }
 
@@ -39,8 +40,16 @@ timeout 60 $py -m accelstats dump > "$OUT/dump.prom" 2> "$OUT/dump.err" || fail=
 nvidia-smi --query-gpu=$query --format=csv,noheader,nounits > "$OUT/nvidia-smi-after.csv" || fail=1
 
 step "compare"
-$py "$OLDPWD/scripts/gpu_compare.py" "$OUT" > "$OUT/gpu-check.md" || fail=1
+$py "$repo/scripts/gpu_compare.py" "$OUT" > "$OUT/gpu-check.md" || fail=1
 cat "$OUT/gpu-check.md"
+
+step "issue 13: what the real pynvml answers for each call accelstats makes, live and over the replay of a capture of the same moment"
+nvidia-smi -q -x > "$OUT/nvidia-smi-q.xml" 2>> "$OUT/steps.log" || fail=1
+timeout 120 $py "$repo/scripts/nvml_record.py" > "$OUT/nvml-calls-live.json" 2> "$OUT/nvml-calls.err" || fail=1
+timeout 120 $py "$repo/scripts/nvml_record.py" --nvml-replay "$OUT/nvidia-smi-q.xml" > "$OUT/nvml-calls-replay.json" \
+  2>> "$OUT/nvml-calls.err" || fail=1
+$py "$repo/scripts/nvml_record.py" --compare "$OUT/nvml-calls-live.json" "$OUT/nvml-calls-replay.json" \
+  >> "$OUT/gpu-check.md" || fail=1
 
 step "issue 3: a real CUDA process in a docker-named cgroup (v2 host) is attributed by process"
 cid=$($py -c 'import secrets; print(secrets.token_hex(32))')
@@ -61,7 +70,7 @@ if [ -f /sys/fs/cgroup/cgroup.controllers ] && mkdir "$cg" 2>> "$OUT/steps.log";
   for _ in $(seq 90); do [ -f "$OUT/cuda.ready" ] && break; sleep 1; done
   if [ -f "$OUT/cuda.ready" ]; then
     timeout 60 $py -m accelstats containers --json > "$OUT/containers.json" 2> "$OUT/containers.err" || fail=1
-    timeout 60 $py "$OLDPWD/scripts/gpu_container_check.py" "$OUT/containers.json" "$cg" "$cuda_pid" "$cid" \
+    timeout 60 $py "$repo/scripts/gpu_container_check.py" "$OUT/containers.json" "$cg" "$cuda_pid" "$cid" \
       >> "$OUT/gpu-check.md" || fail=1
   else
     echo "CUDA process did not become ready (see cuda.log)" | tee -a "$OUT/gpu-check.md"; fail=1
@@ -75,7 +84,7 @@ tail -n 20 "$OUT/gpu-check.md"
 
 step "issue 11: a container granted GPU 0 that runs nothing (cgroup v2 device program) is attributed devices_cgroup, memory 0"
 if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
-  timeout 120 $py "$OLDPWD/scripts/gpu_idle_check.py" "$OUT" >> "$OUT/gpu-check.md" 2> "$OUT/idle-check.err" || fail=1
+  timeout 120 $py "$repo/scripts/gpu_idle_check.py" "$OUT" >> "$OUT/gpu-check.md" 2> "$OUT/idle-check.err" || fail=1
 else
   echo "not a cgroup v2 host: idle-allocation check skipped" | tee -a "$OUT/gpu-check.md"; fail=1
 fi
@@ -145,14 +154,14 @@ plugin_bin="$OUT/nomad-device-accelstats"
 printf '#!/bin/sh\nexec %s -c "from accelstats.nomad.server import main; main()"\n' "$(command -v $py)" > "$plugin_bin"
 chmod +x "$plugin_bin"
 echo '{"fingerprint_period": "1m"}' > "$OUT/plugin-config.json"
-timeout 120 $py -m accelstats.nomad.launcher "$plugin_bin" "$OUT/plugin-config.json" --stats 1 --reserve fingerprinted \
+PYTHONPATH="$repo/tests:$PYTHONPATH" timeout 120 $py -m support.nomadclient.launcher "$plugin_bin" "$OUT/plugin-config.json" --stats 1 --reserve fingerprinted \
   --quiet-logs > "$OUT/nomad-lifecycle.json" 2> "$OUT/nomad-lifecycle.err" || fail=1
 $py - "$OUT/nomad-lifecycle.json" >> "$OUT/gpu-check.md" <<'PYEOF' || fail=1
 import json, sys
 r = json.load(open(sys.argv[1]))
 c = next(p for p in r["processes"] if p["name"] == "C")
 msgs = {m["call"].split("#")[0]: m["message"] for m in c["messages"]}
-print("\n### Nomad plugin on live NVML (accelstats.nomad.launcher)\n")
+print("\n### Nomad plugin on live NVML (support.nomadclient.launcher)\n")
 print(f"- ok: {r['ok']}; problems: {r['problems']}")
 print(f"- exec to handshake (A, B, C): {[round(p['exec_to_handshake_s'], 3) for p in r['processes']]} s")
 print("- fingerprint:", json.dumps(msgs.get("Fingerprint"))[:1500])
@@ -163,7 +172,7 @@ PYEOF
 
 step "issue 7: scrape cost on live NVML: accelstats vs the NVML floor vs nvidia-smi (target: accelstats / floor <= 2)"
 # 1 GPU x 10 synthetic containers; 100 interleaved rounds, 0.25 s apart (about a minute); exit 1 = target missed
-timeout 300 $py "$OLDPWD/benchmarks/cost.py" --live --rounds 100 > "$OUT/cost.txt" 2>&1 || fail=1
+timeout 300 $py "$repo/benchmarks/cost.py" --live --rounds 100 > "$OUT/cost.txt" 2>&1 || fail=1
 { printf '\n### Scrape cost on live NVML (benchmarks/cost.py --live --rounds 100)\n\n```\n'; cat "$OUT/cost.txt"; printf '```\n'; } \
   >> "$OUT/gpu-check.md"
 tail -n 20 "$OUT/cost.txt"

@@ -27,6 +27,11 @@ from runc_harness import ContainerSpec, RuncContainer, RuncFactory, runc_availab
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
+# The replay's fault, hang and XID-event tables are test support: every replay opened by the tests,
+# in this process or in an accelstats subprocess, hands them to tests/support/replay_faults.py.
+os.environ["ACCELSTATS_REPLAY_EXTENSION"] = str(REPO_ROOT / "tests" / "support" / "replay_faults.py")
+import support.replay_faults  # noqa: E402, F401 - the replay then uses this module, not a second copy
+
 
 def in_ci() -> bool:
     """True when running under CI (``CI=true``), where nothing may be skipped for lack of setup."""

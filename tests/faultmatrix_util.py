@@ -9,7 +9,7 @@
   the same functions the gRPC servicers call.
 * :func:`eight_h200`: a scenario of eight H200s from the real capture.
 * :class:`HeldHang` and :class:`ReplayClock`: a replay's ``sleep`` and ``clock`` (both injectable,
-  :class:`~collectors.nvml_replay.ReplayNVML`): a ``hang_seconds = HELD`` fault hangs until the test
+  :class:`~collectors.nvml_replay.ReplayState`): a ``hang_seconds = HELD`` fault hangs until the test
   releases it, and the replay's clock moves when the test moves it; no test races a timer. Also used
   by tests/test_nvidia_backend.py and tests/test_pcie_sampler.py.
 * :func:`live_threads` / :func:`assert_no_new_threads`: thread leaks by thread identity, not by name.
@@ -35,17 +35,18 @@ from typing import Any
 from google.protobuf import timestamp_pb2
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
+from support.nomadclient.ctymsgpack import encode_for_spec
 
 from accelstats.config import Settings
 from accelstats.httpserver import serve
 from accelstats.manager import AcceleratorManager
 from accelstats.nomad import config as plugin_config
 from accelstats.nomad import devices
-from accelstats.nomad.ctymsgpack import encode_for_spec
 from accelstats.nomad.plugin import DevicePluginState
 from accelstats.nomad.proto import device_pb2, hclspec_pb2, structs_pb2
 from collectors.nvidia import NvidiaBackend
-from collectors.nvml_replay import ReplayNVML
+from collectors.nvml_lib import open_replay
+from collectors.nvml_replay import ReplayState
 
 REPO = Path(__file__).resolve().parents[1]
 H200_UUID = "GPU-5f1c2a9e-0b7d-4c3e-9a61-2d8e4f7b9c10"
@@ -127,9 +128,9 @@ class Exporter:
 def replay_exporter(tmp_path: Path, scenario: Path, *, replay: dict[str, Any] | None = None,
                     **settings: Any) -> Exporter:
     """An :class:`Exporter` over the replay of ``scenario`` on an empty cgroup tree and /proc;
-    ``replay``: keyword arguments of :class:`ReplayNVML` (``clock``, ``sleep``)."""
+    ``replay``: keyword arguments of :class:`ReplayState` (``clock``, ``sleep``)."""
     s = Settings(nvml_replay=scenario, cgroup_root=tmp_path / "cgroup", proc_root=tmp_path / "proc", **settings)
-    return Exporter(s, ReplayNVML.from_path(scenario, **(replay or {})))
+    return Exporter(s, open_replay(scenario, **(replay or {})))
 
 
 def free_port() -> int:
@@ -175,8 +176,8 @@ def serve_subprocess(args: Sequence[str], log: Path, *, prefix: Sequence[str] = 
 class Plugin:
     """The plugin's state after a SetConfig of ``cfg`` (a Nomad ``config`` block as a dict).
 
-    ``replay``: keyword arguments (``clock``, ``sleep``) for the :class:`ReplayNVML` the plugin
-    builds from ``cfg["nvml_replay"]``; the plugin has no way to pass them, so ``ReplayNVML.from_path``
+    ``replay``: keyword arguments (``clock``, ``sleep``) for the :class:`ReplayState` the plugin
+    builds from ``cfg["nvml_replay"]``; the plugin has no way to pass them, so ``ReplayState.from_path``
     adds them while SetConfig runs (and only then)."""
 
     def __init__(self, cfg: dict[str, Any], *, replay: dict[str, Any] | None = None) -> None:
@@ -185,16 +186,16 @@ class Plugin:
         if not replay:
             self.state.set_config(data)
             return
-        original = vars(ReplayNVML)["from_path"]
+        original = vars(ReplayState)["from_path"]
 
-        def from_path(cls: type[ReplayNVML], path: str | Path, **kwargs: Any) -> ReplayNVML:
+        def from_path(cls: type[ReplayState], path: str | Path, **kwargs: Any) -> ReplayState:
             return original.__func__(cls, path, **{**replay, **kwargs})  # type: ignore[no-any-return]
 
-        ReplayNVML.from_path = classmethod(from_path)  # type: ignore[method-assign, assignment]
+        ReplayState.from_path = classmethod(from_path)  # type: ignore[method-assign, assignment]
         try:
             self.state.set_config(data)
         finally:
-            ReplayNVML.from_path = original  # type: ignore[method-assign]
+            ReplayState.from_path = original  # type: ignore[method-assign]
 
     def __enter__(self) -> Plugin:
         return self
@@ -272,7 +273,7 @@ HELD = 3600.0  # hang_seconds that HeldHang holds until released (any other dura
 
 
 class HeldHang:
-    """A ``sleep`` for :class:`ReplayNVML` (``sleep=hang.sleep``) under which a scenario fault with
+    """A ``sleep`` for :class:`ReplayState` (``sleep=hang.sleep``) under which a scenario fault with
     ``hang_seconds = HELD`` blocks until :meth:`release`: the test, not a timer, decides when the hung
     call returns. Other durations (the event wait's slices of at most 50 ms) are slept for real.
 

@@ -19,7 +19,7 @@ from accelstats.config import Settings
 from accelstats.containers import ContainerMetadata, ContainerStats, container_of
 from accelstats.exporter import render
 from accelstats.manager import AcceleratorManager, Collection
-from collectors.nvml_replay import ReplayNVML
+from collectors.nvml_lib import open_replay
 
 GIB = 1 << 30
 C1, C2, C3 = "1" * 64, "2" * 64, "3" * 64
@@ -86,7 +86,7 @@ class Host:
         scenario = self.root / "scenario.toml"
         scenario.write_text(text)
         settings = Settings(nvml_replay=scenario, cgroup_root=self.cgroup, proc_root=self.proc, rootfs=self.rootfs)
-        with AcceleratorManager(settings, ReplayNVML.from_path(scenario)) as m:
+        with AcceleratorManager(settings, open_replay(scenario)) as m:
             return m.collect()
 
 
@@ -194,7 +194,7 @@ def test_open_device_node_attributes_by_open_fd_and_is_scanned_once(tmp_path: Pa
     settings = Settings(cgroup_root=host.cgroup, proc_root=host.proc, rootfs=host.rootfs,
                         nvml_replay=tmp_path / "scenario.toml")
     host.collect()  # writes the scenario
-    with AcceleratorManager(settings, ReplayNVML.from_path(tmp_path / "scenario.toml")) as m:
+    with AcceleratorManager(settings, open_replay(tmp_path / "scenario.toml")) as m:
         first = m.collect()
         attributor = m._attributor
         assert attributor is not None and attributor.scanner is not None

@@ -37,7 +37,7 @@ from prom_harness import free_port
 from accelstats.cgroups import detect_layout
 from accelstats.config import RuntimeRoots, Settings
 from accelstats.manager import AcceleratorManager, Collection
-from collectors.nvml_replay import ReplayNVML
+from collectors.nvml_lib import open_replay
 
 pytestmark = pytest.mark.root
 
@@ -92,7 +92,7 @@ def test_a_file_open_on_a_hung_fuse_mount_never_blocks_the_fd_scan(tmp_path: Pat
             assert time.monotonic() < deadline, "the holder never opened the file"
             time.sleep(0.01)
         fuse.hang()  # from now on a stat of that file waits for ever
-        with AcceleratorManager(settings, ReplayNVML.from_path(replay)) as manager:
+        with AcceleratorManager(settings, open_replay(replay)) as manager:
             for _ in range(2):
                 c = collect_within(manager, 10)
                 result = {r.name: r.success for r in c.snapshot.collector_results}
@@ -116,7 +116,7 @@ def test_a_state_directory_on_a_hung_mount_costs_one_late_attribution(tmp_path: 
     settings = Settings(nvml_replay=replay, cgroup_root=v2_tree(tmp_path, 1), proc_root=tmp_path / "proc",
                         rootfs=Path("/"), collectors=("nvidia",), runtimes=roots, collection_deadline=1.0)
     (tmp_path / "proc").mkdir()
-    with AcceleratorManager(settings, ReplayNVML.from_path(replay)) as manager:
+    with AcceleratorManager(settings, open_replay(replay)) as manager:
         first = collect_within(manager, 5)  # complete: the mount still answers
         assert {r.name: r.success for r in first.snapshot.collector_results}["attribution"]
         fuse.hang()
@@ -153,7 +153,7 @@ def test_devices_list_that_is_not_a_regular_file_is_not_read(tmp_path: Path, fix
                         rootfs=tmp_path, collectors=("nvidia",))
     (tmp_path / "proc").mkdir()
     before = (containers._grant_cached.cache_info().currsize, discovery._parse_cached.cache_info().currsize)
-    with AcceleratorManager(settings, ReplayNVML.from_path(replay)) as manager:
+    with AcceleratorManager(settings, open_replay(replay)) as manager:
         for _ in range(20):
             c = manager.collect()
     (row,) = [s for s in c.containers if s.cgroup == f"/docker/{CID}"]

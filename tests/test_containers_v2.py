@@ -29,7 +29,7 @@ from scenarios_util import two_gpu_scenario
 
 from accelstats.config import Settings
 from accelstats.manager import AcceleratorManager
-from collectors.nvml_replay import ReplayNVML
+from collectors.nvml_lib import open_replay
 
 pytestmark = pytest.mark.root
 
@@ -203,7 +203,7 @@ def test_mig_capability_minors_in_device_programs_name_the_instance(tmp_path: Pa
             finally:
                 os.close(fd)
         settings = Settings(nvml_replay=scenario, cgroup_root=v2_root, proc_root=proc, rootfs=tmp_path)
-        with AcceleratorManager(settings, ReplayNVML.from_path(scenario)) as m:
+        with AcceleratorManager(settings, open_replay(scenario)) as m:
             c = m.collect()
     finally:
         for d in made:

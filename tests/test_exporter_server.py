@@ -40,10 +40,10 @@ def test_scrapes_sharing_a_collection_share_one_encoded_body(tmp_path: Path, fix
     from prometheus_client.parser import text_string_to_metric_families
 
     from accelstats.httpapp import SharedExposition
-    from collectors.nvml_replay import ReplayNVML
+    from collectors.nvml_lib import open_replay
 
     manager = AcceleratorManager(Settings(cgroup_root=tmp_path, proc_root=tmp_path, collectors=("nvidia",)),
-                                 ReplayNVML.from_path(fixtures_dir / "h200" / "nvidia-smi-q.xml"))
+                                 open_replay(fixtures_dir / "h200" / "nvidia-smi-q.xml"))
     manager.setup()
     try:
         first = manager.collect()

@@ -72,6 +72,8 @@ Row 10: the file-devices directory deleted and recreated
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -93,9 +95,8 @@ from faultmatrix_util import (
     uuid_of,
     wait_until,
 )
-
-from accelstats.nomad.ctymsgpack import encode_for_spec
-from accelstats.nomad.launcher import PluginProcess
+from support.nomadclient.ctymsgpack import encode_for_spec
+from support.nomadclient.launcher import PluginProcess
 
 LOST = uuid_of(5)
 OTHER = uuid_of(1)
@@ -134,14 +135,11 @@ def test_row1_library_missing_then_present_exporter_process(tmp_path: Path, h200
 def test_row1_real_pynvml_without_libnvidia_ml_exporter_process(tmp_path: Path) -> None:
     """Live NVML (no replay) on a host whose PCI scan finds an NVIDIA device but which has no
     libnvidia-ml: pynvml's real nvmlInit fails, /metrics still answers. Skipped where the library loads."""
-    import pynvml
-
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError_LibraryNotFound:
-        pass
-    else:
-        pynvml.nvmlShutdown()
+    # asked in a process of its own: in this one, pynvml may hold a replayed library already
+    probe = subprocess.run([sys.executable, "-c", "import pynvml\ntry:\n    pynvml.nvmlInit()\n"
+                            "except pynvml.NVMLError_LibraryNotFound:\n    print('missing')"],
+                           capture_output=True, text=True, timeout=60, check=False)
+    if probe.stdout.strip() != "missing":
         pytest.skip("libnvidia-ml is installed here: the library is not missing")
     sysfs = tmp_path / "sys"
     (sysfs / "bus" / "pci" / "devices" / "0000:00:06.0").mkdir(parents=True)

@@ -43,7 +43,7 @@ from faultmatrix_util import (
 from accelstats import attribution
 from accelstats.cgroups import discovery
 from accelstats.config import FileDevicesSettings, Settings
-from collectors.nvml_replay import ReplayNVML
+from collectors.nvml_lib import open_replay
 
 DEVICES_V1 = Path("/sys/fs/cgroup/devices")
 A, B = "a" * 63 + "1", "b" * 63 + "2"  # docker container ids
@@ -168,7 +168,7 @@ def test_row6_cgroup_removed_mid_walk_exporter(tmp_path: Path, h200: Path, reque
         wrap(monkeypatch, attribution, "pids_in_cgroup",
              lambda directory, **_: rm() if Path(directory).name == B else None)
     settings = Settings(nvml_replay=scenario, cgroup_root=cg_root, proc_root=proc_root)
-    with Exporter(settings, ReplayNVML.from_path(scenario)) as exporter:
+    with Exporter(settings, open_replay(scenario)) as exporter:
         got = exporter.scrape()
         listed = [c.cgroup for c in exporter.manager.collect().containers]
     assert removed == [moment]
@@ -241,7 +241,7 @@ def test_row7_pid_gone_mid_read_exporter(tmp_path: Path, h200: Path, request: py
             wrap(monkeypatch, attribution, "pids_in_cgroup",
                  lambda directory, **_: kill() if Path(directory).name == B else None)
         settings = Settings(nvml_replay=scenario, cgroup_root=cg_root, proc_root=proc_root)
-        with Exporter(settings, ReplayNVML.from_path(scenario)) as exporter:
+        with Exporter(settings, open_replay(scenario)) as exporter:
             got = exporter.scrape()
     finally:
         if child is not None:

@@ -17,7 +17,7 @@ import pytest
 from accelstats.config import Settings
 from accelstats.exporter import exposition
 from accelstats.manager import AcceleratorManager
-from collectors.nvml_replay import ReplayNVML
+from collectors.nvml_lib import open_replay
 
 GOLDEN = Path(__file__).parent / "golden"
 VOLATILE = ("accelstats_scrape_collector_duration_seconds{", "accelstats_gpu_energy_joules_total{",
@@ -35,7 +35,7 @@ def stable(text: str) -> str:
 def test_exposition_matches_golden(fixtures_dir: Path, tmp_path: Path, capture: str) -> None:
     path = fixtures_dir / capture
     settings = Settings(nvml_replay=path, cgroup_root=tmp_path / "cgroup", proc_root=tmp_path / "proc")
-    with AcceleratorManager(settings, ReplayNVML.from_path(path)) as manager:
+    with AcceleratorManager(settings, open_replay(path)) as manager:
         text = stable(exposition(manager).decode())
     golden = GOLDEN / (Path(capture).stem + ".prom")
     if os.environ.get("ACCELSTATS_UPDATE_GOLDEN") == "1":

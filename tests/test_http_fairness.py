@@ -37,7 +37,7 @@ from accelstats.httpapp import SharedExposition
 from accelstats.httpserver import HTTPServer, serve
 from accelstats.httpworkers import PER_CLIENT, FairWorkers
 from accelstats.manager import AcceleratorManager
-from collectors.nvml_replay import ReplayNVML
+from collectors.nvml_lib import open_replay
 
 REFUSED = "accelstats_http_connections_refused_total"
 # A request that costs its own work (a filtered body): capped per address. Unfiltered scrapes share a
@@ -54,7 +54,7 @@ class Server:
             (folder / d).mkdir(exist_ok=True)
         self.manager = AcceleratorManager(Settings(cgroup_root=folder / "cgroup", proc_root=folder / "proc",
                                                    collectors=("nvidia",)),
-                                          ReplayNVML.from_path(fixtures_dir / "h200" / "nvidia-smi-q.xml"))
+                                          open_replay(fixtures_dir / "h200" / "nvidia-smi-q.xml"))
         self.manager.setup()
         self.collections = 0
         self.hold = False
@@ -254,7 +254,7 @@ def test_unread_answers_past_the_output_budget_are_dropped_oldest_first() -> Non
 
 def test_a_filtered_body_is_encoded_once_per_collection_and_filter(tmp_path: Path, fixtures_dir: Path) -> None:
     manager = AcceleratorManager(Settings(cgroup_root=tmp_path, proc_root=tmp_path, collectors=("nvidia",)),
-                                 ReplayNVML.from_path(fixtures_dir / "h200" / "nvidia-smi-q.xml"))
+                                 open_replay(fixtures_dir / "h200" / "nvidia-smi-q.xml"))
     manager.setup()
     try:
         collection = manager.collect()

@@ -55,7 +55,7 @@ from accelstats.config import Settings
 from accelstats.httpserver import serve
 from accelstats.manager import AcceleratorManager
 from accelstats.websource import WebConfigSource
-from collectors.nvml_replay import ReplayNVML
+from collectors.nvml_lib import open_replay
 
 REFUSED = "accelstats_http_connections_refused_total"
 
@@ -78,7 +78,7 @@ def launch(folder: Path, fixtures_dir: Path, web_text: str | None = None) -> Ser
         (folder / d).mkdir(exist_ok=True)
     manager = AcceleratorManager(Settings(cgroup_root=folder / "cgroup", proc_root=folder / "proc",
                                           collectors=("nvidia",)),
-                                 ReplayNVML.from_path(fixtures_dir / "h200" / "nvidia-smi-q.xml"))
+                                 open_replay(fixtures_dir / "h200" / "nvidia-smi-q.xml"))
     manager.setup()
     web = None
     if web_text is not None:

@@ -12,7 +12,7 @@ from accelstats.config import Settings
 from accelstats.containers import ContainerStats
 from accelstats.exporter import exposition
 from accelstats.manager import AcceleratorManager
-from collectors.nvml_replay import ReplayNVML
+from collectors.nvml_lib import open_replay
 
 DOCKER_A = "a" * 64
 DOCKER_B = "b" * 64
@@ -37,7 +37,7 @@ def host(tmp_path: Path, capture: Path, lists: dict[str, str]) -> Settings:
 
 def manager(settings: Settings) -> AcceleratorManager:
     assert settings.nvml_replay is not None
-    m = AcceleratorManager(settings, ReplayNVML.from_path(settings.nvml_replay))
+    m = AcceleratorManager(settings, open_replay(settings.nvml_replay))
     m.setup()
     return m
 
@@ -166,7 +166,7 @@ def test_nvml_pcie_interval_reaches_the_sampler(tmp_path: Path, fixtures_dir: Pa
     def sampler_interval(interval: float) -> float | None:
         settings = Settings(cgroup_root=tmp_path, proc_root=tmp_path, collectors=("nvidia",),
                             nvml_pcie_interval=interval)
-        manager = AcceleratorManager(settings, ReplayNVML.from_path(fixtures_dir / "h200" / "nvidia-smi-q.xml"))
+        manager = AcceleratorManager(settings, open_replay(fixtures_dir / "h200" / "nvidia-smi-q.xml"))
         manager.setup()
         try:
             (nvidia,) = manager.collectors

@@ -24,7 +24,7 @@ from accelstats.manager import AcceleratorManager
 from accelstats.mpsctl import MpsCollector
 from collectors.model import DeviceSnapshot, MpsDaemonReading
 from collectors.mps import Daemon, MpsResource, Root
-from collectors.nvml_replay import ReplayNVML
+from collectors.nvml_lib import open_replay
 
 
 @pytest.fixture
@@ -39,7 +39,7 @@ def root(tmp_path: Path) -> Iterator[Path]:
 def snapshot(tmp_path: Path, fixtures_dir: Path) -> Iterator[DeviceSnapshot]:
     """One collection of the replayed H200 (GPU index 0, the UUID of test_mps.UUID0)."""
     manager = AcceleratorManager(Settings(cgroup_root=tmp_path, proc_root=tmp_path, collectors=("nvidia",)),
-                                 ReplayNVML.from_path(fixtures_dir / "h200" / "nvidia-smi-q.xml"))
+                                 open_replay(fixtures_dir / "h200" / "nvidia-smi-q.xml"))
     manager.setup()
     try:
         yield manager.collect().snapshot

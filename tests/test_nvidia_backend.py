@@ -15,14 +15,14 @@ from accelstats.exporter import render
 from accelstats.manager import AcceleratorManager, Collection
 from collectors.model import Device, DeviceSnapshot, NoDataError
 from collectors.nvidia import NvidiaBackend, nvidia_pci_devices
-from collectors.nvml_replay import ReplayNVML
+from collectors.nvml_lib import open_replay
 
 MIB = 1 << 20
 H200_UUID = "GPU-5f1c2a9e-0b7d-4c3e-9a61-2d8e4f7b9c10"
 
 
 def backend(path: Path, **kw: float) -> NvidiaBackend:
-    return NvidiaBackend(ReplayNVML.from_path(path), **kw)
+    return NvidiaBackend(open_replay(path), **kw)
 
 
 def snapshot(b: NvidiaBackend) -> DeviceSnapshot:
@@ -182,7 +182,7 @@ error = "LIBRARY_NOT_FOUND"
     (tmp_path / "devs" / "dev0").write_text("x")
     settings = Settings(nvml_replay=scenario, cgroup_root=tmp_path / "cg", proc_root=tmp_path / "proc",
                         file_devices=FileDevicesSettings(dir=tmp_path / "devs"))
-    with AcceleratorManager(settings, ReplayNVML.from_path(scenario)) as m:
+    with AcceleratorManager(settings, open_replay(scenario)) as m:
         names = {f.name for f in render(m.collect())}
     assert not any(n.startswith("accelstats_gpu_") for n in names)
     assert "accelstats_file_device_info" in names
@@ -300,7 +300,7 @@ error = "NOT_SUPPORTED"
 
 
 def test_memory_info_falls_back_to_v1_on_drivers_without_v2(h200: Path) -> None:
-    replay = ReplayNVML.from_path(h200)
+    replay = open_replay(h200)
 
     class OldDriver:
         """The replay, but nvmlDeviceGetMemoryInfo_v2 missing as on drivers before it existed."""
@@ -346,7 +346,7 @@ after_calls = 1
 times = 1
 """)
     with HeldHang() as hang:
-        b = NvidiaBackend(ReplayNVML.from_path(scenario, sleep=hang.sleep))
+        b = NvidiaBackend(open_replay(scenario, sleep=hang.sleep))
         try:
             first = snapshot(b)  # a complete pass: the fault lets one call through first
             assert all(s.up for s in first.samples.values())
@@ -393,7 +393,7 @@ times = 1
 error = "DRIVER_NOT_LOADED"
 """)
     with HeldHang() as hang:
-        b = NvidiaBackend(ReplayNVML.from_path(scenario, sleep=hang.sleep), retry_interval=0.05)
+        b = NvidiaBackend(open_replay(scenario, sleep=hang.sleep), retry_interval=0.05)
         try:
             took = []
             for _ in range(2):

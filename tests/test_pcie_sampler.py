@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import time
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from accelstats.manager import Collection
 from collectors.model import DeviceSnapshot
 from collectors.nvidia import NvidiaBackend
 from collectors.nvml_call import NvmlCaller
-from collectors.nvml_replay import ReplayNVML
+from collectors.nvml_lib import open_replay
 from collectors.pcie import STALE_INTERVALS, PcieSampler
 
 H200_UUID = "GPU-5f1c2a9e-0b7d-4c3e-9a61-2d8e4f7b9c10"
@@ -73,7 +74,7 @@ def wait_for(predicate: object, timeout: float = 30.0) -> None:
 
 
 def test_capture_kb_per_second_become_bytes_per_second_by_direction(h200: Path) -> None:
-    b = NvidiaBackend(ReplayNVML.from_path(h200))
+    b = NvidiaBackend(open_replay(h200))
     try:
         snap = snapshot(b)  # setup waits for the first round: the first scrape has values
         assert pcie(snap) == {"tx": 884 * 1024, "rx": 422 * 1024}
@@ -93,7 +94,7 @@ capture = "CAPTURE"
 pcie_tx_kbps = 850
 pcie_rx_kbps = "N/A"
 """)
-    b = NvidiaBackend(ReplayNVML.from_path(path))
+    b = NvidiaBackend(open_replay(path))
     try:
         snap = snapshot(b)
         assert pcie(snap) == {"tx": 850 * 1024}  # rx NOT_SUPPORTED: absent, never 0
@@ -105,7 +106,7 @@ pcie_rx_kbps = "N/A"
 
 
 def test_a_reading_older_than_three_intervals_is_absent(h200: Path) -> None:
-    replay = ReplayNVML.from_path(h200)
+    replay = open_replay(h200)
     replay.nvmlInit()
     now = [1000.0]
     sampler = PcieSampler(NvmlCaller(replay), replay, interval=60.0, clock=lambda: now[0])
@@ -128,7 +129,7 @@ gpu = 1
 call = "nvmlDeviceGetPcieThroughput"
 error = "GPU_IS_LOST"
 """)
-    b = NvidiaBackend(ReplayNVML.from_path(path))
+    b = NvidiaBackend(open_replay(path))
     try:
         snap = snapshot(b)
         assert pcie(snap, H200_UUID) == {"tx": 905216.0, "rx": 432128.0}
@@ -140,7 +141,7 @@ error = "GPU_IS_LOST"
 
 
 def test_mig_instances_get_no_pcie_series(fixtures_dir: Path) -> None:
-    replay = ReplayNVML.from_path(fixtures_dir / "public" / "a100-sxm4-v12.xml")
+    replay = open_replay(fixtures_dir / "public" / "a100-sxm4-v12.xml")
     asked: list[object] = []
 
     class Counting:
@@ -159,7 +160,10 @@ def test_mig_instances_get_no_pcie_series(fixtures_dir: Path) -> None:
         parent, *migs = snap.devices
         assert pcie(snap, parent.uuid) == {"tx": 4000 * 1024, "rx": 0.0}
         assert len(migs) == 4 and all(pcie(snap, m.uuid) == {} for m in migs)
-        assert {repr(h) for h in asked} == {"<ReplayHandle gpu=0>"}  # never a MIG handle
+        parent_handle = replay.nvmlDeviceGetHandleByIndex(0)
+        # never a MIG handle: every handle asked is the parent GPU's (same address)
+        assert asked and {ctypes.cast(h, ctypes.c_void_p).value for h in asked} == {
+            ctypes.cast(parent_handle, ctypes.c_void_p).value}
     finally:
         b.close()
 
@@ -181,7 +185,7 @@ times = 1
 """)
     now = [1000.0]
     with HeldHang() as hang:
-        b = NvidiaBackend(ReplayNVML.from_path(path, sleep=hang.sleep), deadline=30.0, pcie_interval=0.1)
+        b = NvidiaBackend(open_replay(path, sleep=hang.sleep), deadline=30.0, pcie_interval=0.1)
         assert b.pcie is not None
         b.pcie.clock = lambda: now[0]
         try:
@@ -208,7 +212,7 @@ times = 1
 
 
 def test_pcie_interval_zero_reads_nothing_and_starts_no_thread(h200: Path) -> None:
-    b = NvidiaBackend(ReplayNVML.from_path(h200), pcie_interval=0)
+    b = NvidiaBackend(open_replay(h200), pcie_interval=0)
     try:
         snap = snapshot(b)
         assert b.pcie is None and pcie(snap) == {}
@@ -233,7 +237,7 @@ def test_config_nvml_pcie_interval_rejects(tmp_path: Path, value: str) -> None:
 
 
 def test_stop_joins_the_timer_and_close_ends_the_worker(h200: Path) -> None:
-    b = NvidiaBackend(ReplayNVML.from_path(h200), pcie_interval=0.05)
+    b = NvidiaBackend(open_replay(h200), pcie_interval=0.05)
     assert b.pcie is not None
     snapshot(b)
     wait_for(lambda: b.pcie is not None and b.pcie.rounds >= 3)  # the timer runs rounds
@@ -247,7 +251,7 @@ def test_stop_joins_the_timer_and_close_ends_the_worker(h200: Path) -> None:
 
 def test_replay_pcie_throughput_unit_is_kb_per_second(h200: Path) -> None:
     """The replay answers the capture's KB/s as NVML does (the sampler multiplies by 1024)."""
-    replay = ReplayNVML.from_path(h200)
+    replay = open_replay(h200)
     replay.nvmlInit()
     h = replay.nvmlDeviceGetHandleByIndex(0)
     assert replay.nvmlDeviceGetPcieThroughput(h, replay.NVML_PCIE_UTIL_TX_BYTES) == 884
@@ -267,7 +271,7 @@ after_calls = 2
 times = 1
 """)
     with HeldHang() as hang:
-        b = NvidiaBackend(ReplayNVML.from_path(path, sleep=hang.sleep), pcie_interval=0.1)
+        b = NvidiaBackend(open_replay(path, sleep=hang.sleep), pcie_interval=0.1)
         assert b.pcie is not None
         try:
             snapshot(b)

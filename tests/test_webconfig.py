@@ -39,7 +39,7 @@ from accelstats.webconfig import (
     load_web_config,
 )
 from accelstats.websource import WebConfigSource
-from collectors.nvml_replay import ReplayNVML
+from collectors.nvml_lib import open_replay
 
 H200_UUID = "GPU-5f1c2a9e-0b7d-4c3e-9a61-2d8e4f7b9c10"
 PASSWORD = "s3cret-pw"
@@ -250,7 +250,7 @@ def manager(fixtures_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     replay = fixtures_dir / "h200" / "nvidia-smi-q.xml"
     settings = Settings(nvml_replay=replay, collectors=("nvidia",), cgroup_root=root / "cgroup",
                         proc_root=root / "proc")
-    m = AcceleratorManager(settings, ReplayNVML.from_path(replay))
+    m = AcceleratorManager(settings, open_replay(replay))
     m.setup()
     yield m
     m.destroy()

@@ -45,7 +45,7 @@ from accelstats.httpserver import serve
 from accelstats.manager import AcceleratorManager
 from accelstats.webconfig import WebConfigError, load_web_config
 from accelstats.websource import WebConfigSource
-from collectors.nvml_replay import ReplayNVML
+from collectors.nvml_lib import open_replay
 
 PASSWORD = "s3cret-pw"
 HASH = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()  # cost 4: fast tests
@@ -69,7 +69,7 @@ def manager(fixtures_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     (root / "proc").mkdir()
     replay = fixtures_dir / "h200" / "nvidia-smi-q.xml"
     m = AcceleratorManager(Settings(nvml_replay=replay, collectors=("nvidia",), cgroup_root=root / "cgroup",
-                                    proc_root=root / "proc"), ReplayNVML.from_path(replay))
+                                    proc_root=root / "proc"), open_replay(replay))
     m.setup()
     yield m
     m.destroy()

@@ -226,10 +226,11 @@ class DevicePluginState:
 def _manager(settings: Settings) -> AcceleratorManager:
     nvml: Any = None
     if settings.nvml_replay is not None:
-        from collectors.nvml_replay import ReplayError, ReplayNVML
+        from collectors.nvml_lib import open_replay
+        from collectors.nvml_replay import ReplayError
 
         try:
-            nvml = ReplayNVML.from_path(settings.nvml_replay)
+            nvml = open_replay(settings.nvml_replay)
         except (ReplayError, OSError) as exc:
             raise ConfigError(f"config: nvml_replay: {exc}") from exc
     manager = AcceleratorManager(settings, nvml)

@@ -1,0 +1,643 @@
+# (argument names are NVML's)
+"""The replayed ``libnvidia-ml``: NVML's C functions, answered by a :class:`ReplayState`, under the
+real, unchanged ``pynvml``.
+
+pynvml reaches NVML through one object, ``pynvml.nvmlLib`` (the ``ctypes.CDLL`` of
+``libnvidia-ml.so.1``): it looks each C function up by symbol name (``getattr``; a missing symbol is
+NVML_ERROR_FUNCTION_NOT_FOUND), calls it with ctypes arguments (``byref`` of its own structures,
+``c_uint``, device handles, string buffers) and reads the ``nvmlReturn_t``. :class:`ReplayLibrary`
+stands in that place: each exported symbol is a C function pointer (``ctypes.CFUNCTYPE``, declared
+with the parameter types NVIDIA's ``nvml.h`` gives that function) whose body is Python. A call
+therefore crosses the C ABI both ways — pynvml's arguments are converted by libffi as for the real
+library, the body reads and writes raw memory at the pointers it is given — and everything of
+pynvml's own runs: the symbol look-up, its ``_v2``/``_v3`` choices and ``@throwOnVersionMismatch``,
+its structures and their ``version`` fields, the two-call size protocol of the list functions,
+``NVML_VALUE_NOT_AVAILABLE`` handling and the error classes. Nothing of pynvml is patched; the only
+thing set is ``pynvml.nvmlLib``, which pynvml leaves None until its first ``nvmlInit`` and loads itself
+otherwise (:func:`install`). Why Python function pointers rather than a compiled C library:
+docs/replay.md.
+
+Driver generations: :func:`generation_for` picks, from the driver version a capture or scenario
+names, the symbol list of the newest known ``nvml.h`` not newer than it (R470, R515, R535, R550,
+R580, R590: ``collectors/nvml_symbols.json``, each list read from the header NVIDIA publishes with
+that driver; ``scripts/nvml-symbols.py`` regenerates it and records the source). The library exports
+exactly those symbols, less a scenario's ``missing_functions``: on a R470 library pynvml's
+``nvmlDeviceGetComputeRunningProcesses`` (``_v3``) fails as it does on a real R470 host.
+
+An exported symbol the replay has no answer for returns NVML_ERROR_NOT_SUPPORTED and is counted in
+:attr:`ReplayLibrary.unanswered`. An exception in a function body returns NVML_ERROR_UNKNOWN and is
+logged (ctypes would otherwise print it and return garbage).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.util
+import inspect
+import json
+import logging
+import os
+import re
+import sys
+import threading
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pynvml
+
+from collectors.nvml_replay import ReplayError, ReplayEventData, ReplayEventSet, ReplayState
+
+__all__ = ["EXTENSION_ENV", "LIBRARY", "Generation", "ReplayLibrary", "ReplayedNVML", "generation_for",
+           "generations", "install", "open_replay"]
+
+log = logging.getLogger(__name__)
+
+SYMBOLS_FILE = Path(__file__).with_name("nvml_symbols.json")
+EXTENSION_ENV = "ACCELSTATS_REPLAY_EXTENSION"
+"""Environment variable naming a Python file that handles scenario tables the product does not read
+(the test support's ``[[fault]]`` and ``[[event]]``): it defines ``TABLES`` (names) and
+``attach(state)``. Unset in production: a scenario with such tables is then refused."""
+
+SUCCESS, ERR_INVALID_ARGUMENT, ERR_NOT_SUPPORTED, ERR_INSUFFICIENT_SIZE = 0, 2, 3, 7
+ERR_FUNCTION_NOT_FOUND, ERR_UNKNOWN = 13, 999
+VALUE_NOT_AVAILABLE_ULL = 2**64 - 1
+UINT_MAX = 0xFFFFFFFF
+
+
+# -- driver generations -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Generation:
+    """One driver generation's ``libnvidia-ml``: ``version`` (of the header read), ``major``,
+    ``source`` and ``sha256`` of that header, and the ``symbols`` it declares."""
+
+    version: str
+    major: int
+    source: str
+    sha256: str
+    symbols: frozenset[str]
+
+
+@functools.lru_cache(maxsize=1)
+def _data() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(SYMBOLS_FILE.read_text())
+    return data
+
+
+def generations() -> tuple[Generation, ...]:
+    """The known generations, oldest first (``collectors/nvml_symbols.json``)."""
+    out = [Generation(v, int(v.split(".")[0]), g["source"], g["sha256"], frozenset(g["symbols"]))
+           for v, g in _data()["generations"].items()]
+    return tuple(sorted(out, key=lambda g: g.major))
+
+
+def generation_for(driver_version: str | None) -> Generation:
+    """The generation whose symbols a library of ``driver_version`` exports: the newest known one
+    whose major version is not newer (``"515.105.01"`` → R515, ``"575.1"`` → R550's list is too old,
+    so R550... see docs/replay.md). None or no number: the newest. Raises ReplayError for a driver
+    older than the oldest known (R470)."""
+    known = generations()
+    m = re.match(r"(\d+)", driver_version or "")
+    if m is None:
+        return known[-1]
+    major = int(m.group(1))
+    fit = [g for g in known if g.major <= major]
+    if not fit:
+        raise ReplayError(f"driver {driver_version}: older than the oldest NVML generation replayed "
+                          f"(R{known[0].major}, {known[0].version})")
+    return fit[-1]
+
+
+# -- C types from nvml.h ---------------------------------------------------------------------------
+_SCALARS: dict[str, Any] = {"unsigned int": ctypes.c_uint, "int": ctypes.c_int, "unsigned long": ctypes.c_ulong,
+                            "unsigned long long": ctypes.c_ulonglong, "nvmlReturn_t": ctypes.c_int}
+_HANDLES = frozenset({"nvmlDevice_t", "nvmlEventSet_t", "nvmlUnit_t", "nvmlGpuInstance_t",
+                      "nvmlComputeInstance_t", "nvmlGpmSample_t"})
+_UINT_TYPEDEFS = frozenset({"nvmlVgpuInstance_t", "nvmlVgpuTypeId_t", "nvmlDeviceArchitecture_t",
+                            "nvmlBusType_t", "nvmlPowerSource_t"})
+_OUT_SCALARS: dict[str, Any] = {"unsigned int*": ctypes.c_uint, "int*": ctypes.c_int,
+                                "unsigned long long*": ctypes.c_ulonglong, "unsigned long*": ctypes.c_ulong}
+
+
+def _ctype(c: str) -> Any:
+    """The ctypes type a parameter of C type ``c`` (as ``scripts/nvml-symbols.py`` writes it) is
+    passed as: pointers and handles ``c_void_p``, enums ``c_int`` (their C size)."""
+    if c.endswith("*") or c in _HANDLES:
+        return ctypes.c_void_p
+    if c in _UINT_TYPEDEFS:
+        return ctypes.c_uint
+    return _SCALARS.get(c, ctypes.c_int)
+
+
+def _is_out(c: str) -> bool:
+    return c.endswith("*") and not c.startswith("const ")
+
+
+# -- the library ------------------------------------------------------------------------------------
+class _Unknown:
+    """A handle value no replay gave out (the state answers INVALID_ARGUMENT)."""
+
+
+_UNKNOWN = _Unknown()
+_TLS = threading.local()
+
+
+class ReplayLibrary:
+    """What ``pynvml.nvmlLib`` holds under a replay (module docstring). One per process, like the
+    real library (:data:`LIBRARY`); it answers for the :class:`ReplayState` that made the call —
+    the owner of the handle passed, else the one the calling :class:`ReplayedNVML` selected, else
+    the last activated — and exports the symbols of that state's generation.
+
+    ``unanswered``: exported symbols called that the replay has no answer for (NOT_SUPPORTED), by
+    name. ``calls``: calls by symbol, for benchmarks that count NVML passes.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pointers: dict[str, Any] = {}  # symbol -> the function pointer pynvml gets (kept alive)
+        self._objects: dict[int, Any] = {}  # address -> ReplayHandle / ReplayEventSet
+        self._addresses: dict[int, int] = {}  # id(object) -> address
+        self._cells: list[Any] = []  # the memory behind those addresses (kept alive)
+        self._strings: dict[int, Any] = {}  # nvmlErrorString buffers by code
+        self.default: ReplayState | None = None
+        self.symbols: dict[int, frozenset[str]] = {}  # id(state) -> its exported symbols
+        self.unanswered: Counter[str] = Counter()
+        self.calls: Counter[str] = Counter()
+        self._exported: frozenset[str] = frozenset()
+
+    # pynvml looks symbols up with getattr
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name not in self._exported:
+            raise AttributeError(name)
+        return self._pointer(name)
+
+    def activate(self, state: ReplayState, symbols: frozenset[str]) -> None:
+        """Make ``state`` the default and its ``symbols`` the exported set; pynvml's symbol cache is
+        emptied when the set changes (a process has one library: a new generation is a new library)."""
+        with self._lock:
+            self.symbols[id(state)] = symbols
+            self.default = state
+        with pynvml.libLoadLock:
+            if symbols != self._exported:
+                self._exported = symbols
+                pynvml._nvmlGetFunctionPointer_cache.clear()
+
+    def state(self) -> ReplayState | None:
+        """The state a call without a handle is for."""
+        chosen: ReplayState | None = getattr(_TLS, "state", None)
+        return chosen if chosen is not None else self.default
+
+    # -- handles and event sets as C pointers ---------------------------------------------------
+    def address(self, obj: Any) -> int:
+        """A stable, non-NULL address standing for ``obj`` (a handle or an event set)."""
+        with self._lock:
+            addr = self._addresses.get(id(obj))
+            if addr is None:
+                cell = ctypes.create_string_buffer(8)
+                self._cells.append(cell)
+                addr = ctypes.addressof(cell)
+                self._addresses[id(obj)] = addr
+                self._objects[addr] = obj
+            return addr
+
+    def lookup(self, address: int | None) -> Any:
+        """The object behind ``address``; None for NULL, an object no state owns otherwise."""
+        if not address:
+            return None
+        return self._objects.get(address, _UNKNOWN)
+
+    # -- function pointers -------------------------------------------------------------------------
+    def _pointer(self, name: str) -> Any:
+        ptr = self._pointers.get(name)
+        if ptr is None:
+            with self._lock:
+                ptr = self._pointers.get(name)
+                if ptr is None:
+                    ptr = self._pointers[name] = self._make(name)
+        return ptr
+
+    def _make(self, name: str) -> Any:
+        params: list[str] = _data()["signatures"].get(name, [])
+        if name == "nvmlErrorString":
+            proto = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_int)
+            body: Callable[..., Any] = self._error_string
+        else:
+            proto = ctypes.CFUNCTYPE(ctypes.c_int, *(_ctype(p) for p in params))
+            body = self._body(name, params)
+        callback = proto(body)
+        # pynvml calls through a pointer without declared argument types, as it calls the CDLL's
+        # functions: ctypes converts its arguments by the default rules, libffi passes them, and the
+        # callback decodes them by nvml.h's types.
+        caller = ctypes.CFUNCTYPE(proto._restype_)(ctypes.cast(callback, ctypes.c_void_p).value or 0)
+        caller._replay_callback = callback  # type: ignore[attr-defined]
+        return caller
+
+    def _error_string(self, code: int) -> int:
+        buf = self._strings.get(code)
+        if buf is None:
+            text = _ERROR_STRINGS.get(code, "Unknown Error")
+            buf = self._strings[code] = ctypes.create_string_buffer(text.encode())
+        return ctypes.addressof(buf)
+
+    def _body(self, name: str, params: list[str]) -> Callable[..., int]:
+        adapter = _ADAPTERS.get(name)
+
+        def body(*args: Any) -> int:
+            try:
+                state = self._state_for(params, args)
+                if state is None:
+                    return ERR_FUNCTION_NOT_FOUND  # no replay opened: nothing to answer for
+                self.calls[name] += 1
+                if name not in self.symbols.get(id(state), self._exported):
+                    return ERR_FUNCTION_NOT_FOUND  # looked up under another generation's library
+                if adapter is None:
+                    self.unanswered[name] += 1
+                    return ERR_NOT_SUPPORTED
+                return adapter(self, state, params, args)
+            except pynvml.NVMLError as exc:
+                return int(exc.value)
+            except Exception:  # a bug in a body: never let ctypes return garbage as SUCCESS
+                log.exception("replayed %s raised", name)
+                return ERR_UNKNOWN
+
+        body.__name__ = name
+        return body
+
+    def _state_for(self, params: list[str], args: Sequence[Any]) -> ReplayState | None:
+        for c, value in zip(params, args, strict=True):
+            if c in ("nvmlDevice_t", "nvmlEventSet_t"):
+                obj = self.lookup(value)
+                owner = getattr(obj, "_owner", None)
+                if isinstance(owner, ReplayState):
+                    return owner
+        return self.state()
+
+
+LIBRARY = ReplayLibrary()
+"""The one replayed library of this process."""
+
+
+def install(state: ReplayState, symbols: frozenset[str]) -> None:
+    """Put :data:`LIBRARY` where pynvml keeps its library and make ``state`` its default. Raises
+    ReplayError when pynvml has already loaded the real ``libnvidia-ml`` in this process."""
+    with pynvml.libLoadLock:
+        if pynvml.nvmlLib is not LIBRARY:
+            if pynvml.nvmlLib is not None:
+                raise ReplayError("the real libnvidia-ml is already loaded in this process; a replay "
+                                  "needs a process of its own")
+            pynvml.nvmlLib = LIBRARY
+    LIBRARY.activate(state, symbols)
+
+
+# -- argument decoding and answer writing -------------------------------------------------------------
+_ERROR_STRINGS = {0: "Success", 1: "Uninitialized", 2: "Invalid Argument", 3: "Not Supported",
+                  4: "Insufficient Permissions", 5: "Already Initialized", 6: "Not Found",
+                  7: "Insufficient Size", 8: "Insufficient External Power", 9: "Driver Not Loaded",
+                  10: "Timeout", 11: "Interrupted request", 12: "Unable to communicate with GPU",
+                  13: "Function Not Found", 14: "Corrupted infoROM", 15: "GPU is lost",
+                  16: "GPU requires restart", 17: "Operating System Call Failed",
+                  18: "RM has detected an NVML/RM version mismatch.", 19: "In use by another client",
+                  20: "Insufficient Memory", 21: "No data", 22: "The requested vgpu operation is not "
+                  "available on target device, because ECC is enabled", 25: "Argument version mismatch",
+                  26: "Requested functionality has been deprecated", 999: "Unknown Error"}
+
+
+def _write_scalar(ptr: int, ctype: Any, value: Any) -> None:
+    ctypes.cast(ptr, ctypes.POINTER(ctype))[0] = int(value.value if isinstance(value, ctypes._SimpleCData) else value)
+
+
+def _write_text(buf: int, length: int, text: Any) -> int:
+    data = text if isinstance(text, bytes) else str(text).encode()
+    if not buf:
+        return ERR_INVALID_ARGUMENT
+    if len(data) + 1 > length:
+        return ERR_INSUFFICIENT_SIZE
+    ctypes.memmove(buf, data + b"\0", len(data) + 1)
+    return SUCCESS
+
+
+def _inputs(lib: ReplayLibrary, params: list[str], args: Sequence[Any]) -> list[Any]:
+    """The in-parameters as the state's methods take them: handles as objects, strings as str."""
+    out: list[Any] = []
+    for c, value in zip(params, args, strict=True):
+        if c in _HANDLES:
+            out.append(lib.lookup(value))
+        elif c == "const char*":
+            out.append(ctypes.string_at(value).decode(errors="replace") if value else "")
+        elif not _is_out(c):
+            out.append(value)
+    return out
+
+
+def _generic(method: str) -> Callable[..., int]:
+    """An adapter calling ``state.<method>(*inputs)`` and writing its answer (one value, or a list
+    or tuple of them) into the out-parameters in order: scalars, handles (as their address) and
+    ctypes structures (copied); ``char*`` + ``unsigned int`` length pairs get the text."""
+
+    def adapter(lib: ReplayLibrary, state: ReplayState, params: list[str], args: Sequence[Any]) -> int:
+        outs = [(c, a) for c, a in zip(params, args, strict=True) if _is_out(c)]
+        text = outs and outs[0][0] == "char*"
+        if text:
+            outs = []
+        if any(not a for _, a in outs):
+            return ERR_INVALID_ARGUMENT
+        value = getattr(state, method)(*_call_args(lib, params, args))
+        if text:
+            buf = next(a for c, a in zip(params, args, strict=True) if c == "char*")
+            return _write_text(buf, int(args[-1]), value)
+        values = [value] if len(outs) == 1 else list(value) if outs else []
+        for (c, ptr), v in zip(outs, values, strict=True):
+            if c in ("nvmlDevice_t*", "nvmlEventSet_t*"):
+                _write_scalar(ptr, ctypes.c_void_p, lib.address(v))
+            elif isinstance(v, ctypes.Structure):
+                ctypes.memmove(ptr, ctypes.byref(v), ctypes.sizeof(v))
+            else:
+                _write_scalar(ptr, _OUT_SCALARS.get(c, ctypes.c_int), v)
+        return SUCCESS
+
+    return adapter
+
+
+def _call_args(lib: ReplayLibrary, params: list[str], args: Sequence[Any]) -> list[Any]:
+    """In-parameters, less a ``char*`` out-buffer's length."""
+    keep = [(c, a) for i, (c, a) in enumerate(zip(params, args, strict=True))
+            if not (c == "unsigned int" and i > 0 and params[i - 1] == "char*")]
+    return _inputs(lib, [c for c, _ in keep], [a for _, a in keep])
+
+
+# nvml.h's layouts of the structures whose version the symbol decides
+class _ProcessInfoV1(ctypes.Structure):
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
+
+
+class _ProcessInfoV2(ctypes.Structure):  # nvmlProcessInfo_v2_t = nvmlProcessInfo_t (_v2 and _v3 calls)
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
+                ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
+
+
+class _EventData(ctypes.Structure):  # nvmlEventData_t
+    _fields_ = [("device", ctypes.c_void_p), ("eventType", ctypes.c_ulonglong), ("eventData", ctypes.c_ulonglong),
+                ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
+
+
+def _processes(method: str, struct: Any) -> Callable[..., int]:
+    """``(device, unsigned int *infoCount, <struct> *infos)``: NULL infos or too small a count
+    sets the count and answers INSUFFICIENT_SIZE (SUCCESS when there is none), as NVML."""
+
+    def adapter(lib: ReplayLibrary, state: ReplayState, params: list[str], args: Sequence[Any]) -> int:
+        handle, count_ptr, infos = lib.lookup(args[0]), args[1], args[2]
+        if not count_ptr:
+            return ERR_INVALID_ARGUMENT
+        procs = getattr(state, method)(handle)
+        count = ctypes.cast(count_ptr, ctypes.POINTER(ctypes.c_uint))
+        if not procs:
+            count[0] = 0
+            return SUCCESS
+        if not infos or count[0] < len(procs):
+            count[0] = len(procs)
+            return ERR_INSUFFICIENT_SIZE
+        out = ctypes.cast(infos, ctypes.POINTER(struct))
+        for i, p in enumerate(procs):
+            out[i].pid = p.pid
+            out[i].usedGpuMemory = VALUE_NOT_AVAILABLE_ULL if p.usedGpuMemory is None else p.usedGpuMemory
+            if struct is _ProcessInfoV2:
+                out[i].gpuInstanceId, out[i].computeInstanceId = p.gpuInstanceId, p.computeInstanceId
+        count[0] = len(procs)
+        return SUCCESS
+
+    return adapter
+
+
+def _memory_v2(lib: ReplayLibrary, state: ReplayState, params: list[str], args: Sequence[Any]) -> int:
+    """``(device, nvmlMemory_v2_t *memory)``: the caller sets ``memory->version`` first."""
+    if not args[1]:
+        return ERR_INVALID_ARGUMENT
+    version = ctypes.cast(args[1], ctypes.POINTER(ctypes.c_uint))[0]
+    value = state.nvmlDeviceGetMemoryInfo(lib.lookup(args[0]), version)
+    ctypes.memmove(args[1], ctypes.byref(value), ctypes.sizeof(value))
+    return SUCCESS
+
+
+def _samples(lib: ReplayLibrary, state: ReplayState, params: list[str], args: Sequence[Any]) -> int:
+    """``(device, type, unsigned long long lastSeenTimeStamp, nvmlValueType_t *sampleValType,
+    unsigned int *sampleCount, nvmlSample_t *samples)``: NULL samples sets the count."""
+    handle, kind, last, vtype_ptr, count_ptr, samples = lib.lookup(args[0]), *args[1:]
+    if not vtype_ptr or not count_ptr:
+        return ERR_INVALID_ARGUMENT
+    vtype, values = state.nvmlDeviceGetSamples(handle, kind, last)
+    _write_scalar(vtype_ptr, ctypes.c_int, vtype)
+    count = ctypes.cast(count_ptr, ctypes.POINTER(ctypes.c_uint))
+    if not samples:
+        count[0] = len(values)
+        return SUCCESS
+    n = min(count[0], len(values))
+    size = ctypes.sizeof(pynvml.c_nvmlSample_t)
+    for i, v in enumerate(values[:n]):
+        ctypes.memmove(samples + i * size, ctypes.byref(v), size)
+    count[0] = n
+    return SUCCESS
+
+
+def _process_utilization(lib: ReplayLibrary, state: ReplayState, params: list[str], args: Sequence[Any]) -> int:
+    """``(device, nvmlProcessUtilizationSample_t *utilization, unsigned int *processSamplesCount,
+    unsigned long long lastSeenTimeStamp)``: NULL or too small a buffer sets the count and answers
+    INSUFFICIENT_SIZE."""
+    handle, buf, count_ptr, last = lib.lookup(args[0]), args[1], args[2], args[3]
+    if not count_ptr:
+        return ERR_INVALID_ARGUMENT
+    values = state.nvmlDeviceGetProcessUtilization(handle, last)
+    count = ctypes.cast(count_ptr, ctypes.POINTER(ctypes.c_uint))
+    if not buf or count[0] < len(values):
+        count[0] = len(values)
+        return ERR_INSUFFICIENT_SIZE
+    size = ctypes.sizeof(pynvml.c_nvmlProcessUtilizationSample_t)
+    for i, v in enumerate(values):
+        ctypes.memmove(buf + i * size, ctypes.byref(v), size)
+    count[0] = len(values)
+    return SUCCESS
+
+
+def _field_values(lib: ReplayLibrary, state: ReplayState, params: list[str], args: Sequence[Any]) -> int:
+    """``(device, int valuesCount, nvmlFieldValue_t *values)``: ``fieldId`` / ``scopeId`` read, the
+    rest written."""
+    handle, n, ptr = lib.lookup(args[0]), int(args[1]), args[2]
+    if n < 0 or (n and not ptr):
+        return ERR_INVALID_ARGUMENT
+    given = (pynvml.c_nvmlFieldValue_t * n).from_address(ptr) if n else []
+    answer = state.nvmlDeviceGetFieldValues(handle, [(v.fieldId, v.scopeId) for v in given])
+    if n:
+        ctypes.memmove(ptr, ctypes.byref(answer), ctypes.sizeof(answer))
+    return SUCCESS
+
+
+def _retired_pages(lib: ReplayLibrary, state: ReplayState, params: list[str], args: Sequence[Any]) -> int:
+    """``(device, cause, unsigned int *pageCount, unsigned long long *addresses)``."""
+    handle, cause, count_ptr, addresses = lib.lookup(args[0]), args[1], args[2], args[3]
+    if not count_ptr:
+        return ERR_INVALID_ARGUMENT
+    pages = state.nvmlDeviceGetRetiredPages(handle, cause)
+    count = ctypes.cast(count_ptr, ctypes.POINTER(ctypes.c_uint))
+    if not addresses or count[0] < len(pages):
+        count[0] = len(pages)
+        return ERR_INSUFFICIENT_SIZE if pages else SUCCESS
+    out = ctypes.cast(addresses, ctypes.POINTER(ctypes.c_ulonglong))
+    for i, page in enumerate(pages):
+        out[i] = page
+    count[0] = len(pages)
+    return SUCCESS
+
+
+def _event_wait(lib: ReplayLibrary, state: ReplayState, params: list[str], args: Sequence[Any]) -> int:
+    """``(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)``."""
+    es, data_ptr, timeout = lib.lookup(args[0]), args[1], args[2]
+    if not data_ptr:
+        return ERR_INVALID_ARGUMENT
+    event: ReplayEventData = state.nvmlEventSetWait_v2(es if isinstance(es, ReplayEventSet) else None, timeout)
+    data = ctypes.cast(data_ptr, ctypes.POINTER(_EventData))[0]
+    data.device = lib.address(event.device)
+    data.eventType, data.eventData = event.eventType, event.eventData
+    data.gpuInstanceId, data.computeInstanceId = event.gpuInstanceId, event.computeInstanceId
+    return SUCCESS
+
+
+_PROCESS_KINDS = ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses",
+                  "nvmlDeviceGetMPSComputeRunningProcesses")
+_GENERIC = {  # symbol -> the ReplayState method answering it
+    **{s: s.split("_v")[0] for s in (
+        "nvmlInit", "nvmlInit_v2", "nvmlInitWithFlags", "nvmlShutdown", "nvmlSystemGetDriverVersion",
+        "nvmlSystemGetNVMLVersion", "nvmlSystemGetCudaDriverVersion", "nvmlSystemGetCudaDriverVersion_v2",
+        "nvmlDeviceGetCount", "nvmlDeviceGetCount_v2", "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetHandleByIndex_v2",
+        "nvmlDeviceGetHandleByUUID", "nvmlDeviceGetHandleByPciBusId", "nvmlDeviceGetHandleByPciBusId_v2",
+        "nvmlDeviceGetName", "nvmlDeviceGetUUID", "nvmlDeviceGetIndex", "nvmlDeviceGetSerial",
+        "nvmlDeviceGetMinorNumber", "nvmlDeviceGetVbiosVersion", "nvmlDeviceGetBoardPartNumber",
+        "nvmlDeviceGetComputeMode", "nvmlDeviceGetPersistenceMode", "nvmlDeviceGetDisplayActive",
+        "nvmlDeviceGetDisplayMode", "nvmlDeviceGetMigMode", "nvmlDeviceGetCudaComputeCapability",
+        "nvmlDeviceGetArchitecture", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetBAR1MemoryInfo",
+        "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetEncoderUtilization", "nvmlDeviceGetDecoderUtilization",
+        "nvmlDeviceGetPowerUsage", "nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetPowerManagementLimit",
+        "nvmlDeviceGetPowerManagementDefaultLimit", "nvmlDeviceGetFanSpeed", "nvmlDeviceGetPerformanceState",
+        "nvmlDeviceGetPowerManagementLimitConstraints", "nvmlDeviceGetTotalEnergyConsumption",
+        "nvmlDeviceGetTemperature", "nvmlDeviceGetClockInfo", "nvmlDeviceGetMaxClockInfo",
+        "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons",
+        "nvmlDeviceGetEccMode", "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows",
+        "nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetMaxPcieLinkGeneration",
+        "nvmlDeviceGetCurrPcieLinkWidth", "nvmlDeviceGetMaxPcieLinkWidth", "nvmlDeviceGetPcieReplayCounter",
+        "nvmlDeviceGetPcieThroughput", "nvmlDeviceGetMaxMigDeviceCount", "nvmlDeviceGetMigDeviceHandleByIndex",
+        "nvmlDeviceIsMigDeviceHandle", "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
+        "nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId", "nvmlEventSetCreate", "nvmlEventSetFree",
+        "nvmlDeviceGetSupportedEventTypes", "nvmlDeviceRegisterEvents")},
+    "nvmlDeviceGetPciInfo_v3": "nvmlDeviceGetPciInfo_v3",
+}
+_ADAPTERS: dict[str, Callable[..., int]] = {
+    **{s: _generic(m) for s, m in _GENERIC.items()},
+    **{k: _processes(k, _ProcessInfoV1) for k in _PROCESS_KINDS},
+    **{f"{k}_{v}": _processes(k, _ProcessInfoV2) for k in _PROCESS_KINDS for v in ("v2", "v3")},
+    "nvmlDeviceGetMemoryInfo_v2": _memory_v2,
+    "nvmlDeviceGetSamples": _samples,
+    "nvmlDeviceGetProcessUtilization": _process_utilization,
+    "nvmlDeviceGetFieldValues": _field_values,
+    "nvmlDeviceGetRetiredPages": _retired_pages,
+    "nvmlEventSetWait": _event_wait,
+    "nvmlEventSetWait_v2": _event_wait,
+}
+ANSWERED_SYMBOLS = frozenset(_ADAPTERS) | {"nvmlErrorString"}
+"""The C functions the replay answers (the others a generation exports answer NOT_SUPPORTED)."""
+
+
+# -- pynvml bound to a replay -------------------------------------------------------------------------
+class ReplayedNVML:
+    """The ``pynvml`` module with a replay underneath: what the NVIDIA backend gets instead of
+    ``pynvml`` under ``--nvml-replay``. Attribute access answers pynvml's own constants, classes and
+    functions; a function call first selects this replay for calls that name no handle (the process
+    may hold several replays; handles find their own). ``source`` is ``"replay"``; ``state`` the
+    :class:`ReplayState`, ``generation`` the driver generation whose symbols are exported and
+    ``symbols`` those symbols, less the scenario's ``missing_functions``.
+    """
+
+    source = "replay"
+
+    def __init__(self, state: ReplayState) -> None:
+        self.state = state
+        self.generation = generation_for(state.capture.driver_version)
+        self.symbols = self.generation.symbols - set(state.missing_functions)
+        self.library = LIBRARY
+        install(state, self.symbols)
+
+    @property
+    def path(self) -> Path | None:
+        """The capture or scenario file."""
+        return self.state.path
+
+    @property
+    def capture(self) -> Any:
+        """The :class:`collectors.nvml_capture.SystemCapture` replayed."""
+        return self.state.capture
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(pynvml, name)
+        if not (inspect.isfunction(value) and name.startswith("nvml")):
+            return value
+        state, symbols = self.state, self.symbols
+
+        @functools.wraps(value)
+        def bound(*args: Any, **kwargs: Any) -> Any:
+            previous = getattr(_TLS, "state", None)
+            _TLS.state = state
+            if LIBRARY._exported is not symbols and LIBRARY.symbols.get(id(state)) is symbols:
+                LIBRARY.activate(state, symbols)  # this replay's generation is not the one exported
+            try:
+                return value(*args, **kwargs)
+            finally:
+                _TLS.state = previous
+
+        self.__dict__[name] = bound
+        return bound
+
+
+def open_replay(path: str | Path, **kwargs: Any) -> ReplayedNVML:
+    """Load a capture or scenario (:meth:`ReplayState.from_path`; ``kwargs``: ``clock``, ``sleep``)
+    and put it under pynvml. The scenario tables named by the extension in :data:`EXTENSION_ENV`
+    are handed to it. Raises ReplayError (a bad file, an unknown driver generation, a failing
+    extension, the real library already loaded)."""
+    extension = _extension()
+    tables = tuple(getattr(extension, "TABLES", ())) if extension is not None else ()
+    state = ReplayState.from_path(path, tables=tables, **kwargs)
+    if extension is not None:
+        try:
+            extension.attach(state)
+        except ReplayError:
+            raise
+        except Exception as exc:  # the extension's own errors (CaptureError for its tables)
+            raise ReplayError(str(exc)) from exc
+    return ReplayedNVML(state)
+
+
+def _extension() -> Any:
+    """The module named by :data:`EXTENSION_ENV` (loaded once), or None."""
+    where = os.environ.get(EXTENSION_ENV, "")
+    if not where:
+        return None
+    cached = _EXTENSIONS.get(where)
+    if cached is None:  # the test support may have imported it already: use that module
+        real = os.path.realpath(where)
+        cached = next((m for m in list(sys.modules.values())
+                       if getattr(m, "__file__", None) and os.path.realpath(str(m.__file__)) == real), None)
+    if cached is None:
+        spec = importlib.util.spec_from_file_location("accelstats_replay_extension", where)
+        if spec is None or spec.loader is None:
+            raise ReplayError(f"{EXTENSION_ENV}={where}: not a Python file")
+        cached = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = cached  # dataclasses look their module up while the file runs
+        try:
+            spec.loader.exec_module(cached)
+        except (OSError, SyntaxError, ImportError) as exc:
+            del sys.modules[spec.name]
+            raise ReplayError(f"{EXTENSION_ENV}={where}: {exc}") from exc
+        _EXTENSIONS[where] = cached
+    return cached
+
+
+_EXTENSIONS: dict[str, Any] = {}

@@ -1,0 +1,178 @@
+"""Driver generations: the replayed libnvidia-ml exports what that driver's library exports, the real
+pynvml runs on top, and accelstats keeps every GPU up with the families that driver can give.
+
+The symbol lists are NVIDIA's (``collectors/nvml_symbols.json``, from the ``nvml.h`` published with
+each driver in github.com/NVIDIA/nvidia-settings); the expectations below are read off those headers.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pynvml
+import pytest
+from paths import find_shared
+from prometheus_client.parser import text_string_to_metric_families
+
+from collectors.nvidia import NvidiaBackend
+from collectors.nvml_lib import generation_for, generations, open_replay
+from collectors.nvml_replay import ReplayError
+
+FIXTURES = find_shared() / "fixtures"
+T4 = FIXTURES / "public" / "tesla-t4.xml"
+A100 = FIXTURES / "public" / "a100-sxm4-v12.xml"
+H200 = FIXTURES / "h200" / "nvidia-smi-q.xml"
+
+# (driver version, the version of the header whose symbols it gets)
+PICKS = [
+    ("470.256.02", "470.256.02"), ("470.57.02", "470.256.02"), ("510.47.03", "470.256.02"),
+    ("515.105.01", "515.105.01"), ("525.60.13", "515.105.01"), ("535.54.03", "535.309.01"),
+    ("550.54.15", "550.144.03"), ("570.86.15", "550.144.03"), ("580.159.04", "580.173.02"),
+    ("590.44.01", "590.48.01"), ("999.1", "590.48.01"), (None, "590.48.01"),
+]
+
+
+@pytest.mark.parametrize(("driver", "header"), PICKS)
+def test_a_driver_gets_the_newest_header_not_newer_than_it(driver: str | None, header: str) -> None:
+    assert generation_for(driver).version == header
+
+
+def test_drivers_before_r470_are_refused() -> None:
+    with pytest.raises(ReplayError, match="older than the oldest NVML generation replayed"):
+        generation_for("460.91.03")
+
+
+# (header, symbol, exported?) read off NVIDIA's nvml.h of each driver
+@pytest.mark.parametrize(("header", "symbol", "exported"), [
+    ("470.256.02", "nvmlDeviceGetComputeRunningProcesses_v2", True),
+    ("470.256.02", "nvmlDeviceGetComputeRunningProcesses_v3", False),
+    ("470.256.02", "nvmlDeviceGetMemoryInfo_v2", False),
+    ("470.256.02", "nvmlDeviceGetCurrentClocksThrottleReasons", True),
+    ("470.256.02", "nvmlDeviceGetCurrentClocksEventReasons", False),
+    ("470.256.02", "nvmlEventSetWait_v2", True),
+    ("515.105.01", "nvmlDeviceGetComputeRunningProcesses_v3", True),
+    ("515.105.01", "nvmlDeviceGetMemoryInfo_v2", True),
+    ("515.105.01", "nvmlDeviceGetCurrentClocksEventReasons", False),
+    ("535.309.01", "nvmlDeviceGetCurrentClocksEventReasons", True),
+    ("580.173.02", "nvmlDeviceGetComputeRunningProcesses_v3", True),
+    ("580.173.02", "nvmlDeviceGetComputeRunningProcesses", True),  # old names stay exported
+])
+def test_symbol_lists_follow_nvidias_headers(header: str, symbol: str, exported: bool) -> None:
+    (generation,) = [g for g in generations() if g.version == header]
+    assert (symbol in generation.symbols) is exported
+    assert generation.source.startswith("github.com/NVIDIA/nvidia-settings tag ") and len(generation.sha256) == 64
+
+
+def scenario(tmp_path: Path, driver: str, capture: Path = T4, extra: str = "") -> Path:
+    path = tmp_path / f"r{driver.split('.')[0]}.toml"
+    path.write_text(f'driver_version = "{driver}"\n{extra}[[gpu]]\ncapture = "{capture.as_posix()}"\n'
+                    "[[gpu.process]]\npid = 4242\nused_memory_bytes = 1073741824\nsm_utilization_percent = 35\n")
+    return path
+
+
+def test_pynvml_itself_fails_on_r470_as_on_a_real_host(tmp_path: Path) -> None:
+    """The defect accelstats must survive: pynvml's nvmlDeviceGetComputeRunningProcesses calls the
+    _v3 symbol, which a R470 library lacks, and raises NVMLLibraryMismatchError (not an NVMLError)."""
+    nvml = open_replay(scenario(tmp_path, "470.256.02"))
+    nvml.nvmlInit()
+    handle = nvml.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(pynvml.NVMLLibraryMismatchError):
+        nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+    assert not isinstance(pynvml.NVMLLibraryMismatchError("x"), pynvml.NVMLError)
+    assert 4242 in [p.pid for p in nvml.nvmlDeviceGetComputeRunningProcesses_v2(handle)]
+    with pytest.raises(pynvml.NVMLError_FunctionNotFound):
+        nvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+    nvml.nvmlShutdown()
+
+
+def dump(path: Path) -> dict[str, list[tuple[dict[str, str], float]]]:
+    proc = subprocess.run([sys.executable, "-m", "accelstats", "dump", "--nvml-replay", str(path)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(proc.stdout):
+        for s in family.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+
+# (driver, NVML calls accelstats finds missing and counts once; every family below is still given)
+GENERATIONS = [
+    ("470.256.02", {"nvmlDeviceGetMemoryInfo", "nvmlDeviceGetComputeRunningProcesses",
+                    "nvmlDeviceGetGraphicsRunningProcesses", "nvmlDeviceGetMPSComputeRunningProcesses",
+                    "nvmlDeviceGetCurrentClocksEventReasons"}),
+    ("515.105.01", {"nvmlDeviceGetCurrentClocksEventReasons"}),
+    ("535.309.01", set()),
+    ("550.144.03", set()),
+    ("580.173.02", set()),
+    ("590.48.01", set()),
+]
+FAMILIES = ["accelstats_gpu_memory_used_bytes", "accelstats_gpu_utilization_ratio", "accelstats_gpu_power_watts",
+            "accelstats_gpu_clock_event_active", "accelstats_gpu_processes", "accelstats_gpu_temperature_celsius"]
+
+
+@pytest.mark.parametrize(("driver", "missing"), GENERATIONS)
+def test_accelstats_dump_on_each_driver_generation(tmp_path: Path, driver: str, missing: set[str]) -> None:
+    got = dump(scenario(tmp_path, driver))
+    assert [v for _, v in got["accelstats_gpu_up"]] == [1.0]
+    assert {labels["driver_version"] for labels, _ in got["accelstats_gpu_info"]} == {driver}
+    for family in FAMILIES:
+        assert family in got, family
+    assert {labels["type"]: v for labels, v in got["accelstats_gpu_processes"]}["compute"] >= 1
+    errors = {(labels["call"], labels["error"]): v for labels, v in got.get("accelstats_nvml_errors_total", [])}
+    assert errors == {(call, "FUNCTION_NOT_FOUND"): 1.0 for call in missing}
+
+
+def test_a_library_older_than_pynvml_in_other_ways(tmp_path: Path) -> None:
+    """A library without memory info v2, per-process utilisation or event calls: GPUs stay up, memory
+    comes from v1, the rest is absent with the reason counted once."""
+    path = scenario(tmp_path, "580.173.02", H200, 'missing_functions = ["nvmlDeviceGetMemoryInfo_v2", '
+                    '"nvmlDeviceGetProcessUtilization", "nvmlEventSetCreate", "nvmlEventSetWait_v2"]\n')
+    nvml = open_replay(path)
+    backend = NvidiaBackend(nvml, pcie_interval=0)
+    try:
+        assert backend.setup()
+        assert backend.xid_watcher is not None and backend.xid_watcher.watching == []
+        for _ in range(2):
+            readings = [backend.sample(s) for s in backend._devices]
+        assert [r.up for r in readings] == [True]
+        (r,) = readings
+        assert r.memory_total_bytes == 143771 << 20 and r.memory_reserved_bytes is None  # v1: no reserved
+        assert r.processes is not None and [(p.pid, p.sm_utilization_ratio) for p in r.processes] == [(4242, None)]
+        assert backend.call.errors == {("nvmlDeviceGetMemoryInfo", "FUNCTION_NOT_FOUND"): 1,
+                                       ("nvmlDeviceGetProcessUtilization", "FUNCTION_NOT_FOUND"): 1,
+                                       ("nvmlEventSetCreate", "FUNCTION_NOT_FOUND"): 1}
+    finally:
+        backend.close()
+
+
+def test_one_failed_memory_v2_call_does_not_switch_to_v1(tmp_path: Path) -> None:
+    """v1 counts reserved memory as used: only a library without v2 may switch to it."""
+    path = scenario(tmp_path, "580.173.02", H200, "")
+    path.write_text(path.read_text() + '[[fault]]\ncall = "nvmlDeviceGetMemoryInfo"\nerror = "NO_PERMISSION"\n'
+                    "times = 1\n")
+    backend = NvidiaBackend(open_replay(path), pcie_interval=0)
+    try:
+        assert backend.setup()
+        (state,) = backend._devices
+        first, second = backend.sample(state), backend.sample(state)
+        assert first.memory_used_bytes is None  # the failed v2 read: no figure, not v1's
+        assert second.memory_used_bytes == 0 and second.memory_reserved_bytes == 616 << 20  # v2 again
+    finally:
+        backend.close()
+
+
+def test_pynvml_is_not_patched(tmp_path: Path) -> None:
+    """The only thing the replay sets in pynvml is its library: every pynvml function is pynvml's own."""
+    from collectors.nvml_lib import LIBRARY
+
+    nvml = open_replay(H200)
+    nvml.nvmlInit()
+    nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(0))
+    assert pynvml.nvmlLib is LIBRARY
+    functions = [v for k, v in vars(pynvml).items() if k.startswith("nvml") and callable(v) and hasattr(v, "__code__")]
+    assert len(functions) > 300
+    assert {f.__code__.co_filename for f in functions} == {pynvml.__file__}
+    nvml.nvmlShutdown()
