@@ -96,9 +96,9 @@ def generations() -> tuple[Generation, ...]:
 
 def generation_for(driver_version: str | None) -> Generation:
     """The generation whose symbols a library of ``driver_version`` exports: the newest known one
-    whose major version is not newer (``"515.105.01"`` → R515, ``"575.1"`` → R550's list is too old,
-    so R550... see docs/replay.md). None or no number: the newest. Raises ReplayError for a driver
-    older than the oldest known (R470)."""
+    whose major version is not newer (``"515.105.01"`` → R515, ``"525.60.13"`` → R515, ``"999.1"`` →
+    R590). None or no leading number: the newest. Raises ReplayError for a driver older than the
+    oldest known (R470)."""
     known = generations()
     m = re.match(r"(\d+)", driver_version or "")
     if m is None:
