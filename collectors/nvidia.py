@@ -53,6 +53,7 @@ ARCHITECTURES = {2: "kepler", 3: "maxwell", 4: "pascal", 5: "volta", 6: "turing"
 # MPS first: NVML lists an MPS client in both the MPS and the compute list (spec/mps.md, measured
 # on the H200), and the first list naming a PID gives its type; the MPS server is only in the
 # compute list. Compute before graphics: a "C+G" process counts as compute.
+_UNSUPPORTED: Any = object()
 PROCESS_CALLS: tuple[tuple[ProcessType, str], ...] = (
     ("mps", "nvmlDeviceGetMPSComputeRunningProcesses"),
     ("compute", "nvmlDeviceGetComputeRunningProcesses"),
@@ -453,11 +454,11 @@ class NvidiaBackend:
     def sample(self, state: _DeviceState) -> DeviceSample:
         """Read one device now. Raises DeviceLostError / NvmlUnavailableError (see nvml_call)."""
         c, h, nv, dev = self.call, state.handle, self.nvml, state.device
-        mem = c("nvmlDeviceGetMemoryInfo", h, version=nv.nvmlMemory_v2)
-        if mem is None and c.missing("nvmlDeviceGetMemoryInfo", version=None):
-            # a library without nvmlDeviceGetMemoryInfo_v2 (before R510): v1, which counts reserved
-            # memory as used. Only a missing function switches: a failed v2 call leaves memory out
-            # of this reading, never the overstated v1 figure.
+        mem = c("nvmlDeviceGetMemoryInfo", h, version=nv.nvmlMemory_v2, unsupported=_UNSUPPORTED)
+        if mem is _UNSUPPORTED or (mem is None and c.missing("nvmlDeviceGetMemoryInfo", version=None)):
+            # v1 counts reserved memory as used: only for a library without nvmlDeviceGetMemoryInfo_v2
+            # (before R510), for good, or a device that answers v2 NOT_SUPPORTED, for this reading.
+            # Any other failed v2 call leaves memory out of this reading, never the overstated figure.
             mem = c("nvmlDeviceGetMemoryInfo", h)
         processes, process_types = self._processes(state)
         if dev.kind == "mig":

@@ -117,7 +117,7 @@ class NvmlCaller:
         return (call, tuple(sorted(kwargs))) in self._missing
 
     def __call__(self, call: str, *args: Any, not_found: Any = _UNSET, timeout: Any = _UNSET, absent: Any = None,
-                 **kwargs: Any) -> Any:
+                 unsupported: Any = _UNSET, **kwargs: Any) -> Any:
         """Return ``nvml.<call>(*args, **kwargs)``, ``None`` when absent; see the module docstring.
 
         ``not_found``: what to answer for NVML NOT_FOUND, which some calls use for "no new samples
@@ -126,6 +126,8 @@ class NvmlCaller:
         answer for NVML TIMEOUT where it is the normal outcome (``nvmlEventSetWait_v2``), neither
         logged nor counted; without it TIMEOUT means the device stopped answering. ``absent``: what
         to answer instead of ``None`` when there is no value (for calls whose value is ``None``).
+        ``unsupported``: what to answer for NOT_SUPPORTED or DEPRECATED, to tell them from the other
+        ways of having no value.
         Raises DeviceLostError or NvmlUnavailableError as classified above.
         """
         key = (call, tuple(sorted(kwargs)))  # nvmlDeviceGetMemoryInfo(version=v2) can be missing alone
@@ -146,7 +148,8 @@ class NvmlCaller:
                 if err == "FUNCTION_NOT_FOUND":  # pynvml newer than the driver: ask once, not every scrape
                     self._missing.add(key)
                     self._note(call, err, logging.WARNING)
-                return absent
+                    return absent
+                return absent if unsupported is _UNSET else unsupported
             if err == "NOT_FOUND" and not_found is not _UNSET:
                 return not_found
             if err in LOST_ERRORS:

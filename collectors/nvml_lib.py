@@ -14,13 +14,14 @@ pynvml's own runs: the symbol look-up, its ``_v2``/``_v3`` choices and ``@throwO
 its structures and their ``version`` fields, the two-call size protocol of the list functions,
 ``NVML_VALUE_NOT_AVAILABLE`` handling and the error classes. Nothing of pynvml is patched; the only
 thing set is ``pynvml.nvmlLib``, which pynvml leaves None until its first ``nvmlInit`` and loads itself
-otherwise (:func:`install`). Why Python function pointers rather than a compiled C library:
+otherwise (:func:`install`); its cache of looked-up symbols is never touched (the exported set only
+grows: :meth:`ReplayLibrary.activate`). Why Python function pointers rather than a compiled C library:
 docs/replay.md.
 
 Driver generations: :func:`generation_for` picks, from the driver version a capture or scenario
-names, the symbol list of the newest known ``nvml.h`` not newer than it (R470, R515, R535, R550,
-R580, R590: ``collectors/nvml_symbols.json``, each list read from the header NVIDIA publishes with
-that driver; ``scripts/nvml-symbols.py`` regenerates it and records the source). The library exports
+names, the symbol list of the newest known ``nvml.h`` not newer than it (every branch from R470 to
+R590: ``collectors/nvml_symbols.json``, each list read from the header NVIDIA publishes with that
+driver; ``scripts/nvml-symbols.py`` regenerates it and records the source). The library exports
 exactly those symbols, less a scenario's ``missing_functions``: on a R470 library pynvml's
 ``nvmlDeviceGetComputeRunningProcesses`` (``_v3``) fails as it does on a real R470 host.
 
@@ -41,6 +42,7 @@ import os
 import re
 import sys
 import threading
+import weakref
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -143,6 +145,7 @@ class _Unknown:
 
 _UNKNOWN = _Unknown()
 _TLS = threading.local()
+_FIRST_ADDRESS, _ADDRESS_STEP = 0x7E5700000000, 0x10  # opaque handle values: far from NULL, aligned
 
 
 class ReplayLibrary:
@@ -158,12 +161,13 @@ class ReplayLibrary:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._pointers: dict[str, Any] = {}  # symbol -> the function pointer pynvml gets (kept alive)
-        self._objects: dict[int, Any] = {}  # address -> ReplayHandle / ReplayEventSet
-        self._addresses: dict[int, int] = {}  # id(object) -> address
-        self._cells: list[Any] = []  # the memory behind those addresses (kept alive)
-        self._strings: dict[int, Any] = {}  # nvmlErrorString buffers by code
+        # handles and event sets <-> the opaque pointer values standing for them; weak, so a replay
+        # that is no longer used goes away with its objects
+        self._objects: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+        self._addresses: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self._next_address = _FIRST_ADDRESS
         self.default: ReplayState | None = None
-        self.symbols: dict[int, frozenset[str]] = {}  # id(state) -> its exported symbols
+        self.symbols: weakref.WeakKeyDictionary[ReplayState, frozenset[str]] = weakref.WeakKeyDictionary()
         self.unanswered: Counter[str] = Counter()
         self.calls: Counter[str] = Counter()
         self._exported: frozenset[str] = frozenset()
@@ -175,15 +179,19 @@ class ReplayLibrary:
         return self._pointer(name)
 
     def activate(self, state: ReplayState, symbols: frozenset[str]) -> None:
-        """Make ``state`` the default and its ``symbols`` the exported set; pynvml's symbol cache is
-        emptied when the set changes (a process has one library: a new generation is a new library)."""
+        """Register ``state`` with the ``symbols`` its library exports and make it the default.
+
+        The library exports the union of the symbols of the states registered: exactly one
+        generation's in a process that opens replays of one driver (every process but the tests').
+        With several generations open, a symbol that the calling state's generation lacks is found
+        but answers FUNCTION_NOT_FOUND, which pynvml raises as it raises a failed look-up. The
+        exported set only grows, so pynvml's cache of looked-up symbols never needs emptying.
+        """
         with self._lock:
-            self.symbols[id(state)] = symbols
+            self.symbols[state] = symbols
             self.default = state
-        with pynvml.libLoadLock:
-            if symbols != self._exported:
-                self._exported = symbols
-                pynvml._nvmlGetFunctionPointer_cache.clear()
+            if not symbols <= self._exported:
+                self._exported = self._exported | symbols
 
     def state(self) -> ReplayState | None:
         """The state a call without a handle is for."""
@@ -192,14 +200,14 @@ class ReplayLibrary:
 
     # -- handles and event sets as C pointers ---------------------------------------------------
     def address(self, obj: Any) -> int:
-        """A stable, non-NULL address standing for ``obj`` (a handle or an event set)."""
+        """A stable, non-NULL, never reused pointer value standing for ``obj`` (a handle or an event
+        set). Opaque, as NVML's are: pynvml never dereferences a handle."""
         with self._lock:
-            addr = self._addresses.get(id(obj))
+            addr = self._addresses.get(obj)
             if addr is None:
-                cell = ctypes.create_string_buffer(8)
-                self._cells.append(cell)
-                addr = ctypes.addressof(cell)
-                self._addresses[id(obj)] = addr
+                addr = self._next_address
+                self._next_address += _ADDRESS_STEP
+                self._addresses[obj] = addr
                 self._objects[addr] = obj
             return addr
 
@@ -235,12 +243,15 @@ class ReplayLibrary:
         caller._replay_callback = callback  # type: ignore[attr-defined]
         return caller
 
-    def _error_string(self, code: int) -> int:
-        buf = self._strings.get(code)
-        if buf is None:
-            text = _ERROR_STRINGS.get(code, "Unknown Error")
-            buf = self._strings[code] = ctypes.create_string_buffer(text.encode())
-        return ctypes.addressof(buf)
+    @staticmethod
+    def _error_string(code: int) -> int:
+        """``const char *nvmlErrorString(nvmlReturn_t)``: the address of a string that lives as long
+        as the process (built at import, never replaced)."""
+        try:
+            return ctypes.addressof(_ERROR_BUFFERS.get(code, _ERROR_BUFFERS[ERR_UNKNOWN]))
+        except Exception:  # never let ctypes return garbage as a pointer
+            log.exception("replayed nvmlErrorString raised")
+            return 0
 
     def _body(self, name: str, params: list[str]) -> Callable[..., int]:
         adapter = _ADAPTERS.get(name)
@@ -251,7 +262,7 @@ class ReplayLibrary:
                 if state is None:
                     return ERR_FUNCTION_NOT_FOUND  # no replay opened: nothing to answer for
                 self.calls[name] += 1
-                if name not in self.symbols.get(id(state), self._exported):
+                if name not in self.symbols.get(state, self._exported):
                     return ERR_FUNCTION_NOT_FOUND  # looked up under another generation's library
                 if adapter is None:
                     self.unanswered[name] += 1
@@ -303,6 +314,7 @@ _ERROR_STRINGS = {0: "Success", 1: "Uninitialized", 2: "Invalid Argument", 3: "N
                   20: "Insufficient Memory", 21: "No data", 22: "The requested vgpu operation is not "
                   "available on target device, because ECC is enabled", 25: "Argument version mismatch",
                   26: "Requested functionality has been deprecated", 999: "Unknown Error"}
+_ERROR_BUFFERS = {code: ctypes.create_string_buffer(text.encode()) for code, text in _ERROR_STRINGS.items()}
 
 
 def _write_scalar(ptr: int, ctype: Any, value: Any) -> None:
@@ -490,17 +502,24 @@ def _retired_pages(lib: ReplayLibrary, state: ReplayState, params: list[str], ar
     return SUCCESS
 
 
-def _event_wait(lib: ReplayLibrary, state: ReplayState, params: list[str], args: Sequence[Any]) -> int:
-    """``(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)``."""
-    es, data_ptr, timeout = lib.lookup(args[0]), args[1], args[2]
-    if not data_ptr:
-        return ERR_INVALID_ARGUMENT
-    event: ReplayEventData = state.nvmlEventSetWait_v2(es if isinstance(es, ReplayEventSet) else None, timeout)
-    data = ctypes.cast(data_ptr, ctypes.POINTER(_EventData))[0]
-    data.device = lib.address(event.device)
-    data.eventType, data.eventData = event.eventType, event.eventData
-    data.gpuInstanceId, data.computeInstanceId = event.gpuInstanceId, event.computeInstanceId
-    return SUCCESS
+def _event_wait(legacy: bool) -> Callable[..., int]:
+    """``(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)``. ``legacy``: the
+    unversioned ``nvmlEventSetWait`` of old binaries, whose structure ends before the instance ids:
+    only device, type and data are written."""
+
+    def adapter(lib: ReplayLibrary, state: ReplayState, params: list[str], args: Sequence[Any]) -> int:
+        es, data_ptr, timeout = lib.lookup(args[0]), args[1], args[2]
+        if not data_ptr:
+            return ERR_INVALID_ARGUMENT
+        event: ReplayEventData = state.nvmlEventSetWait_v2(es if isinstance(es, ReplayEventSet) else None, timeout)
+        data = ctypes.cast(data_ptr, ctypes.POINTER(_EventData))[0]
+        data.device = lib.address(event.device)
+        data.eventType, data.eventData = event.eventType, event.eventData
+        if not legacy:
+            data.gpuInstanceId, data.computeInstanceId = event.gpuInstanceId, event.computeInstanceId
+        return SUCCESS
+
+    return adapter
 
 
 _PROCESS_KINDS = ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses",
@@ -540,8 +559,8 @@ _ADAPTERS: dict[str, Callable[..., int]] = {
     "nvmlDeviceGetProcessUtilization": _process_utilization,
     "nvmlDeviceGetFieldValues": _field_values,
     "nvmlDeviceGetRetiredPages": _retired_pages,
-    "nvmlEventSetWait": _event_wait,
-    "nvmlEventSetWait_v2": _event_wait,
+    "nvmlEventSetWait": _event_wait(legacy=True),
+    "nvmlEventSetWait_v2": _event_wait(legacy=False),
 }
 ANSWERED_SYMBOLS = frozenset(_ADAPTERS) | {"nvmlErrorString"}
 """The C functions the replay answers (the others a generation exports answer NOT_SUPPORTED)."""
@@ -580,14 +599,12 @@ class ReplayedNVML:
         value = getattr(pynvml, name)
         if not (inspect.isfunction(value) and name.startswith("nvml")):
             return value
-        state, symbols = self.state, self.symbols
+        state = self.state
 
         @functools.wraps(value)
         def bound(*args: Any, **kwargs: Any) -> Any:
             previous = getattr(_TLS, "state", None)
             _TLS.state = state
-            if LIBRARY._exported is not symbols and LIBRARY.symbols.get(id(state)) is symbols:
-                LIBRARY.activate(state, symbols)  # this replay's generation is not the one exported
             try:
                 return value(*args, **kwargs)
             finally:
@@ -605,6 +622,16 @@ def open_replay(path: str | Path, **kwargs: Any) -> ReplayedNVML:
     extension = _extension()
     tables = tuple(getattr(extension, "TABLES", ())) if extension is not None else ()
     state = ReplayState.from_path(path, tables=tables, **kwargs)
+    key = "driver_version" if Path(path).suffix.lower() == ".toml" else "<driver_version>"
+    try:
+        generation_for(state.capture.driver_version)
+    except ReplayError as exc:
+        raise ReplayError(f"{path}: {key}: {exc}") from exc
+    known = frozenset().union(*(g.symbols for g in generations()))
+    unknown = sorted(set(state.missing_functions) - known)
+    if unknown:
+        raise ReplayError(f"{path}: missing_functions: {', '.join(unknown)}: not a function of any "
+                          "libnvidia-ml replayed (R470-R590)")
     if extension is not None:
         try:
             extension.attach(state)
@@ -633,9 +660,9 @@ def _extension() -> Any:
         sys.modules[spec.name] = cached  # dataclasses look their module up while the file runs
         try:
             spec.loader.exec_module(cached)
-        except (OSError, SyntaxError, ImportError) as exc:
+        except Exception as exc:  # whatever the file raises while it loads: one error naming it
             del sys.modules[spec.name]
-            raise ReplayError(f"{EXTENSION_ENV}={where}: {exc}") from exc
+            raise ReplayError(f"{EXTENSION_ENV}={where}: {type(exc).__name__}: {exc}") from exc
         _EXTENSIONS[where] = cached
     return cached
 

@@ -111,7 +111,7 @@ def mig_uuid(parent_uuid: str, gpu_instance_id: int, compute_instance_id: int) -
 class ReplayHandle:
     """Opaque device handle: NVML index ``gpu`` and, for MIG devices, the :class:`MigCapture`."""
 
-    __slots__ = ("_owner", "gpu", "mig")
+    __slots__ = ("__weakref__", "_owner", "gpu", "mig")
 
     def __init__(self, owner: ReplayState, gpu: int, mig: MigCapture | None = None) -> None:
         self._owner, self.gpu, self.mig = owner, gpu, mig
@@ -136,7 +136,7 @@ def _getter(call: str, attrs: str | tuple[str, ...], doc: str, mig: bool = False
 class ReplayEventSet:
     """Opaque event-set handle (nvmlEventSetCreate); its state is the replay's, under its lock."""
 
-    __slots__ = ("_owner", "delivered", "live", "registered")
+    __slots__ = ("__weakref__", "_owner", "delivered", "live", "registered")
 
     def __init__(self, owner: ReplayState) -> None:
         self._owner, self.live = owner, True

@@ -70,19 +70,24 @@ class XidWatcher:
         kind = getattr(c.nvml, "nvmlEventTypeXidCriticalError", 8)
         try:
             self._set = c("nvmlEventSetCreate")
-            if self._set is None:
-                log.warning("XID events not available: nvmlEventSetCreate failed")
-                return
-            for uuid, handle in self.handles.items():
+        except (DeviceLostError, NvmlUnavailableError) as exc:
+            log.warning("XID events not watched: %s", exc)
+            return
+        if self._set is None:
+            log.warning("XID events not available: nvmlEventSetCreate failed")
+            return
+        for uuid, handle in self.handles.items():  # one GPU that does not answer leaves the others watched
+            try:
                 supported = c("nvmlDeviceGetSupportedEventTypes", handle)
                 if not supported or not supported & kind:
                     continue
                 if c("nvmlDeviceRegisterEvents", handle, kind, self._set, absent=_FAILED) is _FAILED:
                     log.info("XID events not watched on %s", uuid)
                     continue
-                self.watching.append(uuid)
-        except (DeviceLostError, NvmlUnavailableError) as exc:
-            log.warning("XID events not watched: %s", exc)
+            except (DeviceLostError, NvmlUnavailableError) as exc:
+                log.warning("XID events not watched on %s: %s", uuid, exc)
+                continue
+            self.watching.append(uuid)
         if not self.watching:
             self._free()
             return
@@ -102,6 +107,11 @@ class XidWatcher:
             if event is _TIMED_OUT:
                 failures = 0
                 continue
+            if event is None and self.call.missing("nvmlEventSetWait_v2"):
+                log.warning("XID events not watched: the NVML library has no nvmlEventSetWait_v2")
+                with self._lock:
+                    self.watching = []
+                break
             if event is None:
                 failures += 1
                 log.log(logging.WARNING if failures == 1 else logging.DEBUG, "XID events: %s", reason)

@@ -20,7 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-TAGS = ["470.256.02", "515.105.01", "535.309.01", "550.144.03", "580.173.02", "590.48.01"]
+TAGS = ["470.256.02", "510.108.03", "515.105.01", "525.147.05", "535.309.01", "545.29.06", "550.144.03",
+        "560.35.03", "565.77", "570.211.01", "575.64.05", "580.173.02", "590.48.01"]
 OUT = Path(__file__).resolve().parent.parent / "collectors" / "nvml_symbols.json"
 _PROTO = re.compile(r"(?:nvmlReturn_t\s+DECLDIR|const\s+DECLDIR\s+char\s*\*)\s+(\w+)\s*\(([^)]*)\)", re.S)
 

@@ -299,26 +299,32 @@ error = "NOT_SUPPORTED"
     assert "accelstats_gpu_performance_state" not in families
 
 
-def test_memory_info_falls_back_to_v1_on_drivers_without_v2(h200: Path) -> None:
-    replay = open_replay(h200)
-
-    class OldDriver:
-        """The replay, but nvmlDeviceGetMemoryInfo_v2 missing as on drivers before it existed."""
-
-        def __getattr__(self, name: str) -> object:
-            return getattr(replay, name)
-
-        def nvmlDeviceGetMemoryInfo(self, handle: object, version: object = None) -> object:  # noqa: N802
-            if version:
-                raise replay.NVMLError(replay.NVML_ERROR_FUNCTION_NOT_FOUND)
-            return replay.nvmlDeviceGetMemoryInfo(handle)
-
-    b = NvidiaBackend(OldDriver(), pci_scan=False)
+def test_memory_info_falls_back_to_v1_on_drivers_without_v2(tmp_path: Path, h200: Path) -> None:
+    path = tmp_path / "old.toml"  # a library without nvmlDeviceGetMemoryInfo_v2, as before R510
+    path.write_text(f'missing_functions = ["nvmlDeviceGetMemoryInfo_v2"]\n[[gpu]]\ncapture = "{h200.as_posix()}"\n')
+    b = NvidiaBackend(open_replay(path), pci_scan=False)
     b.setup()
-    s = snapshot(b).samples[H200_UUID]
-    assert s.memory_total_bytes == 143771 * MIB and s.memory_reserved_bytes is None
-    s = snapshot(b).samples[H200_UUID]  # v2 is not asked again
-    assert b.call.errors[("nvmlDeviceGetMemoryInfo", "FUNCTION_NOT_FOUND")] == 1
+    try:
+        s = snapshot(b).samples[H200_UUID]
+        assert s.memory_total_bytes == 143771 * MIB and s.memory_reserved_bytes is None
+        s = snapshot(b).samples[H200_UUID]  # v2 is not asked again
+        assert b.call.errors[("nvmlDeviceGetMemoryInfo", "FUNCTION_NOT_FOUND")] == 1
+    finally:
+        b.close()
+
+
+def test_a_device_that_answers_v2_not_supported_gets_v1_for_that_reading_only(tmp_path: Path, h200: Path) -> None:
+    path = write_scenario(tmp_path, h200, f'[[gpu]]\ncapture = "{h200.as_posix()}"\n[[fault]]\n'
+                          'call = "nvmlDeviceGetMemoryInfo"\nerror = "NOT_SUPPORTED"\ntimes = 1\n')
+    b = NvidiaBackend(open_replay(path), pci_scan=False)
+    b.setup()
+    try:
+        # the fault hits the v2 call; v1 answers for that reading (no reserved figure), then v2 again
+        first, second = (snapshot(b).samples[H200_UUID] for _ in range(2))
+        assert (first.memory_total_bytes, first.memory_reserved_bytes) == (143771 * MIB, None)
+        assert second.memory_reserved_bytes == 616 * MIB
+    finally:
+        b.close()
 
 
 def _collection(sample: object) -> Collection:
@@ -422,6 +428,7 @@ after_seconds = 0.2
 """)
     b = backend(scenario)
     b.setup()
+    uuid_calls = b.call.nvml.library.calls["nvmlDeviceGetUUID"]
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         snap = snapshot(b)
@@ -435,6 +442,8 @@ after_seconds = 0.2
     families = {f.name: f for f in render(Collection(snapshot=snap))}
     assert sorted((s.labels["xid"], s.value) for s in families["accelstats_gpu_xid_errors"].samples) == [
         ("13", 1.0), ("79", 1.0)]
+    # each event's device was told by its handle's address, not by asking NVML for its UUID again
+    assert b.call.nvml.library.calls["nvmlDeviceGetUUID"] == uuid_calls
     b.shutdown()
     assert b.xid_watcher is None
 

@@ -7,9 +7,12 @@ each driver in github.com/NVIDIA/nvidia-settings); the expectations below are re
 
 from __future__ import annotations
 
+import ctypes
+import inspect
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pynvml
 import pytest
@@ -24,13 +27,14 @@ FIXTURES = find_shared() / "fixtures"
 T4 = FIXTURES / "public" / "tesla-t4.xml"
 A100 = FIXTURES / "public" / "a100-sxm4-v12.xml"
 H200 = FIXTURES / "h200" / "nvidia-smi-q.xml"
+NA = 0xFFFFFFFF
 
 # (driver version, the version of the header whose symbols it gets)
 PICKS = [
-    ("470.256.02", "470.256.02"), ("470.57.02", "470.256.02"), ("510.47.03", "470.256.02"),
-    ("515.105.01", "515.105.01"), ("525.60.13", "515.105.01"), ("535.54.03", "535.309.01"),
-    ("550.54.15", "550.144.03"), ("570.86.15", "550.144.03"), ("580.159.04", "580.173.02"),
-    ("590.44.01", "590.48.01"), ("999.1", "590.48.01"), (None, "590.48.01"),
+    ("470.256.02", "470.256.02"), ("470.57.02", "470.256.02"), ("510.47.03", "510.108.03"),
+    ("515.105.01", "515.105.01"), ("525.60.13", "525.147.05"), ("535.54.03", "535.309.01"),
+    ("550.54.15", "550.144.03"), ("555.42.02", "550.144.03"), ("570.86.15", "570.211.01"),
+    ("580.159.04", "580.173.02"), ("590.44.01", "590.48.01"), ("999.1", "590.48.01"), (None, "590.48.01"),
 ]
 
 
@@ -52,6 +56,8 @@ def test_drivers_before_r470_are_refused() -> None:
     ("470.256.02", "nvmlDeviceGetCurrentClocksThrottleReasons", True),
     ("470.256.02", "nvmlDeviceGetCurrentClocksEventReasons", False),
     ("470.256.02", "nvmlEventSetWait_v2", True),
+    ("510.108.03", "nvmlDeviceGetComputeRunningProcesses_v3", True),  # _v3 and memory v2 arrive in R510
+    ("510.108.03", "nvmlDeviceGetMemoryInfo_v2", True),
     ("515.105.01", "nvmlDeviceGetComputeRunningProcesses_v3", True),
     ("515.105.01", "nvmlDeviceGetMemoryInfo_v2", True),
     ("515.105.01", "nvmlDeviceGetCurrentClocksEventReasons", False),
@@ -103,7 +109,9 @@ GENERATIONS = [
     ("470.256.02", {"nvmlDeviceGetMemoryInfo", "nvmlDeviceGetComputeRunningProcesses",
                     "nvmlDeviceGetGraphicsRunningProcesses", "nvmlDeviceGetMPSComputeRunningProcesses",
                     "nvmlDeviceGetCurrentClocksEventReasons"}),
+    ("510.108.03", {"nvmlDeviceGetCurrentClocksEventReasons"}),
     ("515.105.01", {"nvmlDeviceGetCurrentClocksEventReasons"}),
+    ("525.147.05", {"nvmlDeviceGetCurrentClocksEventReasons"}),
     ("535.309.01", set()),
     ("550.144.03", set()),
     ("580.173.02", set()),
@@ -172,7 +180,101 @@ def test_pynvml_is_not_patched(tmp_path: Path) -> None:
     nvml.nvmlInit()
     nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(0))
     assert pynvml.nvmlLib is LIBRARY
-    functions = [v for k, v in vars(pynvml).items() if k.startswith("nvml") and callable(v) and hasattr(v, "__code__")]
-    assert len(functions) > 300
-    assert {f.__code__.co_filename for f in functions} == {pynvml.__file__}
+    functions = [v for v in vars(pynvml).values() if inspect.isfunction(v)]  # _nvmlGetFunctionPointer too
+    own = [f for f in functions if f.__module__ == "pynvml"]
+    assert len(own) > 300 and {f.__code__.co_filename for f in own} == {pynvml.__file__}
+    assert {f.__module__ for f in functions} <= {"pynvml", "ctypes", "ctypes.util", "functools"}  # its imports
     nvml.nvmlShutdown()
+
+
+# -- the C functions themselves, called as a C caller would ------------------------------------------
+def c_function(name: str) -> Any:
+    return getattr(pynvml.nvmlLib, name)
+
+
+@pytest.fixture
+def handle() -> Any:
+    nvml = open_replay(A100)
+    nvml.nvmlInit()
+    yield nvml.nvmlDeviceGetHandleByIndex(0)
+    nvml.nvmlShutdown()
+
+
+def test_a_short_string_buffer_is_insufficient_size_and_left_untouched(handle: Any) -> None:
+    buf = ctypes.create_string_buffer(b"x" * 8, 8)
+    assert c_function("nvmlDeviceGetName")(handle, buf, ctypes.c_uint(8)) == pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+    assert buf.raw == b"x" * 8
+    big = ctypes.create_string_buffer(96)
+    assert c_function("nvmlDeviceGetName")(handle, big, ctypes.c_uint(96)) == pynvml.NVML_SUCCESS
+    assert big.value == b"NVIDIA A100-SXM4-80GB"
+
+
+@pytest.mark.parametrize("name", ["nvmlDeviceGetMinorNumber", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMemoryInfo_v2",
+                                  "nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetName"])
+def test_null_out_pointers_are_invalid_argument(handle: Any, name: str) -> None:
+    args = {"nvmlDeviceGetComputeRunningProcesses_v3": (None, None), "nvmlDeviceGetName": (None, ctypes.c_uint(64))}
+    assert c_function(name)(handle, *args.get(name, (None,))) == pynvml.NVML_ERROR_INVALID_ARGUMENT
+
+
+def test_process_lists_follow_the_two_call_protocol(tmp_path: Path) -> None:
+    path = tmp_path / "procs.toml"
+    path.write_text(f'[[gpu]]\ncapture = "{H200.as_posix()}"\n' + "".join(
+        f"[[gpu.process]]\npid = {pid}\nused_memory_bytes = {pid}\n" for pid in (11, 12, 13)))
+    nvml = open_replay(path)
+    nvml.nvmlInit()
+    h = nvml.nvmlDeviceGetHandleByIndex(0)
+    fn, count = c_function("nvmlDeviceGetComputeRunningProcesses_v3"), ctypes.c_uint(0)
+    assert fn(h, ctypes.byref(count), None) == pynvml.NVML_ERROR_INSUFFICIENT_SIZE and count.value == 3
+    infos = (pynvml.c_nvmlProcessInfo_v2_t * 4)()
+    count.value = 2  # too small
+    assert fn(h, ctypes.byref(count), infos) == pynvml.NVML_ERROR_INSUFFICIENT_SIZE and count.value == 3
+    assert infos[0].pid == 0  # nothing written
+    count.value = 4
+    assert fn(h, ctypes.byref(count), infos) == pynvml.NVML_SUCCESS and count.value == 3
+    assert [(i.pid, i.usedGpuMemory, i.gpuInstanceId) for i in infos[:3]] == [(11, 11, NA), (12, 12, NA), (13, 13, NA)]
+    assert infos[3].pid == 0
+    class ProcessInfoV1(ctypes.Structure):  # nvml.h's nvmlProcessInfo_v1_t (pynvml has none): 16 bytes
+        _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
+
+    v1 = (ProcessInfoV1 * 3)()  # the unversioned symbol writes the v1 layout
+    count.value = 3
+    assert c_function("nvmlDeviceGetComputeRunningProcesses")(h, ctypes.byref(count), v1) == pynvml.NVML_SUCCESS
+    assert [(i.pid, i.usedGpuMemory) for i in v1] == [(11, 11), (12, 12), (13, 13)]
+    nvml.nvmlShutdown()
+
+
+def test_memory_v2_checks_the_structure_version(handle: Any) -> None:
+    mem = pynvml.c_nvmlMemory_v2_t()
+    mem.version = 2  # not NVML_STRUCT_VERSION(Memory, 2)
+    assert c_function("nvmlDeviceGetMemoryInfo_v2")(handle, ctypes.byref(mem)) == \
+        pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+    mem.version = 0x02000028  # sizeof(nvmlMemory_v2_t) = 40, version 2 (nvml.h)
+    assert c_function("nvmlDeviceGetMemoryInfo_v2")(handle, ctypes.byref(mem)) == pynvml.NVML_SUCCESS
+    assert mem.total == 81920 << 20
+
+
+def test_handle_address_identifies_a_device() -> None:
+    from collectors.xid import handle_address
+
+    nvml = open_replay(A100)
+    nvml.nvmlInit()
+    a, b = nvml.nvmlDeviceGetHandleByIndex(0), nvml.nvmlDeviceGetHandleByIndex(0)
+    assert a is not b and handle_address(a) == handle_address(b) != 0
+    mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(a, 0)
+    assert handle_address(mig) not in (None, handle_address(a))
+    assert handle_address(object()) is None
+    nvml.nvmlShutdown()
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('driver_version = "460.91.03"\n', r"driver_version: driver 460\.91\.03: older than the oldest"),
+    ('driver_version = "abc"\n', r"driver_version: expected a driver version"),
+    ('missing_functions = ["nvmlFoo"]\n', r"missing_functions: nvmlFoo: not a function of any libnvidia-ml"),
+    ('missing_functions = "nvmlInit"\n', r"missing_functions: expected list"),
+])
+def test_bad_driver_keys_name_the_file_and_the_key(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text + f'[[gpu]]\ncapture = "{H200.as_posix()}"\n')
+    with pytest.raises(ReplayError, match=message) as exc:
+        open_replay(path)
+    assert str(path) in str(exc.value)
