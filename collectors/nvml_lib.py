@@ -59,10 +59,12 @@ __all__ = ["EXTENSION_ENV", "LIBRARY", "Generation", "ReplayLibrary", "ReplayedN
 log = logging.getLogger(__name__)
 
 SYMBOLS_FILE = Path(__file__).with_name("nvml_symbols.json")
+EXTENSION_TABLES = ("fault", "event")  # the scenario tables only the extension reads
 EXTENSION_ENV = "ACCELSTATS_REPLAY_EXTENSION"
 """Environment variable naming a Python file that handles scenario tables the product does not read
 (the test support's ``[[fault]]`` and ``[[event]]``): it defines ``TABLES`` (names) and
-``attach(state)``. Unset in production: a scenario with such tables is then refused."""
+``attach(state)``. Loaded only for a scenario that has such tables; unset in production, such a
+scenario is refused."""
 
 SUCCESS, ERR_INVALID_ARGUMENT, ERR_NOT_SUPPORTED, ERR_INSUFFICIENT_SIZE = 0, 2, 3, 7
 ERR_FUNCTION_NOT_FOUND, ERR_UNKNOWN = 13, 999
@@ -616,12 +618,24 @@ class ReplayedNVML:
 
 def open_replay(path: str | Path, **kwargs: Any) -> ReplayedNVML:
     """Load a capture or scenario (:meth:`ReplayState.from_path`; ``kwargs``: ``clock``, ``sleep``)
-    and put it under pynvml. The scenario tables named by the extension in :data:`EXTENSION_ENV`
-    are handed to it. Raises ReplayError (a bad file, an unknown driver generation, a failing
-    extension, the real library already loaded)."""
-    extension = _extension()
-    tables = tuple(getattr(extension, "TABLES", ())) if extension is not None else ()
-    state = ReplayState.from_path(path, tables=tables, **kwargs)
+    and put it under pynvml. A scenario's ``[[fault]]`` / ``[[event]]`` tables are handed to the
+    extension named by :data:`EXTENSION_ENV` (loaded only then). Raises ReplayError (a bad file, an
+    unknown driver generation, fault tables without the extension, a failing extension, the real
+    library already loaded)."""
+    state = ReplayState.from_path(path, tables=EXTENSION_TABLES, **kwargs)
+    extension = None
+    if state.extra:  # only a scenario that asks for faults or events needs the extension
+        which = " and ".join(f"[[{k}]]" for k in EXTENSION_TABLES if k in state.extra)
+        try:
+            extension = _extension()
+        except ReplayError as exc:
+            raise ReplayError(f"{path}: {which}: {exc}") from exc
+        if extension is None:
+            raise ReplayError(f"{path}: {which}: fault and event injection is test support "
+                              f"(tests/support/replay_faults.py, through {EXTENSION_ENV}), not part of accelstats")
+        unknown = sorted(set(state.extra) - set(getattr(extension, "TABLES", ())))
+        if unknown:
+            raise ReplayError(f"{path}: {', '.join(unknown)}: not read by {EXTENSION_ENV}")
     key = "driver_version" if Path(path).suffix.lower() == ".toml" else "<driver_version>"
     try:
         generation_for(state.capture.driver_version)

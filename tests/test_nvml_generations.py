@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import inspect
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -278,3 +279,19 @@ def test_bad_driver_keys_name_the_file_and_the_key(tmp_path: Path, text: str, me
     with pytest.raises(ReplayError, match=message) as exc:
         open_replay(path)
     assert str(path) in str(exc.value)
+
+
+def test_the_fault_extension_is_loaded_only_for_scenarios_that_ask_for_it(tmp_path: Path) -> None:
+    """Without the test support (as in production, or in a sandbox that hides it), a capture and a plain
+    scenario replay; a scenario with [[fault]] is refused with the reason."""
+    plain = tmp_path / "plain.toml"
+    plain.write_text(f'[[gpu]]\ncapture = "{H200.as_posix()}"\n')
+    faulty = tmp_path / "faulty.toml"
+    faulty.write_text(plain.read_text() + '[[fault]]\ncall = "nvmlInit"\nerror = "UNKNOWN"\n')
+    env = {k: v for k, v in os.environ.items() if k != "ACCELSTATS_REPLAY_EXTENSION"}
+    env["ACCELSTATS_REPLAY_EXTENSION"] = str(tmp_path / "hidden" / "replay_faults.py")  # does not exist
+    for path, rc in ((H200, 0), (plain, 0), (faulty, 2)):
+        proc = subprocess.run([sys.executable, "-m", "accelstats", "devices", "--json", "--nvml-replay", str(path)],
+                              capture_output=True, text=True, timeout=60, check=False, env=env)
+        assert proc.returncode == rc, proc.stderr
+    assert "[[fault]]" in proc.stderr and "hidden/replay_faults.py" in proc.stderr
