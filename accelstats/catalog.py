@@ -152,6 +152,10 @@ GPU_SAMPLED: tuple[Family, ...] = (
          "read in the background.", _pairs("pcie_throughput_bytes_per_second"), ("direction",)),
     _gpu("accelstats_gpu_xid_errors_total", "Critical XID errors NVML reported (event set), by XID.",
          _pairs("xid_errors"), ("xid",), "counter"),
+    _gpu("accelstats_gpu_critical_xid",
+         "The last XID NVML reported for the GPU that makes it unfit for new work until its driver is reset or "
+         "reloaded (since the exporter started; 0: none). XIDs an application causes itself (13, 31, 43, 45, "
+         "68, 109) are not counted here. Absent where XID events are not watched.", _scalar("xid_critical")),
     _gpu("accelstats_gpu_fan_speed_ratio", "Fan speed as a fraction of its maximum (0-1).",
          _scalar("fan_speed_ratio")),
     _gpu("accelstats_gpu_processes", "Processes on the device by type (compute, graphics, mps).",
@@ -205,6 +209,11 @@ MPS = (MPS_UP, MPS_THREADS, MPS_PINNED, MPS_SERVERS, MPS_CLIENTS)
 
 BUILD_INFO = Family("accelstats_build_info", "gauge", "accelstats build and NVML versions; value 1.",
                     ("version", "python_version", "nvml_version", "driver_version"))
+NVML_STATE = Family(
+    "accelstats_nvml_state", "gauge",
+    "The nvidia collector's state, value 1: ready (NVML answers), no_device (this host has no NVIDIA PCI "
+    "device: nothing to read, not a failure) or unavailable (NVIDIA devices, but NVML does not work: driver "
+    "not loaded, library missing, nvmlInit failing, or not answering); reason says why.", ("state", "reason"))
 COLLECTOR_SUCCESS = Family("accelstats_scrape_collector_success", "gauge",
                            "1 when the collector succeeded in this collection.", ("collector",))
 COLLECTOR_DURATION = Family("accelstats_scrape_collector_duration_seconds", "gauge",
@@ -224,12 +233,15 @@ HTTP_REFUSED = Family(
     "accelstats_http_connections_refused_total", "counter",
     "HTTP connections the server closed without serving them, by reason (connection limit, header or TLS "
     "handshake deadline, idle keep-alive).", ("reason",))
+HTTP_REQUESTS = Family(
+    "accelstats_http_requests_total", "counter",
+    "HTTP requests answered, by status code (every answer the server wrote, errors included).", ("code",))
 WEB_CONFIG_RELOAD_FAILURES = Family(
     "accelstats_web_config_reload_failures_total", "counter",
     "Changes of the web configuration file (or its certificate or key) that were refused: the last good "
     "configuration stays in force.", ())
 EXPORTER = (BUILD_INFO, COLLECTOR_SUCCESS, COLLECTOR_DURATION, COLLECTOR_LAST_SUCCESS, SKIPPED_LINES,
-            ATTRIBUTION_SKIPPED, NVML_ERRORS, HTTP_REFUSED, WEB_CONFIG_RELOAD_FAILURES)
+            ATTRIBUTION_SKIPPED, NVML_ERRORS, NVML_STATE, HTTP_REFUSED, HTTP_REQUESTS, WEB_CONFIG_RELOAD_FAILURES)
 
 ALL: tuple[Family, ...] = (*CADVISOR, GPU_INFO, GPU_UP, GPU_LAST_SUCCESS, *GPU_SAMPLED, *CONTAINER, *FILES, *MPS,
                            *EXPORTER)

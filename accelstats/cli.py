@@ -23,6 +23,7 @@ from accelstats import __version__, sdnotify
 from accelstats.config import (
     DEFAULT_CONFIG,
     DEFAULT_PORT,
+    LOG_FORMATS,
     LOG_LEVELS,
     ConfigError,
     Settings,
@@ -60,6 +61,8 @@ def source_options(fn: F) -> F:
                      help="The host's / (container runtime state files are read under it) [/]."),
         click.option("--log-level", type=click.Choice(LOG_LEVELS, case_sensitive=False),
                      help="Log level [info]."),
+        click.option("--log-format", type=click.Choice(LOG_FORMATS, case_sensitive=False),
+                     help="Log line format on stderr [text]."),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -68,7 +71,8 @@ def source_options(fn: F) -> F:
 
 def build_settings(config_path: Path | None, nvml_replay: Path | None, file_devices: str | None,
                    cgroup_root: Path | None, proc_root: Path | None, sysfs_root: Path | None,
-                   log_level: str | None, rootfs: Path | None = None, **extra: Any) -> Settings:
+                   log_level: str | None, rootfs: Path | None = None, log_format: str | None = None,
+                   **extra: Any) -> Settings:
     """Defaults, then the config file, then the command line. Exits 2 on a config error."""
     settings = Settings()
     path = config_path or (DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None)
@@ -77,7 +81,8 @@ def build_settings(config_path: Path | None, nvml_replay: Path | None, file_devi
             settings = load_config(path, settings)
         changes: dict[str, Any] = {k: v for k, v in {
             "nvml_replay": nvml_replay, "cgroup_root": cgroup_root, "proc_root": proc_root,
-            "sysfs_root": sysfs_root, "rootfs": rootfs, "log_level": log_level.lower() if log_level else None}.items()
+            "sysfs_root": sysfs_root, "rootfs": rootfs, "log_level": log_level.lower() if log_level else None,
+            "log_format": log_format.lower() if log_format else None}.items()
             if v is not None}
         if extra.get("listen"):
             changes["listen_host"], changes["listen_port"] = parse_listen(extra["listen"])
@@ -90,17 +95,45 @@ def build_settings(config_path: Path | None, nvml_replay: Path | None, file_devi
         if file_devices is not None:  # --file-devices "" means none, as dir = "" does in the config
             changes["file_devices"] = replace(settings.file_devices, dir=Path(file_devices) if file_devices else None)
         settings = replace(settings, **changes)
+        if nvml_replay is None and settings.nvml_replay is not None and not settings.nvml_replay.exists():
+            raise ConfigError(f"{path}: key 'nvml_replay': {settings.nvml_replay} does not exist")
         for key in ("cgroup_root", "proc_root"):
             root = getattr(settings, key)
             if not root.is_dir():
                 raise ConfigError(f"{key.replace('_', '-')} {root} is not a directory")
     except ConfigError as exc:
         fail(str(exc))
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
+    _warn_about_roots(settings)
     if "files" in (settings.collectors or ()) and settings.file_devices.dir is None:
         log.warning("collector 'files' enabled but no file-devices directory is set (--file-devices, "
                     "[file_devices] dir): it reports nothing")
     return settings
+
+
+def _warn_about_roots(settings: Settings) -> None:
+    """One warning for each root that points at nothing useful (once per process): a mis-mounted
+    ``/host`` in a DaemonSet otherwise serves empty data without a word."""
+    key = (settings.cgroup_root, settings.proc_root, settings.rootfs)
+    if key in _ROOTS_CHECKED:
+        return
+    _ROOTS_CHECKED.add(key)
+    for option, root in (("--cgroup-root", settings.cgroup_root), ("--proc-root", settings.proc_root)):
+        try:
+            empty = next(root.iterdir(), None) is None
+        except OSError as exc:
+            log.warning("%s %s cannot be listed (%s): nothing will be found under it", option, root,
+                        exc.strerror or exc)
+            continue
+        if empty:
+            log.warning("%s %s is empty: is the host's %s mounted there? No container will be found", option,
+                        root, "/sys/fs/cgroup" if option == "--cgroup-root" else "/proc")
+    if not settings.rootfs.is_dir():
+        log.warning("--rootfs %s does not exist: container runtimes' state files (names, images) will not "
+                    "be read", settings.rootfs)
+
+
+_ROOTS_CHECKED: set[tuple[Path, Path, Path]] = set()
 
 
 def make_manager(settings: Settings) -> AcceleratorManager:
@@ -117,6 +150,8 @@ def make_manager(settings: Settings) -> AcceleratorManager:
             fail(str(exc))
         except OSError as exc:
             fail(f"{settings.nvml_replay}: {exc.strerror or exc}")
+        if not nvml.state.gpu_count:
+            log.warning("%s: the replay holds no GPU (no <gpu> element, no [[gpu]] table)", settings.nvml_replay)
     manager = AcceleratorManager(settings, nvml)
     try:
         manager.setup()
@@ -127,7 +162,25 @@ def make_manager(settings: Settings) -> AcceleratorManager:
     return manager
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(click.Group):
+    """click's group with its usage errors (an unknown option, command or choice, a bad value) printed
+    as every other input error is: one line ``accelstats: error: …``, exit status 2."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["standalone_mode"] = False
+        try:
+            rv = super().main(*args, **kwargs)
+        except click.exceptions.ClickException as exc:  # UsageError, BadParameter, NoSuchOption, ...
+            if type(exc).__name__ == "NoArgsIsHelpError":  # a group without its command: its help, as click
+                click.echo(exc.format_message(), err=True)
+                sys.exit(exc.exit_code)
+            fail(exc.format_message())
+        except click.exceptions.Abort:  # Ctrl-C at a prompt
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="accelstats")
 def main() -> None:
     """Per-container accelerator metrics: which container uses which GPU, and how hard."""
@@ -139,8 +192,7 @@ def main() -> None:
 @click.option("--collector", "collectors", multiple=True,
               type=click.Choice([e.name for e in COLLECTORS]),
               help="Run only these collectors (repeatable). "
-              + "; ".join(f"{e.name}: {e.help}{' (default on)' if e.enabled_by_default else ''}"
-                          for e in COLLECTORS))
+              + "; ".join(f"{e.name}: {e.help}{e.default_note}" for e in COLLECTORS))
 @click.option("--web-config", metavar="FILE", default=None,
               help="exporter-toolkit web configuration (YAML): TLS, basic auth, headers; see docs/web-config.md "
                    "[none: plain HTTP; \"\" overrides the config file's web_config].")
@@ -195,7 +247,7 @@ def dump(**opts: Any) -> None:
     """One collection, as Prometheus exposition text on stdout."""
     from accelstats.exporter import exposition
 
-    manager = make_manager(build_settings(**opts))
+    manager = make_manager(replace(build_settings(**opts), nvml_retry_interval=0.0))  # one shot: no retry
     try:
         sys.stdout.write(exposition(manager).decode())
     finally:
@@ -203,7 +255,7 @@ def dump(**opts: Any) -> None:
 
 
 def _collect(**opts: Any) -> Collection:
-    manager = make_manager(build_settings(**opts))
+    manager = make_manager(replace(build_settings(**opts), nvml_retry_interval=0.0))  # one shot: no retry
     try:
         return manager.collect()
     finally:

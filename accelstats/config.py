@@ -11,6 +11,7 @@ settings as the command line::
     rootfs = "/"                       # the host's / (runtime state files: docker, containerd, CRI-O)
     open_fd_scan = true                # attribute by /proc/<pid>/fd (open /dev/nvidia<N>)
     log_level = "info"
+    log_format = "text"                # text | json | logfmt (one record per line on stderr)
     nvml_retry_interval = 30.0         # seconds between NVML init attempts while unavailable
     nvml_deadline = 1.5                # seconds a collection waits for NVML before marking a GPU down
     collection_deadline = 4.0          # seconds a whole collection may take; late parts are served as of their last run
@@ -38,11 +39,13 @@ Every error is a :class:`ConfigError` naming the file, the key and the reason.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
 import sys
 from dataclasses import dataclass, field, fields, replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -57,6 +60,7 @@ DEFAULT_CONFIG = Path("/etc/accelstats/config.toml")
 # 9847: inside Prometheus' exporter range (9100-9999), clear of node_exporter (9100), dcgm-exporter
 # (9400), nvidia_gpu_exporter (9835) and the NVIDIA exporters people run beside this one.
 DEFAULT_PORT = 9847
+LOG_FORMATS = ("text", "json", "logfmt")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -141,6 +145,7 @@ class Settings:
     open_fd_scan: bool = True
     attribution: bool = True  # tie devices to containers (the Nomad plugin turns it off without metrics_listen)
     log_level: str = "info"
+    log_format: str = "text"
     nvml_retry_interval: float = 30.0
     nvml_deadline: float = 1.5
     collection_deadline: float = 4.0  # a collection answers by then; a late part serves its last result
@@ -199,6 +204,7 @@ def load_config(path: Path, base: Settings | None = None) -> Settings:
     where = str(path)
     folder = path.parent
     known = {"listen", "nvml_replay", "cgroup_root", "proc_root", "sysfs_root", "rootfs", "open_fd_scan", "log_level",
+             "log_format",
              "nvml_retry_interval", "nvml_deadline", "collection_deadline", "nvml_pcie_interval", "collectors",
              "file_devices", "mps",
              "web_config", "runtimes"}
@@ -216,6 +222,12 @@ def load_config(path: Path, base: Settings | None = None) -> Settings:
             if p is None and key not in ("nvml_replay", "web_config"):
                 raise ConfigError(f"{where}: key {key!r}: must not be empty")
             changes[key] = p
+        elif key == "log_format":
+            fmt = _expect(where, key, value, str).lower()
+            if fmt not in LOG_FORMATS:
+                raise ConfigError(f"{where}: key 'log_format': expected one of {', '.join(LOG_FORMATS)}, "
+                                  f"got {value!r}")
+            changes[key] = fmt
         elif key == "log_level":
             level = _expect(where, key, value, str).lower()
             if level not in LOG_LEVELS:
@@ -348,7 +360,58 @@ def check_perm(value: str, where: str) -> str:
     return value
 
 
-def configure_logging(level: str) -> None:
-    """Log to stderr as ``time level logger: message`` at ``level`` (debug/info/warning/error)."""
-    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+class _JsonFormatter(logging.Formatter):
+    """One JSON object per record: ``time`` (RFC 3339, UTC), ``level``, ``logger``, ``msg`` and, with an
+    exception, ``error``; the fields a record was given with ``extra=`` follow."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, object] = {"time": _rfc3339(record.created), "level": record.levelname.lower(),
+                                  "logger": record.name, "msg": record.getMessage()}
+        out.update(_extra_fields(record))
+        if record.exc_info:
+            out["error"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str, ensure_ascii=False)
+
+
+class _LogfmtFormatter(logging.Formatter):
+    """``time=… level=… logger=… msg="…"``: logfmt as Prometheus' own components write it; values
+    with spaces, quotes or ``=`` are quoted with backslash escapes."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields: dict[str, object] = {"time": _rfc3339(record.created), "level": record.levelname.lower(),
+                                     "logger": record.name, "msg": record.getMessage()}
+        fields.update(_extra_fields(record))
+        if record.exc_info:
+            fields["error"] = self.formatException(record.exc_info)
+        return " ".join(f"{k}={_logfmt_value(v)}" for k, v in fields.items())
+
+
+_RECORD_FIELDS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
+
+
+def _extra_fields(record: logging.LogRecord) -> dict[str, object]:
+    return {k: v for k, v in vars(record).items() if k not in _RECORD_FIELDS and not k.startswith("_")}
+
+
+def _rfc3339(created: float) -> str:
+    return datetime.fromtimestamp(created, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _logfmt_value(value: object) -> str:
+    text = str(value)
+    if text and not any(c in text for c in ' "=\\\n\t'):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t") + '"'
+
+
+def configure_logging(level: str, fmt: str = "text") -> None:
+    """Log to stderr at ``level`` (debug/info/warning/error), one record per line: ``text``
+    (``time level logger: message``), ``json`` or ``logfmt`` (:data:`LOG_FORMATS`)."""
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(_JsonFormatter())
+    elif fmt == "logfmt":
+        handler.setFormatter(_LogfmtFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler])

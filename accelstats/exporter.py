@@ -61,6 +61,8 @@ def render(collection: Collection) -> Iterator[Metric]:
         fams[spec.name].add_metric(list(labels), value)
 
     add(catalog.BUILD_INFO, [__version__, platform.python_version(), snap.nvml_version, snap.driver_version], 1)
+    if snap.nvml_state:
+        add(catalog.NVML_STATE, [snap.nvml_state, snap.nvml_status], 1)
     for r in snap.collector_results:
         add(catalog.COLLECTOR_SUCCESS, [r.name], 1.0 if r.success else 0.0)
         add(catalog.COLLECTOR_DURATION, [r.name], r.duration_seconds)

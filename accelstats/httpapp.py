@@ -16,6 +16,7 @@ collection's families.
 from __future__ import annotations
 
 import gzip
+import html
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -49,8 +50,15 @@ LANDING = """<!doctype html>
 <p>Per-container accelerator metrics (NVIDIA GPUs, MIG, MPS, file devices).</p>
 <ul><li><a href="metrics">/metrics</a> &mdash; Prometheus exposition</li>
 <li><a href="healthz">/healthz</a> &mdash; liveness</li></ul>
+<p>{nvidia}</p>
 </body></html>
 """
+NVIDIA_STATE = {  # accelstats_nvml_state, in words, for the landing page
+    "ready": "NVIDIA: NVML ready, {devices} device(s).",
+    "no_device": "NVIDIA: this host has no NVIDIA device ({reason}); GPU families are absent, by design.",
+    "unavailable": "NVIDIA: NVML unavailable: {reason}. The exporter retries by itself; see its log.",
+    "": "NVIDIA: not read yet (the first scrape of /metrics reads it).",
+}
 ALLOW = "GET, HEAD"
 
 # -- content negotiation ----------------------------------------------------------------------------
@@ -226,7 +234,15 @@ def make_app(manager: AcceleratorManager, extra: Sequence[_Collector] = ()) -> W
     HEAD without a body and, on ``/metrics``, without collecting. ``extra``: collectors whose families
     follow the collection's (the server's counters)."""
     shared = SharedExposition(manager, extra)
-    landing = LANDING.format(version=__version__).encode()
+
+    def landing() -> bytes:
+        """The landing page, with the NVIDIA state of the newest collection (none is started for it)."""
+        latest = manager.latest
+        snap = latest.snapshot if latest is not None else None
+        state = snap.nvml_state if snap is not None and snap.nvml_state in NVIDIA_STATE else ""
+        nvidia = NVIDIA_STATE[state].format(reason=html.escape(snap.nvml_status if snap is not None else ""),
+                                            devices=len(snap.devices) if snap is not None else 0)
+        return LANDING.format(version=__version__, nvidia=nvidia).encode()
 
     def metrics(environ: dict[str, Any], start_response: StartResponse, head: bool) -> Iterable[bytes]:
         _, content_type, canonical = negotiate(environ.get("HTTP_ACCEPT", ""))
@@ -254,7 +270,7 @@ def make_app(manager: AcceleratorManager, extra: Sequence[_Collector] = ()) -> W
         if path == "/healthz":
             status, content_type, body = "200 OK", TEXT, b"ok\n"
         elif path == "/":
-            status, content_type, body = "200 OK", "text/html; charset=utf-8", landing
+            status, content_type, body = "200 OK", "text/html; charset=utf-8", landing()
         else:
             status, content_type, body = "404 Not Found", TEXT, b"not found: try /metrics\n"
         start_response(status, [("Content-Type", content_type), ("Content-Length", str(len(body)))])
@@ -270,15 +286,23 @@ REFUSED_REASONS = ("limit", "evicted", "tls_handshake_timeout", "header_timeout"
 
 class ServerCounters:
     """The server's own counters as a collector: ``accelstats_http_connections_refused_total{reason}``
-    (catalog.HTTP_REFUSED; every reason of :data:`REFUSED_REASONS`, from 0) and, when ``web`` is set,
+    (catalog.HTTP_REFUSED; every reason of :data:`REFUSED_REASONS`, from 0),
+    ``accelstats_http_requests_total{code}`` (catalog.HTTP_REQUESTS: answers written, by status code;
+    200 from 0) and, when ``web`` is set,
     ``accelstats_web_config_reload_failures_total`` (catalog.WEB_CONFIG_RELOAD_FAILURES, read from
     ``web.reload_failures``, 0 where the source does not count).
 
-    ``refused`` is written by the event-loop thread only; reading it from another is safe."""
+    ``refused`` and ``answers`` are written by the event-loop thread only; reading them from another
+    is safe."""
 
     def __init__(self, web: WebConfigSource | None = None) -> None:
         self.web = web
         self.refused = dict.fromkeys(REFUSED_REASONS, 0)
+        self.answers: dict[str, int] = {"200": 0}
+
+    def answered(self, code: str) -> None:
+        """One more answer with status ``code`` (three digits) written."""
+        self.answers[code] = self.answers.get(code, 0) + 1
 
     def count(self, reason: str) -> None:
         """One more connection closed unserved for ``reason`` (one of :data:`REFUSED_REASONS`)."""
@@ -291,6 +315,11 @@ class ServerCounters:
         for reason in REFUSED_REASONS:
             refused.add_metric([reason], float(self.refused[reason]))
         yield refused
+        spec = catalog.HTTP_REQUESTS
+        answers = CounterMetricFamily(spec.name, spec.help, labels=list(spec.labels))
+        for code, n in sorted(dict(self.answers).items()):
+            answers.add_metric([code], float(n))
+        yield answers
         if self.web is not None:
             spec = catalog.WEB_CONFIG_RELOAD_FAILURES
             yield CounterMetricFamily(spec.name, spec.help, value=float(getattr(self.web, "reload_failures", 0)))

@@ -84,6 +84,8 @@ from email.utils import formatdate
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+
 from accelstats import __version__
 from accelstats.httpapp import ServerCounters, WSGIApp, make_app
 from accelstats.httphead import (
@@ -662,6 +664,8 @@ class HTTPServer:
     # -- answers
 
     def _start_writing(self, conn: _Conn, out: list[bytes], keep_alive: bool) -> None:
+        if out and out[0][:5] == b"HTTP/" and out[0][8:9] == b" " and out[0][9:12].isdigit():
+            self.counters.answered(out[0][9:12].decode())
         conn.out = deque(memoryview(b) for b in out if b)
         conn.keep_alive = keep_alive
         conn.unsent = sum(len(b) for b in conn.out)
@@ -788,7 +792,10 @@ def serve(manager: AcceleratorManager, host: str, port: int,
     Raises OSError when the address cannot be bound (e.g. EADDRINUSE).
     """
     counters = ServerCounters(web)
-    app = make_app(manager, (counters,))
+    # the process_* and python_* families every client_python exporter has, read per scrape
+    own = (ProcessCollector(registry=None), PlatformCollector(registry=None),
+           GCCollector(registry=CollectorRegistry()))  # GCCollector insists on registering somewhere
+    app = make_app(manager, (counters, *own))
     if web is not None:
         app = BasicAuth(app, web)
     server = HTTPServer(_listener(host, port), app, web, counters)

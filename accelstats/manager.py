@@ -225,6 +225,11 @@ class AcceleratorManager:
                         log.warning("devices.list of %s: skipped malformed line %r", cgroup, line[:200])
 
     # -- the collection path ----------------------------------------------------------------------
+    @property
+    def latest(self) -> Collection | None:
+        """The newest collection, without collecting (None before the first)."""
+        return self._last
+
     def collect(self) -> Collection:
         """One collection. A caller that arrives while another collection runs waits for it to end,
         then reuses the newest collection if that one started after the caller arrived, else runs

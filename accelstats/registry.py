@@ -35,6 +35,14 @@ class CollectorEntry:
     enabled_by_default: bool
     help: str
     factory: Callable[[Settings, Any], Collector | None]
+    when: str = ""  # what makes the factory return a collector, for --help ("" = always)
+
+    @property
+    def default_note(self) -> str:
+        """``(default on)``, ``(default on when …)`` or ``""``, for ``serve --help``."""
+        if not self.enabled_by_default:
+            return ""
+        return f" (default on when {self.when})" if self.when else " (default on)"
 
 
 def _nvidia(settings: Settings, nvml: Any) -> Collector:
@@ -60,8 +68,10 @@ def _mps(settings: Settings, nvml: Any) -> Collector | None:
 
 COLLECTORS: tuple[CollectorEntry, ...] = (
     CollectorEntry("nvidia", True, "NVIDIA GPUs and MIG instances through NVML (or --nvml-replay)", _nvidia),
-    CollectorEntry("files", True, "file devices in --file-devices DIR (Nomad example-plugin model)", _files),
-    CollectorEntry("mps", True, "NVIDIA MPS control daemons of the [mps] resources in the config", _mps),
+    CollectorEntry("files", True, "file devices in --file-devices DIR (Nomad example-plugin model)", _files,
+                   "a file-devices directory is set"),
+    CollectorEntry("mps", True, "NVIDIA MPS control daemons of the [mps] resources in the config", _mps,
+                   "the config has [mps] resources"),
 )
 
 

@@ -493,6 +493,9 @@ def build_ssl_context(config: WebConfig) -> ssl.SSLContext:
     try:
         ctx.load_cert_chain(tls.cert_file, tls.key_file, password=_no_password)
     except ssl.SSLError as exc:
+        if getattr(exc, "reason", "") == "KEY_VALUES_MISMATCH":
+            raise p.error(k + "key_file", f"{tls.key_file}: a private key, but not the one of cert_file "
+                          f"{tls.cert_file} (KEY_VALUES_MISMATCH)") from exc
         raise p.error(k + "key_file", f"{tls.key_file}: not a PEM private key (unencrypted) for "
                       f"cert_file ({exc})") from exc
     except OSError as exc:  # replaced or removed since it was read

@@ -100,7 +100,7 @@ class DeviceSample:
     pcie_throughput_bytes_per_second: tuple[tuple[str, float], ...] = ()
     fan_speed_ratio: float | None = None
     xid_errors: tuple[tuple[int, int], ...] = ()  # (xid, count) since start: NVML critical-XID events
-    xid_critical: int | None = None  # the last XID that makes the GPU unfit for work (collectors/xid.py)
+    xid_critical: int | None = None  # the last XID that makes the GPU unfit for work; 0: none; None: not watched
     processes: tuple[ProcessUsage, ...] | None = None  # None: no process list readable
     process_types: tuple[ProcessType, ...] = ()  # the types whose NVML process list answered
 
@@ -160,7 +160,10 @@ class DeviceSnapshot:
     """Everything the device collectors read in one collection; filled by each collector's ``update``.
 
     ``nvml_status`` is "" while NVML is usable, else the reason it is not (library missing, driver
-    not loaded); ``source`` is ``"nvml"`` for the live library and ``"replay"`` for the replay backend.
+    not loaded); ``nvml_state`` is "" when the nvidia collector did not run, else ``ready``,
+    ``no_device`` (no NVIDIA PCI device here: nothing to read) or ``unavailable`` (NVIDIA devices,
+    but NVML does not work or answer); ``source`` is ``"nvml"`` for the live library and
+    ``"replay"`` for the replay backend.
     """
 
     timestamp: float = field(default_factory=time.time)
@@ -170,6 +173,7 @@ class DeviceSnapshot:
     file_devices_skipped_total: int = 0
     mps: list[MpsDaemonReading] = field(default_factory=list)
     nvml_status: str = ""
+    nvml_state: str = ""
     source: str = "nvml"
     driver_version: str = ""
     cuda_driver_version: str = ""

@@ -378,8 +378,9 @@ class Daemon:
 
         Commands: ``get_default_active_thread_percentage``, ``get_server_list``,
         ``get_client_list <pid>`` per server, ``get_default_device_pinned_mem_limit <index>`` per GPU
-        of the resource. Each failure makes the status unhealthy with its reason; after a timeout the
-        remaining commands are skipped (a wedged daemon would cost a timeout each).
+        of the resource. Each failure makes the status unhealthy with its reason; after a timeout, or
+        an answer that no control daemon runs, the remaining commands are skipped (a wedged daemon
+        would cost a timeout each, and a missing one would repeat its reason).
         """
         reasons: list[str] = []
         servers: list[int] = []
@@ -396,7 +397,9 @@ class Daemon:
                 return self.echo_pipe_to_control(command)
             except MpsError as exc:
                 reasons.append(str(exc))
-                wedged = "did not answer within" in str(exc)
+                # a wedged daemon would cost a timeout per command, and one that is not running would
+                # give the same reason for each: the first one says it
+                wedged = "did not answer within" in str(exc) or "Cannot find MPS control daemon" in str(exc)
                 return None
             except Exception as exc:  # noqa: BLE001 - status() reports, it never raises
                 reasons.append(f"MPS resource {self.name!r}: command {command!r} failed: {exc!r}")

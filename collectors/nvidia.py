@@ -54,6 +54,7 @@ ARCHITECTURES = {2: "kepler", 3: "maxwell", 4: "pascal", 5: "volta", 6: "turing"
 # on the H200), and the first list naming a PID gives its type; the MPS server is only in the
 # compute list. Compute before graphics: a "C+G" process counts as compute.
 _UNSUPPORTED: Any = object()
+NVML_STATES = ("ready", "no_device", "unavailable")  # DeviceSnapshot.nvml_state, accelstats_nvml_state{state}
 PROCESS_CALLS: tuple[tuple[ProcessType, str], ...] = (
     ("mps", "nvmlDeviceGetMPSComputeRunningProcesses"),
     ("compute", "nvmlDeviceGetComputeRunningProcesses"),
@@ -126,8 +127,9 @@ class NvidiaBackend:
     ``"nvml"`` or ``"replay"`` (taken from ``nvml.source`` when it has one). ``sysfs_root``: where
     the PCI scan looks (``/sys``); ``pci_scan=False`` skips it (the replay has no PCI devices).
     ``deadline``: seconds a collection waits for NVML (see :meth:`update`); ``retry_interval``:
-    seconds between NVML init attempts while it is unavailable; ``slow_interval``: seconds between
-    reads of the slow values (energy, BAR1, ECC, remapped rows, PCIe replays); ``pcie_interval``:
+    seconds between NVML init attempts while it is unavailable (0: a one-shot command, which says no
+    "retrying"); ``slow_interval``: seconds between reads of the slow values (energy, BAR1, ECC,
+    remapped rows, PCIe replays); ``pcie_interval``:
     seconds between background PCIe throughput rounds (0: not read; :mod:`collectors.pcie`).
     """
 
@@ -163,6 +165,8 @@ class NvidiaBackend:
         self._last_complete: _Pass | None = None
         self._last_success: dict[str, float] = {}  # uuid -> Unix time of the last pass that read it up
         self._stuck_logged = ""
+        self._said: set[str] = set()  # warnings given once (enumeration failures), at debug after
+        self.no_device = False  # the last setup found no NVIDIA PCI device (a GPU-less host, not a failure)
         # The first PCIe round is waited for during setup, within a third of the scrape's deadline.
         self.pcie: PcieSampler | None = None
         if pcie_interval > 0:
@@ -175,7 +179,8 @@ class NvidiaBackend:
         On failure ``status`` holds the reason (logged at warning level the first time, debug after).
         """
         self._last_attempt = time.monotonic()
-        if self.pci_scan and not nvidia_pci_devices(self.sysfs_root):
+        self.no_device = self.pci_scan and not nvidia_pci_devices(self.sysfs_root)
+        if self.no_device:
             return self._fail(f"no NVIDIA PCI device (vendor {NVIDIA_PCI_VENDOR}) under "
                               f"{self.sysfs_root}/bus/pci/devices")
         try:
@@ -212,7 +217,8 @@ class NvidiaBackend:
     def _fail(self, reason: str) -> bool:
         self.status = reason
         level = logging.WARNING if reason != self._status_logged else logging.DEBUG
-        log.log(level, "NVIDIA GPUs not available: %s (retrying every %gs)", reason, self.retry_interval)
+        retry = f" (retrying every {self.retry_interval:g}s)" if self.retry_interval > 0 else ""
+        log.log(level, "NVIDIA GPUs not available: %s%s", reason, retry)
         self._status_logged = reason
         return False
 
@@ -268,15 +274,19 @@ class NvidiaBackend:
             try:
                 handle = self.call("nvmlDeviceGetHandleByIndex", i)
                 gpu = self._identity(handle, i)
-            except DeviceLostError as exc:
-                log.warning("GPU index %d not enumerated: %s", i, exc)
+            except DeviceLostError as exc:  # said once per index and reason; a refresh asks again quietly
+                message = f"GPU index {i} not enumerated: {exc}"
+                log.log(logging.DEBUG if message in self._said else logging.WARNING, "%s", message)
+                self._said.add(message)
                 continue
             yield _DeviceState(gpu, handle)
             if gpu.mig_mode == "enabled":
                 try:
                     migs = list(self._mig_devices(handle, gpu))
                 except DeviceLostError as exc:  # the parent stays; its instances are found on a refresh
-                    log.warning("MIG instances of GPU %s not enumerated: %s", gpu.uuid, exc)
+                    message = f"MIG instances of GPU {gpu.uuid} not enumerated: {exc}"
+                    log.log(logging.DEBUG if message in self._said else logging.WARNING, "%s", message)
+                    self._said.add(message)
                     migs = []
                 yield from migs
 
@@ -396,11 +406,13 @@ class NvidiaBackend:
         """Copy pass ``p`` (complete, or still stuck past the deadline) into ``snapshot``."""
         if p.done and p.no_data:
             snapshot.nvml_status = p.no_data
+            snapshot.nvml_state = "no_device" if self.no_device else "unavailable"
             raise NoDataError(p.no_data)
         if not p.done and not p.devices:
             reason = f"NVML did not answer within {self.deadline:g}s (setup or enumeration)"
-            snapshot.nvml_status = reason
+            snapshot.nvml_status, snapshot.nvml_state = reason, "unavailable"
             raise NoDataError(reason)
+        snapshot.nvml_state = "ready"
         snapshot.driver_version, snapshot.cuda_driver_version, snapshot.nvml_version = p.versions
         snapshot.last_success = {d.uuid: self._last_success[d.uuid] for d in p.devices
                                  if d.uuid in self._last_success}

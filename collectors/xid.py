@@ -27,7 +27,7 @@ from collectors.nvml_call import DeviceLostError, NvmlCaller, NvmlUnavailableErr
 log = logging.getLogger(__name__)
 
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
-WAIT_MS = 1000
+WAIT_MS = 250  # each wait is one NVML call; shutdown waits for at most one (SIGTERM, every CLI exit)
 _TIMED_OUT = object()
 _FAILED = object()
 
@@ -48,7 +48,7 @@ class XidWatcher:
     ``call``: the backend's :class:`collectors.nvml_call.NvmlCaller` (every NVML call goes through
     it, so failures are logged once and counted in ``accelstats_nvml_errors_total``); ``handles``:
     ``{uuid: handle}`` of the GPUs to watch. Start with :meth:`start`, stop with :meth:`stop` (the
-    thread ends within about a second). GPUs whose driver does not support the event type are
+    thread ends within one wait, :data:`WAIT_MS`). GPUs whose driver does not support the event type are
     skipped. Thread-safe readers: :meth:`counts` and :meth:`critical`.
     """
 
@@ -123,8 +123,10 @@ class XidWatcher:
                 self._counts.setdefault(uuid, Counter())[xid] += 1
                 if xid not in APPLICATION_XIDS:
                     self._critical[uuid] = xid
-            log.warning("GPU %s reported XID %d%s", uuid, xid,
-                        "" if xid in APPLICATION_XIDS else ": marked unhealthy until restart")
+            what = (" (an application's own fault)" if xid in APPLICATION_XIDS else
+                    f": unfit for new work until the driver is reset (accelstats_gpu_critical_xid {xid}; the "
+                    "Nomad plugin reports it unhealthy)")
+            log.warning("GPU %s reported XID %d%s", uuid, xid, what)
         self._free()
 
     def _uuid_of(self, handle: Any) -> str:
@@ -151,12 +153,15 @@ class XidWatcher:
             return tuple(sorted(self._counts.get(uuid, Counter()).items()))
 
     def critical(self, uuid: str) -> int | None:
-        """The last XID that made ``uuid`` unhealthy, or None."""
+        """The last XID that made ``uuid`` unfit for new work; 0 when none did (XIDs start at 1); None
+        when the GPU is not watched."""
         with self._lock:
-            return self._critical.get(uuid)
+            if uuid not in self.watching:
+                return None
+            return self._critical.get(uuid, 0)
 
     def stop(self, timeout: float = 2.0) -> None:
-        """End the thread (it notices within one wait, about a second)."""
+        """End the thread (it notices within one wait, :data:`WAIT_MS`)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)

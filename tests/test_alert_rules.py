@@ -34,6 +34,7 @@ from conftest import REPO_ROOT, in_ci, require_tool
 from prometheus_client.parser import text_string_to_metric_families
 
 from accelstats import catalog
+from collectors.nvidia import NVML_STATES
 from collectors.xid import APPLICATION_XIDS
 
 try:
@@ -292,7 +293,8 @@ def spec_attributions(shared_dir: Path) -> set[str]:
 
 def test_matched_label_values_are_ones_the_exporter_emits(fixtures_dir: Path, shared_dir: Path) -> None:
     emitted = emitted_values(fixtures_dir / "h200" / "nvidia-smi-q.xml")
-    known = {("accelstats_container_gpu_processes", "attribution"): spec_attributions(shared_dir)}
+    known = {("accelstats_container_gpu_processes", "attribution"): spec_attributions(shared_dir),
+             ("accelstats_nvml_state", "state"): set(NVML_STATES)}
     checked = set()
     for alert, sel in rule_selectors():
         for label, op, value in sel.matchers:

@@ -164,6 +164,32 @@ def test_no_nvidia_here_still_serves_files_and_containers(tmp_path: Path) -> Non
     assert 'accelstats_scrape_collector_success{collector="nvidia"} 0.0' in proc.stdout
     reasons = [line for line in proc.stderr.splitlines() if "NVIDIA GPUs not available" in line]
     assert len(reasons) == 1 and "no NVIDIA PCI device" in reasons[0]
+    # said in /metrics too, as a state and not only a failure: the alert rules tell it from NVML broken
+    assert (f'accelstats_nvml_state{{reason="no NVIDIA PCI device (vendor 0x10de) under {tmp_path}/sys/bus/pci/'
+            f'devices",state="no_device"}} 1.0') in proc.stdout
+    devices = run("devices", "--sysfs-root", str(tmp_path / "sys"))
+    assert devices.returncode == 0 and "# NVIDIA: no NVIDIA PCI device" in devices.stderr
+
+
+def test_the_landing_page_says_why_there_is_no_gpu(tmp_path: Path) -> None:
+    port = free_port()
+    server = subprocess.Popen([*CLI, "serve", "--listen", f"127.0.0.1:{port}", "--sysfs-root", str(tmp_path / "sys"),
+                               "--cgroup-root", str(tmp_path), "--proc-root", str(tmp_path)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                get(f"http://127.0.0.1:{port}/metrics")
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "serve did not answer"
+                time.sleep(0.05)
+        status, page = get(f"http://127.0.0.1:{port}/")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert status == 200 and "NVIDIA: this host has no NVIDIA device (no NVIDIA PCI device" in page
 
 
 @pytest.mark.parametrize("capture", ["h200/nvidia-smi-q.xml", "public/a100-sxm4-v12.xml",
@@ -230,3 +256,83 @@ def test_the_containers_table_shows_no_control_characters() -> None:
     from accelstats.cli import _shown
     assert _shown("evil\x1b[2J\nname\u202e") == "evil?[2J?name?"
     assert _shown("plain-name_1.2") == "plain-name_1.2"
+
+
+# (arguments, the one line of error it must print): click's own usage errors included
+@pytest.mark.parametrize(("args", "message"), [
+    (["serve", "--collector", "bogus"], "accelstats: error: Invalid value for '--collector': 'bogus' is not one of "),
+    (["dump", "--log-level", "LOUD"], "accelstats: error: Invalid value for '--log-level': 'LOUD' is not one of "),
+    (["dump", "--no-such-option"], "accelstats: error: No such option '--no-such-option'"),
+    (["no-such-command"], "accelstats: error: No such command 'no-such-command'"),
+    (["dump", "--config", "/nonexistent/config.toml"], "accelstats: error: /nonexistent/config.toml: cannot read"),
+    (["dump", "--nvml-replay", "/nonexistent/capture.xml"], "accelstats: error: cannot read /nonexistent/capture.xml"),
+])
+def test_user_errors_are_one_line_exit_2(args: list[str], message: str) -> None:
+    proc = run(*args)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(message) and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stdout == ""
+
+
+def test_a_replay_named_by_the_config_that_does_not_exist_names_the_file_and_key(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(f'nvml_replay = "{tmp_path}/absent.xml"\n')
+    proc = run("dump", "--config", str(config))
+    assert proc.returncode == 2
+    assert proc.stderr == f"accelstats: error: {config}: key 'nvml_replay': {tmp_path}/absent.xml does not exist\n"
+
+
+def test_roots_and_replays_that_hold_nothing_get_one_warning_each(tmp_path: Path) -> None:
+    """A mis-mounted /host (an empty cgroup or proc root), a missing rootfs, an empty scenario: the
+    command still runs, and says so once each."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    scenario = tmp_path / "none.toml"
+    scenario.write_text("")
+    proc = run("dump", "--cgroup-root", str(empty), "--proc-root", str(empty), "--rootfs", str(tmp_path / "absent"),
+               "--nvml-replay", str(scenario))
+    assert proc.returncode == 0, proc.stderr
+    warnings = [line.split(" WARNING ", 1)[1] for line in proc.stderr.splitlines() if " WARNING " in line]
+    for expected in (f"--cgroup-root {empty} is empty", f"--proc-root {empty} is empty",
+                     f"--rootfs {tmp_path / 'absent'} does not exist", f"{scenario}: the replay holds no GPU"):
+        assert sum(expected in w for w in warnings) == 1, (expected, warnings)
+
+
+def test_serve_help_says_when_files_and_mps_run() -> None:
+    text = " ".join(run("serve", "--help").stdout.split())
+    assert "(default on when a file-devices directory is set)" in text
+    assert "(default on when the config has [mps] resources)" in text
+
+
+def test_one_shot_commands_do_not_promise_a_retry(tmp_path: Path) -> None:
+    proc = run("dump", "--cgroup-root", str(tmp_path), "--proc-root", str(tmp_path))
+    assert proc.returncode == 0
+    said = [line for line in proc.stderr.splitlines() if "NVIDIA GPUs not available" in line]
+    assert len(said) == 1 and "retrying" not in said[0], proc.stderr
+
+
+@pytest.mark.parametrize("fmt", ["json", "logfmt"])
+def test_log_formats_give_one_record_per_line(tmp_path: Path, fmt: str) -> None:
+    import re
+
+    proc = run("dump", "--log-format", fmt, "--cgroup-root", str(tmp_path), "--proc-root", str(tmp_path))
+    assert proc.returncode == 0
+    lines = proc.stderr.splitlines()
+    assert any("NVIDIA GPUs not available" in line for line in lines)
+    for line in lines:
+        if fmt == "json":
+            record = json.loads(line)
+            assert set(record) >= {"time", "level", "logger", "msg"} and record["time"].endswith("Z")
+        else:
+            assert re.fullmatch(r'time=\S+Z level=(debug|info|warning|error) logger=\S+ msg=("(\\.|[^"\\])*"|\S+)'
+                                r'( \w+=("(\\.|[^"\\])*"|\S+))*', line), line
+
+
+def test_log_format_from_the_config(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(f'log_format = "json"\ncgroup_root = "{tmp_path}"\nproc_root = "{tmp_path}"\n')
+    proc = run("dump", "--config", str(config))
+    assert proc.returncode == 0 and all(json.loads(line)["msg"] for line in proc.stderr.splitlines())
+    config.write_text('log_format = "xml"\n')
+    proc = run("dump", "--config", str(config))
+    assert proc.returncode == 2 and "key 'log_format': expected one of text, json, logfmt" in proc.stderr

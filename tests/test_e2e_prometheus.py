@@ -219,6 +219,9 @@ def exporter(config: Path, env: dict[str, str], log: Path) -> Iterator[str]:
             proc.wait(timeout=10)
 
 
+SPECS_MADE: list[ContainerSpec] = []  # the containers the module's fixture made (their cgroup paths)
+
+
 @pytest.fixture(scope="module")
 def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
     """Containers, MPS daemon, exporter and Prometheus, up and scraped SCRAPES times."""
@@ -239,6 +242,7 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]
             "nomad": ContainerSpec("web", f"/nomad/reserved/{ALLOC}.web", privileged=True),
         }
         ctr: dict[str, RuncContainer] = {}
+        SPECS_MADE.extend(specs.values())
         for key, spec in specs.items():
             ctr[key] = stack.enter_context(RuncContainer(spec, state))
         scenario = compose_scenario(tmp / "scenario.toml", {
@@ -280,7 +284,10 @@ def test_the_containers_are_attributed_as_set_up(prom: PrometheusServer) -> None
     result = prom.query("accelstats_container_gpu_processes * on (instance, job, id) group_left (runtime, alloc_id) "
                         "accelstats_container_info")
     keys = ("runtime", "name", "namespace", "pod", "alloc_id", "uuid", "attribution", "image")
-    seen = {tuple(s["metric"].get(k, "") for k in keys) for s in result.series}  # Prometheus drops empty labels
+    ours = {f"/{spec.cgroups_path.lstrip('/')}" for spec in SPECS_MADE}
+    # only the containers this module made: the host may run others that hold a GPU node
+    seen = {tuple(s["metric"].get(k, "") for k in keys) for s in result.series  # Prometheus drops empty labels
+            if s["metric"].get("id") in ours}
     assert seen == {
         ("docker", "inference", "", "", "", GPU0, "devices_cgroup", "inference:2"),
         ("docker", "reserved", "", "", "", GPU1, "devices_cgroup", "reserved:2"),  # allocated and idle

@@ -67,3 +67,37 @@ def test_scrapes_sharing_a_collection_share_one_encoded_body(tmp_path: Path, fix
     finally:
         manager.destroy(timeout=0.5)
         manager.close()
+
+
+def test_the_exporter_serves_what_every_exporter_has(tmp_path: Path) -> None:
+    """process_* and python_* families (client_python's process, platform and GC collectors, read per
+    scrape) and the answers written, by status code."""
+    import urllib.error
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    manager = AcceleratorManager(Settings(cgroup_root=tmp_path, proc_root=tmp_path, collectors=()))
+    manager.setup()
+    server, _ = serve(manager, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        urllib.request.urlopen(f"{url}/metrics", timeout=10).read()
+        for _ in range(2):
+            try:
+                urllib.request.urlopen(f"{url}/no-such-page", timeout=10)
+            except urllib.error.HTTPError as exc:
+                assert exc.code == 404
+        body = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+    finally:
+        server.shutdown()
+        server.server_close()
+        manager.destroy(timeout=0.5)
+        manager.close()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(body) for s in f.samples}
+    assert samples[("accelstats_http_requests_total", (("code", "200"),))] == 1.0  # this answer not yet
+    assert samples[("accelstats_http_requests_total", (("code", "404"),))] == 2.0
+    names = {name for name, _ in samples}
+    assert {"process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds", "python_info",
+            "python_gc_objects_collected_total"} <= names

@@ -166,3 +166,4 @@ def test_status_exits_1_when_a_daemon_is_down(host: tuple[Path, dict[str, str]])
     cfg, env = host
     status = run(env, "mps", "status", "--config", str(cfg))  # never started
     assert status.returncode == 1 and "NO" in status.stdout and "reason:" in status.stdout
+    assert status.stdout.count("Cannot find MPS control daemon") == 1  # said once, not once per command

@@ -438,10 +438,13 @@ after_seconds = 0.2
         time.sleep(0.1)
     assert (lost.xid_errors, lost.xid_critical) == (((79, 1),), 79)
     ok = snap.samples[H200_UUID]
-    assert (ok.xid_errors, ok.xid_critical) == (((13, 1),), None)  # an application's own fault
+    assert (ok.xid_errors, ok.xid_critical) == (((13, 1),), 0)  # an application's own fault: watched, none critical
     families = {f.name: f for f in render(Collection(snapshot=snap))}
     assert sorted((s.labels["xid"], s.value) for s in families["accelstats_gpu_xid_errors"].samples) == [
         ("13", 1.0), ("79", 1.0)]
+    # the log's "unfit for new work" is in /metrics too: the lost GPU's critical XID, 0 for the other
+    assert sorted((s.labels["uuid"], s.value) for s in families["accelstats_gpu_critical_xid"].samples) == [
+        (H200_UUID, 0.0), ("GPU-5f1c2a9e-0b7d-4c3e-9a61-2d8e4f7b9c11", 79.0)]
     # each event's device was told by its handle's address, not by asking NVML for its UUID again
     assert b.call.nvml.library.calls["nvmlDeviceGetUUID"] == uuid_calls
     b.shutdown()
@@ -499,3 +502,18 @@ def test_a_scrape_arriving_as_a_late_pass_finishes_does_not_wedge_the_backend(
     after = snapshot(b)
     assert [d.uuid for d in during.devices] == [H200_UUID]  # the finished pass's readings
     assert [d.uuid for d in after.devices] == [H200_UUID] and after.samples[H200_UUID].up
+
+
+def test_a_gpu_that_stays_lost_is_reported_once_not_at_every_refresh(tmp_path: Path, h200: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    scenario = write_scenario(tmp_path, h200, TWO_H200 + '[[fault]]\ngpu = 1\ncall = "*"\nerror = "GPU_IS_LOST"\n')
+    b = backend(scenario, retry_interval=0.0)
+    try:
+        with caplog.at_level("DEBUG", logger="collectors.nvidia"):
+            b.setup()
+            for _ in range(5):
+                b._refresh()
+        said = [r for r in caplog.records if "GPU index 1 not enumerated" in r.getMessage()]
+        assert len(said) == 6 and [r.levelname for r in said].count("WARNING") == 1
+    finally:
+        b.close()

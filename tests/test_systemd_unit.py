@@ -28,6 +28,7 @@ import http.client
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import socket
@@ -341,9 +342,20 @@ SANDBOX = textwrap.dedent("""
         case "$m" in /dev|/dev/*|/proc|/proc/*) ;; *) mount -o remount,bind,ro "$m" ;; esac
     done
     mount -t proc -o hidepid=invisible proc /proc      # ProtectProc=invisible
+    # PrivateTmp=yes hides /tmp; an interpreter that lives there (a virtual environment in a clone under
+    # /tmp) is carried over: bound aside on /mnt, then moved back to its path on the fresh /tmp
+    if [ -n "${SANDBOX_KEEP:-}" ]; then mount -n --bind "$SANDBOX_KEEP" /mnt; fi
     mount -t tmpfs -o mode=1777 tmpfs /tmp             # PrivateTmp=yes
+    if [ -n "${SANDBOX_KEEP:-}" ]; then mkdir -p "$SANDBOX_KEEP"; mount -n --move /mnt "$SANDBOX_KEEP"; fi
     exec "$@"
 """)
+
+
+def sandbox_env() -> dict[str, str]:
+    """``SANDBOX_KEEP``: this interpreter's environment when it lives under /tmp, which the sandbox's
+    fresh /tmp would hide (the unit itself runs /opt/accelstats)."""
+    prefix = os.path.realpath(sys.prefix)
+    return {"SANDBOX_KEEP": prefix} if prefix == "/tmp" or prefix.startswith("/tmp/") else {}
 
 MDWE_EXEC = ("import ctypes, os, sys\n"
              "assert ctypes.CDLL(None).prctl(65, 1, 0, 0, 0) == 0, 'PR_SET_MDWE'\n"  # REFUSE_EXEC_GAIN
@@ -428,15 +440,18 @@ def test_readme_install_serves_tls_in_the_sandbox(run_dir: Path) -> None:
         server = subprocess.Popen(
             sandboxed(["-m", "accelstats", "serve", "--config", str(config), "--listen", f"127.0.0.1:{port}",
                        "--nvml-replay", str(replay)]),
-            env={**os.environ, "NOTIFY_SOCKET": str(run_dir / "notify")}, cwd=run_dir,
+            env={**os.environ, "NOTIFY_SOCKET": str(run_dir / "notify"), **sandbox_env()}, cwd=run_dir,
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
-            try:
-                ready = notify.recv(4096)
-            except TimeoutError:
-                server.kill()
-                said = server.communicate(timeout=10)[1]
-                raise AssertionError(f"no READY=1 within 60 s; serve said: {said}") from None
+            ready = b""
+            deadline = time.monotonic() + 60
+            while not ready:  # READY=1, or the server's exit: it is not waited for past its death
+                if server.poll() is not None or time.monotonic() > deadline:
+                    server.kill()
+                    said = server.communicate(timeout=10)[1]
+                    raise AssertionError(f"no READY=1 (exit status {server.returncode}); serve said: {said}")
+                if select.select([notify], [], [], 0.2)[0]:
+                    ready = notify.recv(4096)
             right = https_get(port, etc / "tls.crt", "prometheus", "s3cret")
             wrong = https_get(port, etc / "tls.crt", "prometheus", "not-the-password")
             server.send_signal(signal.SIGTERM)

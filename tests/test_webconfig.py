@@ -526,3 +526,10 @@ def test_serve_bad_web_config_is_one_line_exit_2(pki: Pki, fixtures_dir: Path, t
     assert proc.returncode == 2
     assert proc.stderr == (f"accelstats: error: web config {web}: tls_server_config.cert_file: "
                            f"{tmp_path / 'missing.pem'}: no such file\n")
+
+
+def test_a_key_of_another_certificate_is_named_as_such(tmp_path: Path, pki: Pki) -> None:
+    text = f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.client_key}\n"
+    with pytest.raises(WebConfigError, match=r"key_file: .*client\.key: a private key, but not the one of "
+                                             r"cert_file .*server\.pem \(KEY_VALUES_MISMATCH\)"):
+        load(tmp_path, text)

@@ -108,13 +108,13 @@ def gpu_attributes(structs: Any, device: Device, sample: DeviceSample | None, dr
 def health(sample: DeviceSample | None, parent: DeviceSample | None = None) -> tuple[bool, str]:
     """(healthy, description): a device that did not answer NVML, or whose GPU (for a MIG instance:
     its parent GPU) reported a critical XID, is unhealthy, with what to do."""
-    if parent is not None and (not parent.up or parent.xid_critical is not None):
+    if parent is not None and (not parent.up or parent.xid_critical):
         ok, why = health(parent)
         if not ok:
             return False, f"its GPU: {why}"
     if sample is None:
         return False, "not read yet"
-    if sample.up and sample.xid_critical is not None:
+    if sample.up and sample.xid_critical:
         return False, (f"the GPU reported critical XID {sample.xid_critical} (NVML event; see dmesg); drain its "
                        "jobs, then reset the GPU (nvidia-smi -r) or reboot; healthy again after the plugin restarts")
     if sample.up:
