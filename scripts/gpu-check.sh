@@ -43,7 +43,7 @@ step "compare"
 $py "$repo/scripts/gpu_compare.py" "$OUT" > "$OUT/gpu-check.md" || fail=1
 cat "$OUT/gpu-check.md"
 
-step "issue 13: what the real pynvml answers for each call accelstats makes, live and over the replay of a capture of the same moment"
+step "what the real pynvml answers for each call accelstats makes, live and over the replay of a capture of the same moment"
 nvidia-smi -q -x > "$OUT/nvidia-smi-q.xml" 2>> "$OUT/steps.log" || fail=1
 timeout 120 $py "$repo/scripts/nvml_record.py" > "$OUT/nvml-calls-live.json" 2> "$OUT/nvml-calls.err" || fail=1
 timeout 120 $py "$repo/scripts/nvml_record.py" --nvml-replay "$OUT/nvidia-smi-q.xml" > "$OUT/nvml-calls-replay.json" \
@@ -51,7 +51,7 @@ timeout 120 $py "$repo/scripts/nvml_record.py" --nvml-replay "$OUT/nvidia-smi-q.
 $py "$repo/scripts/nvml_record.py" --compare "$OUT/nvml-calls-live.json" "$OUT/nvml-calls-replay.json" \
   >> "$OUT/gpu-check.md" || fail=1
 
-step "issue 3: a real CUDA process in a docker-named cgroup (v2 host) is attributed by process"
+step "a real CUDA process in a docker-named cgroup (v2 host) is attributed by process"
 cid=$($py -c 'import secrets; print(secrets.token_hex(32))')
 cg=/sys/fs/cgroup/system.slice/docker-$cid.scope
 cuda_pid=""
@@ -82,7 +82,7 @@ else
 fi
 tail -n 20 "$OUT/gpu-check.md"
 
-step "issue 11: a container granted GPU 0 that runs nothing (cgroup v2 device program) is attributed devices_cgroup, memory 0"
+step "a container granted GPU 0 that runs nothing (cgroup v2 device program) is attributed devices_cgroup, memory 0"
 if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
   timeout 120 $py "$repo/scripts/gpu_idle_check.py" "$OUT" >> "$OUT/gpu-check.md" 2> "$OUT/idle-check.err" || fail=1
 else
@@ -90,7 +90,7 @@ else
 fi
 tail -n 8 "$OUT/gpu-check.md"
 
-step "issue 5: a real MPS daemon (2 replicas, temp dirs, compute mode untouched) and a CUDA client in a docker cgroup"
+step "a real MPS daemon (2 replicas, temp dirs, compute mode untouched) and a CUDA client in a docker cgroup"
 mroot=$(mktemp -d /tmp/accelstats-mps.XXXXXX)
 cid2=$($py -c 'import secrets; print(secrets.token_hex(32))')
 cg2=/sys/fs/cgroup/system.slice/docker-$cid2.scope
@@ -149,7 +149,7 @@ else
 fi
 rm -rf "$mroot"
 
-step "issue 4: the Nomad plugin on live NVML, driven as a Nomad client (processes A/B/C, Reserve)"
+step "the Nomad plugin on live NVML, driven as a Nomad client (processes A/B/C, Reserve)"
 plugin_bin="$OUT/nomad-device-accelstats"
 printf '#!/bin/sh\nexec %s -c "from accelstats.nomad.server import main; main()"\n' "$(command -v $py)" > "$plugin_bin"
 chmod +x "$plugin_bin"
@@ -170,7 +170,7 @@ print("- Reserve:", json.dumps(msgs.get("Reserve"))[:800])
 sys.exit(0 if r["ok"] and msgs.get("Fingerprint", {}).get("device_group") else 1)
 PYEOF
 
-step "issue 7: scrape cost on live NVML: accelstats vs the NVML floor vs nvidia-smi (target: accelstats / floor <= 2)"
+step "scrape cost on live NVML: accelstats vs the NVML floor vs nvidia-smi (target: accelstats / floor <= 2)"
 # 1 GPU x 10 synthetic containers; 100 interleaved rounds, 0.25 s apart (about a minute); exit 1 = target missed
 timeout 300 $py "$repo/benchmarks/cost.py" --live --rounds 100 > "$OUT/cost.txt" 2>&1 || fail=1
 { printf '\n### Scrape cost on live NVML (benchmarks/cost.py --live --rounds 100)\n\n```\n'; cat "$OUT/cost.txt"; printf '```\n'; } \
