@@ -4,7 +4,7 @@
 
 1. find the container cgroups (v1: the ``devices`` hierarchy; v2: the unified one), recognised by
    the runtimes' own state (:mod:`accelstats.runtimes`: a container ID docker, containerd,
-   podman/CRI-O or Nomad knows, on any path) or by the path rules of spec/cgroups.md §3;
+   podman/CRI-O or Nomad knows, on any path) or by the path rules of docs/containers.md;
 2. read ``/proc/<pid>/cgroup`` of every process NVML listed (host PIDs) — process evidence;
 3. on hosts with MIG, read the ``nvidia-caps`` major and ``mig-minors`` (v1 rules name instances);
 4. list each container's PIDs (``cgroup.procs``) and the NVIDIA device nodes they hold open

@@ -1,8 +1,8 @@
-"""The catalog: every metric family accelstats publishes, declared once (spec/metrics.md).
+"""The catalog: every metric family accelstats publishes, declared once (the metrics contract).
 
 Each :class:`Family` gives the exposition name, type, HELP text and label names; per-device
 families also give how to read their values from a :class:`collectors.model.DeviceSample`. The
-exporter only renders this table; ``tests/test_catalog.py`` checks it against spec/metrics.md.
+exporter only renders this table; ``tests/test_catalog.py`` checks it against the metrics contract.
 Absent values (``None``) produce no sample (spec: "absent, never 0").
 """
 

@@ -70,7 +70,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class FileDevicesSettings:
-    """Nomad example-plugin file devices (spec/nomad-plugin.md §4); ``dir`` None = disabled."""
+    """Nomad example-plugin file devices (docs/nomad.md); ``dir`` None = disabled."""
 
     dir: Path | None = None
     unhealthy_perm: str = "-rwxrwxrwx"

@@ -6,7 +6,7 @@ A :class:`ContainerCollector` is made for one container cgroup by
 attributed, saying how (``attribution``):
 
 * ``devices_cgroup`` — the devices cgroup grants the GPU: on v1 ``devices.list`` holds
-  ``c 195:<minor> r|w`` (spec/cgroups.md §2), on v2 the ``BPF_CGROUP_DEVICE`` programs in effect
+  ``c 195:<minor> r|w`` (docs/containers.md), on v2 the ``BPF_CGROUP_DEVICE`` programs in effect
   allow reading or writing ``c 195:<minor>`` (§5); re-read on every collection so ``docker update``
   is seen;
 * ``process`` — an unrestricted devices cgroup (``a *:* rwm``, no device program), or v2 device
@@ -110,7 +110,7 @@ class ContainerStats:
 
     lost_gpu_access: bool = False
     """Its ``devices.list`` names the GPUs but grants no read or write (``c 195:* m``: what a
-    ``systemctl daemon-reload`` leaves with the systemd cgroup driver, spec/cgroups.md §2): listed
+    ``systemctl daemon-reload`` leaves with the systemd cgroup driver, docs/containers.md): listed
     with zero GPUs and the reason, because its processes will fail NVML."""
 
     def add_reason(self, reason: str) -> None:
@@ -143,7 +143,7 @@ def cgroup_of_pids(pids: Iterable[int], proc_root: Path, controller: str,
     (``"devices"`` on v1, falling back to the v2 ``0::`` line; ``""`` for v2).
 
     ``skipped`` counts PIDs left out, by reason: ``pid_vanished`` (exited between NVML's answer and
-    this read: normal, spec/cgroups.md §4), ``pid_unreadable`` (no permission: the exporter lacks
+    this read: normal, docs/containers.md), ``pid_unreadable`` (no permission: the exporter lacks
     the host PID namespace or privileges; also a file without a usable line), ``bad_cgroup_path``
     (``..``, NUL, absurd depth: see :func:`usable_cgroup_path`), ``foreign_cgroupns`` (the path
     starts with ``/..``: this process runs in a cgroup namespace of its own, and ``namespace``
@@ -179,7 +179,7 @@ def cgroup_of_pids(pids: Iterable[int], proc_root: Path, controller: str,
 @dataclass(frozen=True)
 class MigMap:
     """How v1 ``devices.list`` rules name MIG instances: the ``nvidia-caps`` major (``/proc/devices``)
-    and ``/proc/driver/nvidia-caps/mig-minors`` parsed (spec/cgroups.md §2, MIG row)."""
+    and ``/proc/driver/nvidia-caps/mig-minors`` parsed (docs/containers.md, "Device numbers")."""
 
     caps_major: int
     caps: Mapping[int, MigCap]

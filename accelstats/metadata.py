@@ -1,4 +1,4 @@
-"""Container metadata from the runtimes' own state files (spec/cgroups.md §3, "Enrichment").
+"""Container metadata from the runtimes' own state files (docs/containers.md, "Paths and state files").
 
 :class:`MetadataReader` turns a :class:`~accelstats.cgroups.identity.ContainerIdentity` (what the
 cgroup path says) into a :class:`~accelstats.containers.ContainerMetadata`: cAdvisor's ``name``,

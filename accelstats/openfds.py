@@ -1,6 +1,6 @@
 """Open-device-node evidence: which processes of a container hold NVIDIA device nodes open.
 
-DESIGN.md "Attribution" (row "open device nodes"): for the PIDs of a container's cgroup, the char
+docs/containers.md ("How a container is found": open device nodes): for the PIDs of a container's cgroup, the char
 devices of major 195 that a process holds open prove that the container uses those GPUs.  This
 module provides the three pieces, all reading a configurable ``proc_root`` (the exporter often runs
 in a container with the host's ``/proc`` mounted at e.g. ``/host/proc``) and never raising
@@ -12,9 +12,9 @@ in a container with the host's ``/proc`` mounted at e.g. ``/host/proc``) and nev
 * :class:`OpenFdScanner`: the minors of major-195 char devices each PID holds open, cached by
   (pid, start time) so that a scrape in which no process started scans no fd directory.
 * :func:`char_major`, :func:`nvidia_caps_major`, :func:`nvidia_uvm_major`: the dynamic char majors
-  from ``/proc/devices`` (spec/cgroups.md §2: ``nvidia-uvm`` and ``nvidia-caps`` are not fixed).
+  from ``/proc/devices`` (docs/containers.md, "Device numbers": ``nvidia-uvm`` and ``nvidia-caps`` are not fixed).
 
-Device facts (spec/cgroups.md §2): ``/dev/nvidia<N>`` is char ``195:N`` with N the NVML minor
+Device facts (docs/containers.md, "Device numbers"): ``/dev/nvidia<N>`` is char ``195:N`` with N the NVML minor
 number; ``195:255`` is ``nvidiactl`` and ``195:254`` ``nvidia-modeset`` (not GPUs: the scanner
 returns every minor of the major and leaves that decision to the caller).
 """
@@ -379,7 +379,7 @@ def char_major(proc_root: Path, name: str) -> int | None:
 def nvidia_caps_major(proc_root: Path) -> int | None:
     """Return the dynamic char major of ``/dev/nvidia-caps/nvidia-cap<M>`` (MIG capabilities).
 
-    Source: the ``nvidia-caps`` entry of ``<proc_root>/devices`` (spec/cgroups.md §2); None when
+    Source: the ``nvidia-caps`` entry of ``<proc_root>/devices`` (docs/containers.md, "Device numbers"); None when
     the driver is not loaded or the file is unreadable.  Never raises :class:`OSError`.
     """
     return char_major(proc_root, "nvidia-caps")
@@ -388,7 +388,7 @@ def nvidia_caps_major(proc_root: Path) -> int | None:
 def nvidia_uvm_major(proc_root: Path) -> int | None:
     """Return the dynamic char major of ``/dev/nvidia-uvm`` and ``/dev/nvidia-uvm-tools``.
 
-    Source: the ``nvidia-uvm`` entry of ``<proc_root>/devices`` (spec/cgroups.md §2: 238 on the H200
+    Source: the ``nvidia-uvm`` entry of ``<proc_root>/devices`` ("Device numbers" in docs/containers.md: 238 on the H200
     host of this project, 508 or 511 elsewhere); None when the module is not loaded or the file is
     unreadable.  Never raises :class:`OSError`.
     """

@@ -2,7 +2,7 @@
 
 The ``serve`` command builds its ``--collector``/``--no-collector`` help from this table, so the
 help can never go stale. Python has no ``init()``: the table is explicit rather than filled by
-import side effects (STYLE.md §1).
+import side effects.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Run blocking work (NVML calls) on one dedicated thread, and never wait for it past a deadline.
 
-An NVML call can hang when a GPU falls off the bus (DESIGN.md, "Collection and the scrape path").
+An NVML call can hang when a GPU falls off the bus (docs/design.md, "NVML runs on its own thread, under a deadline").
 :class:`DeadlineWorker` keeps such a hang away from the scrape: the caller waits at most
 ``deadline`` seconds; a job still running then is left to finish on its own, and while it runs no
 other job is started, so a hung call costs one thread, however many scrapes come meanwhile (no

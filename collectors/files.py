@@ -7,7 +7,7 @@ A name that is not valid UTF-8 cannot be a device ID (Nomad IDs and Prometheus l
 is skipped, logged once and counted (``accelstats_file_devices_skipped_total``). A device is
 unhealthy when its 10-character permission string (``stat.filemode``, e.g. ``-rwxrwxrwx``) equals
 ``unhealthy_perm``; the description then reads ``Device has bad permissions "<perm>"`` like the
-example plugin's (spec/nomad-plugin.md §4).
+example plugin's (docs/nomad.md).
 """
 
 from __future__ import annotations

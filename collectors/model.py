@@ -3,7 +3,7 @@
 Units are base units throughout (bytes, seconds, joules, watts, celsius, hertz, ratio 0-1). ``None``
 means *absent*: NVML answered NOT_SUPPORTED, returned a "value not available" sentinel, or the
 device has no such thing (MIG instances have no utilisation). Sinks skip absent values; they never
-turn them into 0 or NaN (spec/metrics.md, conventions).
+turn them into 0 or NaN (the metrics contract, conventions).
 """
 
 from __future__ import annotations

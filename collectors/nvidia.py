@@ -2,7 +2,7 @@
 
 ``NvidiaBackend`` runs over the ``pynvml`` module (nvidia-ml-py), on the driver's ``libnvidia-ml`` or
 on the replayed one (:class:`collectors.nvml_lib.ReplayedNVML`: pynvml itself, with a replayed
-library underneath). Rules it follows (STYLE.md §3, §4):
+library underneath). Rules it follows:
 
 * NVIDIA devices are looked for on the PCI bus (vendor ``0x10de`` under
   ``<sysfs>/bus/pci/devices/*/vendor``) before NVML is touched; a host without them stays quiet.
@@ -11,7 +11,7 @@ library underneath). Rules it follows (STYLE.md §3, §4):
   installed after start-up is picked up without a restart.
 * Handles and static facts (name, UUID, minor, max clocks) are read once per NVML session.
 * One device's error never blanks another: a device that stops answering gets ``up=False``.
-* Slow calls (total energy ~3 ms, BAR1 / ECC / PCIe replay ~0.1 ms, spec/nvml.md) are refreshed at
+* Slow calls (total energy ~3 ms, BAR1 / ECC / PCIe replay ~0.1 ms, measured on an H200) are refreshed at
   most every ``slow_interval`` seconds; PCIe throughput (~21 ms, blocking) is read by the background
   :class:`collectors.pcie.PcieSampler`, whose last reading the pass copies.
 """
@@ -537,7 +537,7 @@ class NvidiaBackend:
         )
 
     def _slow(self, h: Any) -> dict[str, Any]:
-        """Values whose calls cost 0.1-3 ms (spec/nvml.md), refreshed every ``slow_interval``."""
+        """Values whose calls cost 0.1-3 ms (measured on an H200), refreshed every ``slow_interval``."""
         c, nv = self.call, self.nvml
         bar1 = c("nvmlDeviceGetBAR1MemoryInfo", h)
         ecc = []

@@ -1,6 +1,6 @@
 """The one place NVML is called: error classification and "not available" sentinels.
 
-Every NVML call of the backend goes through :class:`NvmlCaller` (STYLE.md §3, nvitop's
+Every NVML call of the backend goes through :class:`NvmlCaller` (as nvitop's
 ``nvmlQuery``). It answers:
 
 * a value, or ``None`` for NOT_SUPPORTED, DEPRECATED, NOT_FOUND where the caller says so, and NVML's

@@ -2,7 +2,7 @@
 
 Pure parsers (:mod:`.devices_list`, :mod:`.identity`, :func:`.mode.parse_mountinfo`) with the file
 reading kept at the edges (:func:`.mode.detect_layout`, :mod:`.discovery`).  Contract:
-spec/cgroups.md.
+docs/containers.md.
 """
 
 from accelstats.cgroups.devices_list import (

@@ -406,7 +406,7 @@ def device_grant(programs: Sequence[Sequence[Insn]], gpu_minors: Collection[int]
 
     * a GPU counts when ``c 195:<minor>`` may be opened for reading **and** writing in one call: the
       question the kernel asks when NVML and CUDA open ``/dev/nvidia<N>`` with ``O_RDWR``
-      (spec/cgroups.md §5).  A program that allows only reading, or reading and writing by separate
+      (docs/containers.md).  A program that allows only reading, or reading and writing by separate
       rules (runc's code wants one rule granting all the access asked), lets no CUDA process use the
       GPU, so it is no grant.  (On v1 a ``devices.list`` rule with ``r`` or ``w`` counts, as the
       spec's v1 table says: there the kernel merges the rules before it checks.)

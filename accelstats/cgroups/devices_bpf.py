@@ -1,6 +1,6 @@
 """Read the cgroup v2 device programs in effect for a cgroup, through bpf(2), and cache their answers.
 
-Kernel interface (``include/uapi/linux/bpf.h``, ``kernel/bpf/syscall.c``; spec/cgroups.md §5):
+Kernel interface (``include/uapi/linux/bpf.h``, ``kernel/bpf/syscall.c``; docs/containers.md):
 
 * ``BPF_PROG_QUERY`` (cmd 16) on an ``O_RDONLY`` descriptor of the cgroup directory, ``attach_type``
   ``BPF_CGROUP_DEVICE`` (6), ``query_flags`` ``BPF_F_QUERY_EFFECTIVE`` (1): the IDs of the programs

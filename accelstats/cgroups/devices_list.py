@@ -1,6 +1,6 @@
 """Pure parsers for cgroup v1 ``devices.list`` and NVIDIA's ``mig-minors``, and the GPU grant they imply.
 
-Facts used here (spec/cgroups.md §2; kernel ``Documentation/admin-guide/cgroup-v1/devices.rst``):
+Facts used here (docs/containers.md; kernel ``Documentation/admin-guide/cgroup-v1/devices.rst``):
 
 * ``devices.list`` holds one rule per line, ``<type> <major>:<minor> <access>``; type ``a`` (all
   devices), ``c`` (char) or ``b`` (block); major and minor a decimal number or ``*``; access a
@@ -77,7 +77,7 @@ class GpuGrant:
     * ``minors``: NVML minor numbers of the GPUs granted (only minors present in the host's GPU
       list; never 254/255).
     * ``unrestricted``: the rules allow every char device (``a *:* rw…``, ``c *:* rw…``): they prove
-      nothing about which GPU is used, so attribute by process evidence instead (DESIGN.md,
+      nothing about which GPU is used, so attribute by process evidence instead (docs/containers.md,
       "Attribution").  ``minors`` and ``mig_caps_minors`` are then empty.
     * ``mig_caps_minors``: readable minors of the ``nvidia-caps`` major (MIG capabilities); resolve
       them with :func:`mig_instances`.
@@ -190,7 +190,7 @@ def gpu_grant(
     a granted minor outside it is not a GPU and is not reported.  ``caps_major`` is the
     ``nvidia-caps`` major from ``/proc/devices`` (``None``: no MIG capabilities are collected);
     ``known_caps_minors`` (the keys of :func:`parse_mig_minors`) is what a ``c <caps>:* r`` rule
-    expands to.  Rows of spec/cgroups.md §2 implemented here:
+    expands to.  Rows of docs/containers.md implemented here:
 
     * only rules with ``r`` or ``w`` count (``c 195:* m``, left by ``systemctl daemon-reload``,
       grants nothing);

@@ -2,7 +2,7 @@
 
 Walks with :func:`os.scandir` rather than cgroupspy.  cgroupspy's ``Tree`` builds a node for every
 cgroup of every controller up front, hides per-directory errors, and with ``sub_groups=…`` creates
-missing groups, which a read-only monitor must never do (spec/cgroups.md §1).  ``os.scandir`` gives
+missing groups, which a read-only monitor must never do (docs/containers.md).  ``os.scandir`` gives
 the entry type from ``getdents`` without a ``stat`` per entry, lets us refuse symlinks, bound the
 depth, stop at a recognised container, and count each directory that vanished (a container
 exiting mid-walk is normal) or could not be read, separately.

@@ -1,6 +1,6 @@
 """Container identity from a cgroup path, and ``/proc/<pid>/cgroup`` parsing (pure functions).
 
-The rules are the table of spec/cgroups.md §3 (docker, containerd/Kubernetes, CRI-O, podman, Nomad,
+The rules are the table of docs/containers.md (docker, containerd/Kubernetes, CRI-O, podman, Nomad,
 LXC, systemd-nspawn).  They are applied to the path's components from the last one upwards: the
 deepest component a rule recognises names the container, so sub-cgroups a container creates below
 its own (podman/crun's trailing ``container``, systemd running inside the container, nested
@@ -232,7 +232,7 @@ def identify(cgroup_path: str, known: KnownLookup | None = None) -> ContainerIde
     ``cgroup_path`` is a path as ``/proc/<pid>/cgroup`` names it (``/docker/<64 hex>``,
     ``/kubepods.slice/…/cri-containerd-<id>.scope``, …); empty components, trailing slashes,
     surrounding whitespace and the kernel's `` (deleted)`` suffix are tolerated.  Implements every
-    row of spec/cgroups.md §3; with ``known``, a component that names a container a runtime's state
+    row of docs/containers.md; with ``known``, a component that names a container a runtime's state
     knows identifies it on any path (spec §6).  See the module docstring for how nested cgroups are
     handled.  Never raises (unless ``known`` does).
     """
@@ -279,7 +279,7 @@ _CONMON_RE = re.compile(rf"(?:libpod|crio)-conmon-{_HEX64}\.scope")
 def is_host_cgroup(cgroup_path: str) -> bool:
     """True for cgroups of host processes rather than of some container: the root ``/``, systemd
     services, mounts, sockets, slices, ``init.scope``, transient scopes in ``system.slice`` /
-    ``user.slice`` (login sessions, ``systemd-run --scope``) — spec/cgroups.md §3, last row — and the
+    ``user.slice`` (login sessions, ``systemd-run --scope``) — docs/containers.md, last row — and the
     container monitors podman and CRI-O run beside each container (``conmon`` under
     ``libpod_parent``, ``libpod-conmon-<id>.scope``, ``crio-conmon-<id>.scope``). A path
     for which this is False and :func:`identify` finds nothing is a container no rule recognises

@@ -1,4 +1,4 @@
-"""Which cgroup mode the host is in: v1, hybrid, v2 or none (spec/cgroups.md §1).
+"""Which cgroup mode the host is in: v1, hybrid, v2 or none (docs/containers.md).
 
 The answer comes from ``/proc/self/mountinfo`` (``man 5 proc``, "mountinfo"): cgroup v1
 hierarchies are ``cgroup`` mounts whose super options name their controllers (``rw,devices``),

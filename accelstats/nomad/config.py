@@ -2,7 +2,7 @@
 
 Nomad asks the plugin for its schema (ConfigSchema), evaluates the agent's
 ``plugin "nomad-device-accelstats" { config { … } }`` block against it, fills every default, and
-sends the result msgpack-encoded by go-cty (spec/nomad-plugin.md §2): a map with sorted keys, every
+sends the result msgpack-encoded by go-cty (docs/nomad.md): a map with sorted keys, every
 attribute present, numbers possibly as decimal strings, an absent block as nil. :func:`decode`
 turns that into a :class:`PluginConfig` or raises :class:`ConfigError` naming the field and the
 reason (the servicer answers INVALID_ARGUMENT with it).

@@ -1,6 +1,6 @@
 """From one collection to Nomad's messages: Fingerprint groups, Stats groups, Reserve answers.
 
-Groups (spec/nomad-plugin.md §4, spec/metrics.md §5):
+Groups (docs/nomad.md, the metrics contract):
 
 * NVIDIA GPUs: ``nvidia/gpu/<NVML name>``, one group per model, like HashiCorp's NVIDIA plugin, so
   existing job specs keep working; a GPU with MIG enabled is left out and its instances form
@@ -73,7 +73,7 @@ def _attr(structs: Any, value: object, unit: str = "") -> Any:
 
 
 def gpu_attributes(structs: Any, device: Device, sample: DeviceSample | None, driver: str) -> dict[str, Any]:
-    """Fingerprint attributes of spec/metrics.md §5 (units from Nomad's unit list only)."""
+    """Fingerprint attributes of the metrics contract (units from Nomad's unit list only)."""
     out: dict[str, Any] = {}
     s = sample if sample is not None and sample.up else None
     if s is not None and s.memory_total_bytes is not None:

@@ -3,7 +3,7 @@
 One :class:`DevicePluginState` per process holds the settings from SetConfig, the
 :class:`~accelstats.manager.AcceleratorManager` (one NVML session, shared with ``/metrics`` when
 ``metrics_listen`` is set), and the latest fingerprint (Reserve answers from it). Stream rules from
-spec/nomad-plugin.md §3: Fingerprint sends a first message at once (even empty), then a full snapshot
+docs/nomad.md: Fingerprint sends a first message at once (even empty), then a full snapshot
 whenever anything changes, and never ends on purpose; Stats sends at ``collection_interval`` (0 → 1 s)
 with a timestamp on every DeviceStats; errors use INVALID_ARGUMENT / FAILED_PRECONDITION, never
 UNAVAILABLE or CANCELLED (Nomad reads those as "plugin died").

@@ -1,6 +1,6 @@
 """``nomad-device-accelstats``: the go-plugin process a Nomad client launches from its plugin_dir.
 
-Start-up (spec/nomad-plugin.md §1; hashicorp/go-plugin ``server.go``; Nomad ``plugins/base/plugin.go``):
+Start-up (docs/nomad.md; hashicorp/go-plugin ``server.go``; Nomad ``plugins/base/plugin.go``):
 
 1. refuse to run unless ``NOMAD_PLUGIN_MAGIC_COOKIE`` holds Nomad's cookie (exit 1, a message on stderr);
 2. bind a unix socket (in ``PLUGIN_UNIX_SOCKET_DIR`` when set, else a private temp dir);
