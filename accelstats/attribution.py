@@ -79,7 +79,7 @@ _MAX_LOGGED = 10_000
 def mps_clients_not_listed(snapshot: DeviceSnapshot) -> dict[str, list[ProcessUsage]]:
     """MPS clients the control daemons name per device (``get_device_client_list``, the ``mps``
     collector) that NVML's process lists of that device lack: ``{GPU UUID: [ProcessUsage(type "mps",
-    memory unknown)]}``. NVML lists MPS clients on the H200 (spec/mps.md), so this is usually empty;
+    memory unknown)]}``. NVML lists MPS clients on the H200 (docs/mps.md), so this is usually empty;
     where it does not, the daemon's word still puts each client in its container."""
     out: dict[str, list[ProcessUsage]] = {}
     for reading in snapshot.mps:

@@ -113,7 +113,7 @@ MPS_MAX_NAME = 255  # characters of a resource name (a directory path under the 
 
 @dataclass(frozen=True)
 class MpsResourceSettings:
-    """One MPS resource: ``devices`` is ``"all"`` or GPU UUIDs and NVML indices (spec/mps.md)."""
+    """One MPS resource: ``devices`` is ``"all"`` or GPU UUIDs and NVML indices (docs/mps.md)."""
 
     name: str
     replicas: int

@@ -1,7 +1,7 @@
 """The opt-in EXCLUSIVE_PROCESS compute-mode switch of an MPS resource, restored on stop.
 
 NVIDIA's Kubernetes plugin sets EXCLUSIVE_PROCESS on every GPU before starting MPS and never puts
-the old mode back; spec/mps.md makes it an explicit opt-in (``mps.exclusive_process``), and the
+the old mode back; docs/mps.md makes it an explicit opt-in (``mps.exclusive_process``), and the
 issue asks for the mode to be restored on stop. ``accelstats mps start`` and ``stop`` are separate
 processes, so the modes found before the switch are kept in a small JSON file beside the
 resource's directories (``<root>/<resource>/compute-modes.json``): whoever stops the daemon reads

@@ -129,7 +129,7 @@ class FileDevice:
 
 @dataclass(frozen=True)
 class MpsDaemonReading:
-    """One MPS control daemon as the ``mps`` collector saw it in this collection (spec/mps.md):
+    """One MPS control daemon as the ``mps`` collector saw it in this collection (docs/mps.md):
     ``up`` when ``get_default_active_thread_percentage`` answered within the timeout and parsed;
     ``pinned_memory_limit_bytes`` per GPU UUID (None: no limit set); ``device_clients``: (GPU UUID, client
     PID) pairs from ``get_device_client_list`` — attribution adds those NVML did not list as MPS

@@ -2,7 +2,7 @@
 
 NVIDIA's Kubernetes device plugin runs one ``nvidia-cuda-mps-control`` daemon per MPS-shared resource
 (its ``mps`` package); this module does the same for Nomad and plain hosts, and also watches daemons
-it did not start. Every fact below comes from ``spec/mps.md`` ("Facts", measured on an H200 with
+it did not start. Every fact below comes from docs/mps.md (measured on an H200 with
 driver 580) unless it names NVIDIA's plugin.
 
 * :class:`Root` (directory layout) and :func:`validate` (replicas, MIG, known devices) live in
@@ -89,7 +89,7 @@ from collectors.mpsrules import (
     validate,
 )
 
-__all__ = [  # the MPS interface of spec/mps.md, with the rules and parsers it is built on
+__all__ = [  # the MPS interface of docs/mps.md, with the rules and parsers it is built on
     "DEFAULT_BINARY", "MAX_REPLICAS_PRE_VOLTA", "MAX_REPLICAS_VOLTA_ON", "MIN_REPLICAS", "Daemon", "DaemonRunningError",
     "DaemonStatus", "Manager", "MpsError", "MpsGpu", "MpsLogLine", "MpsResource", "Root", "active_thread_percentage",
     "max_replicas", "parse_client_list", "parse_device_client_list", "parse_log_line", "parse_percentage",
@@ -101,7 +101,7 @@ DEFAULT_BINARY = "nvidia-cuda-mps-control"
 #: PATH given to the daemon after the control binary's own directory: the usual system
 #: directories, nothing from the caller's environment.
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-#: The pid file the daemon writes in its pipe dir (spec/mps.md, "Start").
+#: The pid file the daemon writes in its pipe dir (docs/mps.md, "Start").
 PID_FILE = "nvidia-cuda-mps-control.pid"
 #: The control socket the daemon creates in its pipe dir once it accepts commands.
 CONTROL_FILE = "control"
@@ -153,7 +153,7 @@ class DaemonStatus:
 
 
 class Daemon:
-    """One MPS control daemon for ``resource`` (spec/mps.md, "Interface": ``Daemon(resource, devices, root)``).
+    """One MPS control daemon for ``resource`` (docs/mps.md, "Interface": ``Daemon(resource, devices, root)``).
 
     ``gpus``: every GPU the caller knows (from NVML); :attr:`devices` are the resource's among them.
     ``binary``: the control binary, a path or a name looked up on the caller's ``PATH``.
@@ -278,7 +278,7 @@ class Daemon:
         return os.path.abspath(found)
 
     def env_vars(self) -> dict[str, str]:
-        """The daemon's whole environment, nothing inherited (spec/mps.md, "Start").
+        """The daemon's whole environment, nothing inherited (docs/mps.md, "Start").
 
         ``PATH``: the control binary's directory, then :data:`SAFE_PATH` (so a binary installed
         elsewhere, and the ``nvidia-cuda-mps-server`` the daemon launches beside it, can be found —
@@ -345,7 +345,7 @@ class Daemon:
 
         Runs the control binary with :meth:`env_vars`, writes ``command`` and a newline to its stdin,
         closes it and reads stdout — always within ``timeout`` seconds (default :attr:`timeout`;
-        spec/mps.md, "Talk"). MpsError when the command is empty or multi-line, the binary is not
+        docs/mps.md, "Talk"). MpsError when the command is empty or multi-line, the binary is not
         found, it "did not answer within N s" (the child is killed), or it exits nonzero (the
         message carries its stderr, else its stdout).
         """
@@ -365,7 +365,7 @@ class Daemon:
     def assert_healthy(self) -> None:
         """Raise MpsError unless ``get_default_active_thread_percentage`` answers in time with a number.
 
-        Both the exit status and the reply are checked (spec/mps.md, "Health"): a reply that is not a
+        Both the exit status and the reply are checked (docs/mps.md, "Health"): a reply that is not a
         percentage (e.g. an error printed with status 0) is unhealthy too.
         """
         reply = self.echo_pipe_to_control("get_default_active_thread_percentage")
@@ -441,7 +441,7 @@ class Daemon:
     def start(self) -> None:
         """Validate, create the dirs, launch ``<binary> -d``, configure it, write the ``.started`` marker.
 
-        Steps (spec/mps.md, "Start" and "Configure"): :func:`validate`; find the binary (MpsError
+        Steps (docs/mps.md, "Start" and "Configure"): :func:`validate`; find the binary (MpsError
         "... not found"); refuse when a daemon already answers in the pipe dir, else remove a stale
         pipe dir; the opt-in compute-mode switch; create the pipe, log and shm dirs (MpsError naming
         the dir when that fails); run ``<binary> -d`` with :meth:`env_vars` within the timeout and
@@ -455,7 +455,7 @@ class Daemon:
         The ordinal is the GPU's position in the daemon's ``CUDA_VISIBLE_DEVICES`` (the resource's
         device order), not NVML's index: NVIDIA's MPS documentation (appendix "Environment
         Variables", ``CUDA_VISIBLE_DEVICES``) says devices visible to the daemon are renumbered from 0
-        by the MPS server. On the one-GPU H200 host of spec/mps.md both numbers are 0; a multi-GPU
+        by the MPS server. On the one-GPU H200 host of docs/mps.md both numbers are 0; a multi-GPU
         host is needed to measure it (docs/gpu-check.md).
         Any failure undoes what was done (quit, reap, dirs removed, compute modes restored) and
         raises MpsError (DaemonRunningError when a daemon already runs).
@@ -607,13 +607,13 @@ class Daemon:
     def stop(self) -> list[str]:
         """Stop the daemon and clean up; never raises. Returns the problems met (also logged), [] when clean.
 
-        ``quit -t <ceil(timeout)>`` (spec/mps.md: ``quit`` accepts ``-t <seconds>``, the time its MPS
+        ``quit -t <ceil(timeout)>`` (docs/mps.md: ``quit`` accepts ``-t <seconds>``, the time its MPS
         servers get to exit), answered within timeout plus that grace (a failure is reported, cleanup
         goes on); wait for the daemon to exit and reap it if it is our child (it was seen lingering
         as a zombie of its starter); if it still runs and its command line is the control binary's,
         SIGTERM then SIGKILL it (its pipe dir is about to go, nothing could reach it after); remove
         the ``.started`` marker, the log dir and the pipe dir (NVIDIA's plugin leaves a stale one) and
-        the resource's directories left empty; restore compute modes an opt-in changed (spec/mps.md,
+        the resource's directories left empty; restore compute modes an opt-in changed (docs/mps.md,
         "Stop"). All of it holding the resource's lock (see :meth:`start`), and the lock file goes
         with the pipe dir; a resource without a directory under the root has nothing to stop (and
         nothing is created). A lock not had within :attr:`lock_wait` s is a problem: nothing is stopped.

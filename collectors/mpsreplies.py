@@ -1,4 +1,4 @@
-"""Pure parsers of what an MPS control daemon says: command replies and log lines (spec/mps.md,
+"""Pure parsers of what an MPS control daemon says: command replies and log lines (docs/mps.md,
 "Watch" and "Log lines"; replies measured on an H200 with driver 580).
 
 They never raise on odd text, only TypeError for a non-``str`` argument; digits are ASCII and
@@ -69,7 +69,7 @@ _CLIENT_CTX_RE = re.compile(r"(\d{1,10})(?:\.\d{1,10})?", re.ASCII)
 
 
 def parse_device_client_list(text: str) -> dict[int, list[int]]:
-    """``{device ordinal: client PIDs}`` from a ``get_device_client_list`` reply (spec/mps.md, measured
+    """``{device ordinal: client PIDs}`` from a ``get_device_client_list`` reply (docs/mps.md, measured
     with one client on an H200: ``[0] 00:00.0, NVIDIA H200`` then ``473.1``, i.e. a device line, then
     one ``<pid>.<context>`` line per client that enumerated it). The ordinal is the daemon's own (its
     ``CUDA_VISIBLE_DEVICES`` order). Client lines before any device line and other lines are skipped;

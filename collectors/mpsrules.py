@@ -1,5 +1,5 @@
 """What an MPS resource is, what it may ask of its GPUs, and where its directories live
-(spec/mps.md, "Interface" and "Facts").
+(docs/mps.md, "Interface" and "Configure").
 
 :func:`validate` checks a resource against the GPUs the caller read from NVML: replicas ≥ 2, at most
 48 per GPU from compute capability 7.0 on and 16 before (NVIDIA's plugin caps Volta at 16 by
@@ -81,12 +81,12 @@ def max_replicas(gpu: MpsGpu) -> int:
 
 
 def pinned_limit_mib(gpu: MpsGpu, replicas: int) -> int:
-    """The per-client pinned-memory limit in MiB: total bytes // replicas // 2**20 (spec/mps.md)."""
+    """The per-client pinned-memory limit in MiB: total bytes // replicas // 2**20 (docs/mps.md)."""
     return gpu.memory_total_bytes // replicas // _MIB
 
 
 def active_thread_percentage(replicas: int) -> int:
-    """The default active-thread percentage for ``replicas`` clients: 100 // replicas (spec/mps.md)."""
+    """The default active-thread percentage for ``replicas`` clients: 100 // replicas (docs/mps.md)."""
     return 100 // replicas
 
 
@@ -100,7 +100,7 @@ def resource_gpus(resource: MpsResource, gpus: Iterable[MpsGpu]) -> tuple[MpsGpu
 def validate(resource: MpsResource, gpus: Sequence[MpsGpu]) -> None:
     """Check ``resource`` against the GPUs the caller knows; raise MpsError naming it and the rule.
 
-    Rules (spec/mps.md, "Configure"): at least one device, no device listed twice, every device one
+    Rules (docs/mps.md, "Configure"): at least one device, no device listed twice, every device one
     of ``gpus`` (by UUID), no MIG-enabled GPU (MPS is not allowed there), ``replicas`` an int ≥ 2 and
     at most 48 per GPU from compute capability 7.0 on, 16 before (NVIDIA's plugin wrongly caps Volta
     at 16), and a memory size that leaves every replica at least 1 MiB of pinned memory.

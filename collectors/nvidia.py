@@ -50,7 +50,7 @@ CLOCK_EVENT_REASONS = (
 COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
 ARCHITECTURES = {2: "kepler", 3: "maxwell", 4: "pascal", 5: "volta", 6: "turing", 7: "ampere",
                  8: "ada", 9: "hopper", 10: "blackwell"}
-# MPS first: NVML lists an MPS client in both the MPS and the compute list (spec/mps.md, measured
+# MPS first: NVML lists an MPS client in both the MPS and the compute list (docs/mps.md, measured
 # on the H200), and the first list naming a PID gives its type; the MPS server is only in the
 # compute list. Compute before graphics: a "C+G" process counts as compute.
 _UNSUPPORTED: Any = object()

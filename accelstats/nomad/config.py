@@ -215,7 +215,7 @@ def decode(data: bytes) -> PluginConfig:
 
 def _mps(block: Any) -> MpsSettings:
     """The ``mps { root, timeout, exclusive_process, resource "…" { name, replicas, devices } }`` block
-    (spec/mps.md)."""
+    (docs/mps.md)."""
     if not isinstance(block, dict):
         raise ConfigError("config: mps: expected a block")
     _string_keys(block, "config: mps")

@@ -6,7 +6,7 @@ Lifecycle (docs/nomad.md, "MPS"):
   resource's pipe directory is *adopted* (a restarted plugin, or ``accelstats mps start``) and
   configured again with this configuration's limits (they apply to the next MPS server it spawns);
   otherwise it is started.
-* **Every Fingerprint**: each daemon is health-checked (spec/mps.md, "Health"). A daemon that is down
+* **Every Fingerprint**: each daemon is health-checked (docs/mps.md, "Health"). A daemon that is down
   — its process gone, or never started — is started again, at most once per ``retry_interval``. A
   daemon whose process lives but does not answer is *not* restarted (that would kill the MPS server
   its running tasks use): its replicas are unhealthy with the reason until it answers again or an
