@@ -1,4 +1,4 @@
-"""Attack: the latency of a real scrape while 2000 hostile connections are open (issue 12, item 2).
+"""Attack: the latency of a real scrape while 2000 hostile connections are open.
 
 Starts ``python3 -m accelstats serve`` (this checkout, or ``--repo DIR``: another checkout, e.g. the
 code before the fix) on ``127.0.0.1`` over the replayed H200 capture, under a soft ``RLIMIT_NOFILE``
@@ -34,7 +34,7 @@ family, 20 times pipelined, with a 4 KiB receive buffer, and never read (``no-re
 connect, send one such request and close, over and over (``fire-forget``). The scraper comes from
 127.0.0.1.
 
-``--urandom N`` runs the other part instead (item 7): the exporter (plain HTTP, all collectors) over a
+``--urandom N`` runs the other part instead: the exporter (plain HTTP, all collectors) over a
 cgroup v1 devices tree of N docker containers whose ``devices.list`` is a symlink to ``/dev/urandom``
 (plus one normal container), scraped ``--urandom-scrapes`` times (200) one after another; printed:
 the exporter's RSS (``VmRSS``) after the first scrape and after every further fifth of them

@@ -1,4 +1,4 @@
-"""Cost against the alternatives (issue 7, part 5): accelstats scrape vs the NVML floor vs nvidia-smi.
+"""Cost against the alternatives: accelstats scrape vs the NVML floor vs nvidia-smi.
 
 For each case (G GPUs, N containers: ``scrape.build_host``'s synthetic cgroup v1 tree) it measures,
 interleaved round by round in one process so that all three see the same machine state:

@@ -1,4 +1,4 @@
-"""Load: concurrent scrapers against a real ``accelstats serve`` on loopback (issue 7, part 3).
+"""Load: concurrent scrapers against a real ``accelstats serve`` on loopback.
 
 Builds the scrape benchmark's synthetic host (``scrape.build_host``: G GPUs replayed from the H200
 capture, N docker containers on a cgroup v1 devices tree), starts ``python3 -m accelstats serve`` on

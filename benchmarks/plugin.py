@@ -7,7 +7,7 @@
    a Stats stream at 1 s, and measures the plugin process's CPU time (user + system, psutil) over
    ``--seconds`` seconds of streaming: printed as % of one core and ms per tick.
 
-``--reserve-storm`` measures instead (issue 7, part 3): with Fingerprint (``fingerprint_period``
+``--reserve-storm`` measures instead: with Fingerprint (``fingerprint_period``
 1 s) and Stats (1 s) streams open and read, ``--threads`` threads fire Reserve back to back for
 ``--seconds``: valid ID sets (one GPU, three, all eight), unknown IDs and an empty list, in turn.
 Every answer is checked (valid → a reservation naming those GPUs that Nomad's checks accept; bad →

@@ -1,4 +1,4 @@
-"""Soak: many scrapes in one process; RSS, open fds and threads must not grow (issue 7, part 4).
+"""Soak: many scrapes in one process; RSS, open fds and threads must not grow.
 
 One process holds both sides: the exporter (``accelstats.httpserver.serve`` on ``127.0.0.1``, an
 ephemeral port, over the scrape benchmark's synthetic host: 1 replayed H200 x 10 containers by

@@ -1,4 +1,4 @@
-"""Hostile and careful HTTP clients for tests/test_http_hardening.py (issue 12, items 2 and 9).
+"""Hostile and careful HTTP clients for tests/test_http_hardening.py.
 
 * raw requests over sockets (:func:`exchange`, :func:`split_responses`): what ``http.client`` hides
   (a body after HEAD, pipelining, who closed first);

@@ -71,7 +71,7 @@ SPEC_TABLE = {
     ),
 }
 
-# Rows the brief and the kernel doc add to the table.
+# Rows the kernel doc adds to the table.
 MORE_ROWS = {
     "modeset node 254 is not a GPU": Row(["c 195:254 rw"], gpus=set()),
     "minor of a GPU that does not exist": Row(["c 195:42 rw"], gpus=set()),

@@ -6,7 +6,7 @@
 | a row wider than the grid is refused by ``grafana/panels.py`` | the SDK's layout would run it past column 24 |
 | valid JSON, schemaVersion, unique uid and title | Grafana refuses or merges dashboards otherwise |
 | panel ids unique, panels inside the 24-column grid and not overlapping | Grafana re-lays out or drops them |
-| every panel has a known unit (``fieldConfig.defaults.unit``) and a description | issue 6 |
+| every panel has a known unit (``fieldConfig.defaults.unit``) and a description | the dashboards' contract |
 | every panel and query uses the ``$datasource`` variable, a Prometheus datasource variable | portable import |
 | the required template variables exist, and every ``$var`` used is defined | a typo shows as a literal ``$var`` |
 | every metric in every expression is a catalog family, every label matcher one of its labels | renames break here |

@@ -1,4 +1,4 @@
-"""The fault matrix (issue 7): one test per row and surface; this docstring is the table.
+"""The fault matrix: one test per row and surface; this docstring is the table.
 
 Surfaces: **exporter** = ``/metrics`` over HTTP from a served exporter (in-process
 ``accelstats.httpserver.serve``, or ``python3 -m accelstats serve`` as a child process where the row
@@ -42,7 +42,7 @@ Row 5: an NVML call hangs: GPU 0 of 3, its ``nvmlDeviceGetMemoryInfo`` (the firs
               600 s) the Fingerprint stream sends GPU 0 unhealthy, 1 and 2 healthy; Stats keep coming
               every second (GPU 0 "N/A"); Reserve answers; Shutdown ends the process within Nomad's
               2 s grace although the call still hangs
-    "The last values" (issue 7) are those of the GPUs the stuck pass has not reached, from the last
+    "The last values" are those of the GPUs the stuck pass has not reached, from the last
     complete pass. The stuck GPU itself has none: it is marked down (``up`` 0, no readings, and
     not its previous readings, which would hide that it stopped answering).
     (a hung PCIe throughput call: tests/test_pcie_sampler.py)
@@ -297,7 +297,7 @@ def test_row5_hung_call_exporter(tmp_path: Path, h200: Path) -> None:
         read_at = complete.values(LAST_READ, "uuid")
         assert set(read_at) == set(THREE)
         for got in stuck:
-            assert got.seconds < 2.0  # issue 7: "/metrics still answers within 2 s"
+            assert got.seconds < 2.0  # "/metrics still answers within 2 s"
             assert got.values("accelstats_gpu_up", "uuid") == {STUCK: 0.0, REST[0]: 1.0, REST[1]: 1.0}
             for family in ("accelstats_gpu_power_watts", "accelstats_gpu_memory_total_bytes", ENERGY):
                 last = {u: v for u, v in complete.values(family, "uuid").items() if u in REST}

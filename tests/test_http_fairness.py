@@ -1,5 +1,4 @@
-"""The HTTP server shares its work fairly and bounds what a client can make it hold (issue 12, item 2,
-from an attacker's second look).
+"""The HTTP server shares its work fairly and bounds what a client can make it hold (from an attacker's second look).
 
 Attack: what happened before; what happens now.
 

@@ -1,4 +1,4 @@
-"""The HTTP server under attack and at the edges of HTTP (issue 12, items 2 and 9).
+"""The HTTP server under attack and at the edges of HTTP.
 
 Item 2, slow and idle connections must not lock out scrapes (``accelstats/httpserver.py``):
 
@@ -16,7 +16,7 @@ Item 2, slow and idle connections must not lock out scrapes (``accelstats/httpse
 Item 9: HEAD has no body on every path; other methods 405 with ``Allow`` and no collection; gzip
 follows ``Accept-Encoding`` q-values; an unknown OpenMetrics version gets the text format.
 
-Each of these fails on the server before issue 12 (threads per connection, HTTP/1.0, per-recv timeouts).
+Each of these failed on the earlier server (threads per connection, HTTP/1.0, per-recv timeouts).
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ def refused(port: int, reason: str, tls: ssl.SSLContext | None = None) -> float 
 def test_a_flood_of_idle_and_slow_connections_does_not_lock_out_scrapes(tmp_path: Path, fixtures_dir: Path) -> None:
     """A real ``python3 -m accelstats serve`` with systemd's default soft RLIMIT_NOFILE (1024, what
     the unit gave before LimitNOFILE) and 1100 hostile connections: every other one idle, the rest a
-    started head that never ends. Before issue 12 each took a thread and a descriptor until its 30 s
+    started head that never ends. Before the event loop each took a thread and a descriptor until its 30 s
     read timeout; past 1024 descriptors accept() failed and no scrape got in."""
     hard_needed = 1100 + 200
     if raise_nofile(4096) < hard_needed:

@@ -1,4 +1,4 @@
-"""``accelstats mps start`` and ``stop`` run at the same time for one resource (issue 12, item 5).
+"""``accelstats mps start`` and ``stop`` run at the same time for one resource.
 
 Real parallel processes (``python3 -m accelstats mps start|stop``, the H200 replay, the
 ``nvidia-cuda-mps-control`` double of tests/mps_double first on PATH, as tests/test_mps_cli.py

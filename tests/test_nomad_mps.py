@@ -194,7 +194,7 @@ def test_reserve_refuses_mixes_that_cannot_work(ids: list[str], message: str) ->
 @pytest.mark.parametrize("walks", [False, True])
 def test_the_plugin_walks_cgroups_only_when_it_serves_metrics(fixtures_dir: Path, walks: bool) -> None:
     """Fingerprint, Stats and Reserve use no container data; a plugin over 10 000 containers spent a third
-    of a core on the walk (issue 7 review). Counted by the collector results, not timed."""
+    of a core on the walk. Counted by the collector results, not timed."""
     from faultmatrix_util import Plugin
     from prom_harness import free_port
 

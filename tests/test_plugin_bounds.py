@@ -1,4 +1,4 @@
-"""Every size the configuration controls is bounded (issue 12, item 6).
+"""Every size the configuration controls is bounded.
 
 Before, the plugin built what its config asked, however large: ``replicas = 20000000`` grew it to
 4.6 GB in 20 s and killed it before its first fingerprint. Now ``replicas`` is bounded by NVIDIA's

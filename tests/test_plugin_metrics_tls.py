@@ -1,4 +1,4 @@
-"""The plugin's ``metrics_listen`` endpoint with TLS and basic auth (issue 12, item 9, the plugin's part).
+"""The plugin's ``metrics_listen`` endpoint with TLS and basic auth.
 
 ``metrics_web_config`` names an exporter-toolkit web config file, the one ``accelstats serve
 --web-config`` takes (docs/web-config.md). The installed ``nomad-device-accelstats`` is driven as

@@ -1,4 +1,4 @@
-"""Reserve storms during Fingerprint and Stats streaming (issue 7, part 3), on the installed plugin.
+"""Reserve storms during Fingerprint and Stats streaming, on the installed plugin.
 
 The real ``nomad-device-accelstats`` (support.nomadclient.launcher.PluginProcess, as Nomad launches
 it) with two replayed H200s: while its Fingerprint stream (a full message every second) and a

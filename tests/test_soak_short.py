@@ -1,5 +1,5 @@
 """A short soak (benchmarks/soak.py): 3000 scrapes over HTTP in this process leave no thread, fd or
-RSS behind (issue 7, part 4; the 100 000-scrape run and its figures are in docs/performance.md).
+RSS behind (the 100 000-scrape run and its figures are in docs/performance.md).
 
 Counts, not timing: the connection threads and sockets of 3000 requests must all be gone, and the
 process's RSS after them within 5 MiB of where it was after a warm-up of 300.

@@ -414,7 +414,7 @@ def _touch(path: Path, text: str, source: WebConfigSource) -> None:
 def test_changed_file_applies_without_restart_and_a_broken_one_keeps_the_last_good(
         pki: Pki, start: Callable[[str], Served]) -> None:
     """A valid change applies at once; a broken one is refused (counted), and the last good
-    configuration keeps serving — never less security, never an outage (issue 12, item 3)."""
+    configuration keeps serving — never less security, never an outage."""
     s = start(auth_config(pki))
     new_hash = bcrypt.hashpw(b"rotated", bcrypt.gensalt(rounds=4)).decode()
     _touch(s.path, tls_block(pki) + f"basic_auth_users:\n  prometheus: '{new_hash}'\n", s.source)

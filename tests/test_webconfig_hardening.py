@@ -1,4 +1,4 @@
-"""Issue 12, items 3, 4 and 9: the web config under attack and under careless rewrites.
+"""The web config under attack and under careless rewrites.
 
 * Item 3: a reload never lowers security. The real server (``accelstats.httpserver.serve``) runs
   in-process while its ``web.yml`` is rewritten in place (truncated, then written in parts, as

@@ -1,4 +1,4 @@
-"""Property-based fuzzing of accelstats' parsers (issue 7): see docs/fuzzing.md.
+"""Property-based fuzzing of accelstats' parsers: see docs/fuzzing.md.
 
 Every module here checks one parser family with hypothesis: no exception escapes except the
 parser's documented error type, for arbitrary text/bytes and for near-valid inputs built from the

@@ -24,7 +24,7 @@ float64 — and is sent as the string ``"0.1"``; a user's ``0.5`` is sent as flo
 ``number_mode="cty"`` reproduces that exactly; ``"float"`` sends every non-int as float64 and
 ``"string"`` every number as decimal text (both to test a plugin's decoder).
 
-Public API: :func:`schema_defaults`, :func:`encode_config` (the brief's dict-level encoder),
+Public API: :func:`schema_defaults`, :func:`encode_config` (the dict-level encoder),
 :func:`decode_config`/:func:`encode_for_spec` (type-aware, as ``hcldec`` does), :func:`parse_literal`
 (HCL expressions) and :func:`pack`/:func:`unpack`.
 """
