@@ -216,10 +216,11 @@ class _Runtime:
         created; directories that existed before are never touched."""
         with _cgroup_registry():
             for top in sorted(self._cgroup_tops() - self._cgroups_before):
-                for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts),
-                                reverse=True):
-                    with contextlib.suppress(OSError):
-                        d.rmdir()
+                # bottom-up; a directory another test's runtime removes meanwhile is skipped, not an error
+                for parent, subdirs, _ in os.walk(top, topdown=False):
+                    for name in subdirs:
+                        with contextlib.suppress(OSError):
+                            os.rmdir(os.path.join(parent, name))
                 with contextlib.suppress(OSError):
                     top.rmdir()
 

@@ -346,6 +346,7 @@ def test_row5_hung_call_plugin(tmp_path: Path, h200: Path) -> None:
         assert_no_new_threads(before)
 
 
+@pytest.mark.slow  # more than ~5 s: real daemons, deadlines or a soak
 def test_row5_hung_call_plugin_process(tmp_path: Path, h200: Path) -> None:
     """The real plugin process, as a Nomad client runs it: the replay's hang is real here (600 s,
     longer than the test), so everything below happens while the call hangs."""

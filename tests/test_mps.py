@@ -241,6 +241,7 @@ def test_status_lists_servers_and_clients(make_daemon: Callable[..., Daemon]) ->
     assert daemon.echo_pipe_to_control("get_device_client_list").splitlines()[0] == "[0] 00:00.0, NVIDIA H200"
 
 
+@pytest.mark.slow  # more than ~5 s: real daemons, deadlines or a soak
 def test_hang_honours_the_timeout(make_daemon: Callable[..., Daemon], root: Path) -> None:
     daemon = make_daemon(timeout=1.0)
     daemon.start()

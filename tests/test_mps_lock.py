@@ -131,6 +131,7 @@ def wait_gone(pids: list[int], timeout: float = 10.0) -> bool:
     return True
 
 
+@pytest.mark.slow  # more than ~5 s: real daemons, deadlines or a soak
 def test_parallel_starts_leave_exactly_one_daemon_and_say_so(host: tuple[Path, Path, dict[str, str]]) -> None:
     """Several ``mps start`` at once: one says "started" and its daemon runs; every other one says a
     daemon is already running (exit 2), and nothing it did stopped the winner."""
@@ -152,6 +153,7 @@ def test_parallel_starts_leave_exactly_one_daemon_and_say_so(host: tuple[Path, P
         assert_nothing_left(root)
 
 
+@pytest.mark.slow  # more than ~5 s: real daemons, deadlines or a soak
 def test_parallel_start_and_stop_agree_with_what_runs(host: tuple[Path, Path, dict[str, str]]) -> None:
     """``mps start`` and ``mps stop`` at once, with and without a daemon running before: they are done
     one after the other, in either order, and what runs afterwards is what that order leaves."""

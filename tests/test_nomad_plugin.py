@@ -99,6 +99,7 @@ def test_agent_start_a_b_c_with_gpus_mig_and_files(scenario: Path, devdir: Path)
     assert {d["ID"] for d in h200["devices"]} == {H200, LOST}
 
 
+@pytest.mark.slow  # more than ~5 s: real daemons, deadlines or a soak
 def test_lost_gpu_is_unhealthy_and_the_stream_goes_on(scenario: Path) -> None:
     with PluginProcess(binary()) as plugin:
         spec = plugin.config_schema().spec
@@ -283,6 +284,7 @@ def _no_leftover_plugins() -> Iterator[None]:
     assert mine == [], f"plugin processes left running: {mine}"
 
 
+@pytest.mark.slow  # more than ~5 s: real daemons, deadlines or a soak
 def test_critical_xid_makes_the_gpu_unhealthy(tmp_path: Path, fixtures_dir: Path) -> None:
     h200 = fixtures_dir / "h200" / "nvidia-smi-q.xml"
     path = tmp_path / "xid.toml"
@@ -319,6 +321,7 @@ def test_reserve_of_a_mig_instance_adds_its_capability_nodes(scenario: Path, tmp
         assert "/dev/nvidiactl" in nodes
 
 
+@pytest.mark.slow  # more than ~5 s: real daemons, deadlines or a soak
 def test_nvml_gone_keeps_gpus_listed_unhealthy(tmp_path: Path, fixtures_dir: Path) -> None:
     h200 = fixtures_dir / "h200" / "nvidia-smi-q.xml"
     path = tmp_path / "gone.toml"
@@ -419,6 +422,7 @@ def mps_stop(replay: Path, root: Path, resource: str, env: dict[str, str]) -> su
                           env=env, capture_output=True, text=True, timeout=60, check=False)
 
 
+@pytest.mark.slow  # more than ~5 s: real daemons, deadlines or a soak
 def test_mps_replicas_are_unhealthy_while_the_daemon_does_not_answer(tmp_path: Path, fixtures_dir: Path) -> None:
     h200 = fixtures_dir / "h200" / "nvidia-smi-q.xml"
     root = tmp_path / "mps"

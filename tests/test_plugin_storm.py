@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from paths import FIXTURES, REPO_ROOT
 from support.nomadclient.ctymsgpack import encode_for_spec
 from support.nomadclient.launcher import PluginProcess
@@ -36,6 +37,7 @@ from scrape import write_scenario
 STORM_SECONDS = 4.0
 
 
+@pytest.mark.slow  # more than ~5 s: real daemons, deadlines or a soak
 def test_reserve_storm_gets_correct_answers_while_both_streams_go_on(tmp_path: Path) -> None:
     scenario = write_scenario(tmp_path / "two.toml", FIXTURES / "h200" / "nvidia-smi-q.xml", 2)
     with PluginProcess(binary()) as plugin:

@@ -260,6 +260,7 @@ def wait_for(port: int, predicate: Any, what: str, timeout: float = 30.0) -> str
         time.sleep(0.1)
 
 
+@pytest.mark.slow  # more than ~5 s: real daemons, deadlines or a soak
 def test_containers_started_and_removed_while_serve_is_scraped(host: Host, tmp_path: Path,
                                                               fixtures_dir: Path) -> None:
     replay = two_gpu_scenario(tmp_path, fixtures_dir, (GPU0, GPU1), {})

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 from paths import REPO_ROOT, SHARED
 
 if str(REPO_ROOT / "benchmarks") not in sys.path:  # benchmarks/ is not a package
@@ -17,6 +18,7 @@ if str(REPO_ROOT / "benchmarks") not in sys.path:  # benchmarks/ is not a packag
 import soak
 
 
+@pytest.mark.slow  # more than ~5 s: real daemons, deadlines or a soak
 def test_3000_scrapes_leave_no_thread_fd_or_memory_behind(tmp_path: Path) -> None:
     settings = soak.small_host(tmp_path, SHARED)  # 1 replayed H200 x 10 containers
     result = soak.soak(settings, scrapes=3000, every=500, warmup=300, http=True)

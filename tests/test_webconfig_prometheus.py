@@ -33,6 +33,9 @@ PASSWORD = "scrape-me"
 JOBS = ("accelstats", "wrong-password", "plain-http")
 
 
+pytestmark = pytest.mark.slow  # a real Prometheus scraping over TLS
+
+
 @pytest.fixture(scope="module")
 def prometheus_needed() -> None:
     for missing in (prometheus_unavailable(), openssl_missing()):
