@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from paths import find_shared
 from runc_harness import ContainerSpec, RuncContainer, RuncFactory, runc_available
+from tls_pki import Pki, make_pki, openssl_missing
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -133,3 +134,19 @@ def runc_container(runc_state_root: Path) -> Iterator[RuncFactory]:
             return stack.enter_context(RuncContainer(spec, runc_state_root))
 
         yield start
+
+
+# --------------------------------------------------------------------------------------------
+# TLS
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    """A CA, server, client and rogue certificate (tests/tls_pki.py), made once per module; skips
+    without ``openssl``, and fails under ``CI=true`` where .ci/run must have installed it."""
+    reason = openssl_missing()
+    if reason:
+        if in_ci():
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+    return make_pki(tmp_path_factory.mktemp("pki"))

@@ -49,7 +49,7 @@ from http_attack_util import (
     split_responses,
     trickle,
 )
-from tls_pki import Pki, make_pki, openssl_missing
+from tls_pki import Pki
 
 from accelstats.config import Settings
 from accelstats.httpserver import serve
@@ -130,16 +130,6 @@ def served(shared_server: Served) -> Served:
     """:func:`shared_server` with its collection count at 0."""
     shared_server.collections[0] = 0
     return shared_server
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    reason = openssl_missing()
-    if reason:
-        if in_ci():
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
-    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 def get(port: int, path: str = "/metrics", headers: dict[str, str] | None = None, method: str = "GET",

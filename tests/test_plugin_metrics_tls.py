@@ -19,24 +19,13 @@ from typing import Any
 
 import bcrypt
 import pytest
-from conftest import in_ci
 from support.nomadclient.ctymsgpack import encode_for_spec
 from support.nomadclient.launcher import PluginProcess
 from test_nomad_plugin import H200, binary, config
-from tls_pki import Pki, make_pki, openssl_missing
+from tls_pki import Pki
 
 USER, PASSWORD = "prometheus", "scrape-pw"
 HASH = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()  # cost 4: fast tests
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    reason = openssl_missing()
-    if reason:
-        if in_ci():
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
-    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 @pytest.fixture

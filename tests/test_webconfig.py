@@ -23,9 +23,8 @@ from pathlib import Path
 
 import bcrypt
 import pytest
-from conftest import in_ci
 from prometheus_client.parser import text_string_to_metric_families
-from tls_pki import Pki, make_pki, openssl_missing
+from tls_pki import Pki
 
 from accelstats import webauth
 from accelstats.config import Settings, load_config
@@ -44,16 +43,6 @@ from collectors.nvml_lib import open_replay
 H200_UUID = "GPU-5f1c2a9e-0b7d-4c3e-9a61-2d8e4f7b9c10"
 PASSWORD = "s3cret-pw"
 HASH = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()  # cost 4: fast tests
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    reason = openssl_missing()
-    if reason:
-        if in_ci():
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
-    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 def tls_block(pki: Pki, **extra: str) -> str:

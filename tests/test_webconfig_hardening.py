@@ -35,8 +35,7 @@ from pathlib import Path
 
 import bcrypt
 import pytest
-from conftest import in_ci
-from tls_pki import Pki, make_pki, openssl_missing
+from tls_pki import Pki
 from webconfig_util import Flood, dated_certificate, fetch, peer_certificate, rewrite_in_place
 
 from accelstats import webauth, webchecks, websource
@@ -50,16 +49,6 @@ from collectors.nvml_lib import open_replay
 PASSWORD = "s3cret-pw"
 HASH = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()  # cost 4: fast tests
 CLI = [sys.executable, "-m", "accelstats"]
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    reason = openssl_missing()
-    if reason:
-        if in_ci():
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
-    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 @pytest.fixture(scope="module")
