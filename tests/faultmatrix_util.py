@@ -140,6 +140,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def wait_healthy(proc: subprocess.Popen[bytes], port: int, log: Path, timeout: float) -> None:
+    """Return once ``accelstats serve`` (``proc``, logging to ``log``) answers /healthz on ``port``;
+    AssertionError with the log's end when it exits first, the last URLError after ``timeout`` s."""
+    end = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise AssertionError(f"accelstats serve exited {proc.returncode}: {log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5):
+                return
+        except (urllib.error.URLError, ConnectionError):
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.1)
+
+
 @contextmanager
 def serve_subprocess(args: Sequence[str], log: Path, *, prefix: Sequence[str] = (), timeout: float = 60.0
                      ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
@@ -152,17 +168,7 @@ def serve_subprocess(args: Sequence[str], log: Path, *, prefix: Sequence[str] = 
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, cwd="/", env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        end = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise AssertionError(f"accelstats serve exited {proc.returncode}: {log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5):
-                    break
-            except (urllib.error.URLError, ConnectionError):
-                if time.monotonic() > end:
-                    raise
-                time.sleep(0.1)
+        wait_healthy(proc, port, log, timeout)
         yield proc, f"http://127.0.0.1:{port}/metrics"
     finally:
         proc.terminate()

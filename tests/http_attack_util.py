@@ -20,11 +20,10 @@ import ssl
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from faultmatrix_util import wait_healthy
 from prometheus_client.parser import text_string_to_metric_families
 
 import accelstats
@@ -191,17 +190,7 @@ def serve_process(args: Sequence[str], log: Path, nofile: int, timeout: float = 
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=limit)
     try:
-        end = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise AssertionError(f"accelstats serve exited {proc.returncode}: {log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5):
-                    break
-            except (urllib.error.URLError, ConnectionError):
-                if time.monotonic() > end:
-                    raise
-                time.sleep(0.1)
+        wait_healthy(proc, port, log, timeout)
         yield proc, port
     finally:
         proc.terminate()
