@@ -52,7 +52,8 @@ from prom_harness import PrometheusServer, ScrapeTarget, free_port, prometheus_u
 from runc_harness import ContainerSpec, RuncContainer, docker_cgroupfs_path, docker_id
 from test_dashboards import FILES, PENDING, load, panels, selectors
 
-pytestmark = [pytest.mark.root, pytest.mark.slow]  # a real Prometheus and runc containers
+pytestmark = [pytest.mark.root, pytest.mark.slow,  # a real Prometheus and runc containers
+              pytest.mark.xdist_group("e2e_prometheus")]  # one worker: the module's Prometheus is started once
 
 REPO = Path(__file__).resolve().parents[1]
 SCENARIO = REPO / "tests" / "scenarios" / "h200_fleet.toml"

@@ -30,7 +30,7 @@ from prom_harness import free_port
 from runtimes_harness import IMAGE, Containerd, Docker, Podman, gpu_nodes, token
 from scenarios_util import two_gpu_scenario
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.xdist_group("runtimes")]  # one worker starts the runtimes once
 
 GPU0 = "GPU-00000000-3333-4000-8000-000000000000"
 GPU1 = "GPU-00000001-3333-4000-8000-000000000001"

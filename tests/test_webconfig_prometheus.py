@@ -33,7 +33,8 @@ PASSWORD = "scrape-me"
 JOBS = ("accelstats", "wrong-password", "plain-http")
 
 
-pytestmark = pytest.mark.slow  # a real Prometheus scraping over TLS
+pytestmark = [pytest.mark.slow,  # a real Prometheus scraping over TLS
+              pytest.mark.xdist_group("webconfig_prometheus")]  # one worker, one Prometheus
 
 
 @pytest.fixture(scope="module")
