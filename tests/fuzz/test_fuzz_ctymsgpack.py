@@ -98,6 +98,7 @@ def test_encode_number_keeps_the_value(value: int | float | Decimal) -> None:
         else:
             assert mode != "string"
             assert Decimal(got) == exact if mode == "cty" else got == float(exact)
+            assert mode != "cty" or not float(got).is_integer()  # go-cty: an integer is int64 or text
 
 
 @fuzz_settings()

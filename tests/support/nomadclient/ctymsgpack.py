@@ -15,8 +15,9 @@ How Nomad builds those bytes (spec/nomad-plugin.md §2 "SetConfig's msgpack_conf
 3. the value is encoded by ``go-cty/cty/msgpack.Marshal``: object attributes and map keys in
    sorted order, every attribute present (null as msgpack nil), strings as str, bools as bool,
    lists/sets/tuples as arrays, objects/maps as maps, and a number as an int when it is an exact
-   int64, else as a float64 when exactly representable, else as its decimal text
-   (``big.Float.Text('f', -1)``).
+   int64, else as a float64 when it is not an integer and exactly representable, else (integers
+   outside int64 included) as its decimal text (``big.Float.Text('f', -1)``; zclconf/go-cty
+   ``cty/msgpack/marshal.go:81-97`` since v1.14.4, the version Nomad pins).
 
 Step 2 goes through JSON (``ParseHclInterface`` marshals the map and parses it with HCL's JSON
 parser at 512-bit precision), so a user's ``0.1`` reaches step 3 as the decimal 0.1 — not a
@@ -104,8 +105,9 @@ def _exact(d: Decimal) -> int | Decimal:
 
 
 def encode_number(value: int | float | Decimal, mode: NumberMode = "cty") -> int | float | str:
-    """The msgpack item go-cty writes for a number (``cty/msgpack/marshal.go``): an exact int64 as
-    int, else an exactly representable float64 as float, else the decimal text. Infinities are
+    """The msgpack item go-cty writes for a number (``cty/msgpack/marshal.go:81-97``): an exact int64 as
+    int, else a non-integer that a float64 holds exactly as float, else (an integer outside int64
+    too) the decimal text. Infinities are
     float64 (``cty.PositiveInfinity``); NaN does not exist in cty and is refused."""
     if isinstance(value, bool):
         raise ConfigError("a bool is not a number")
@@ -120,10 +122,13 @@ def encode_number(value: int | float | Decimal, mode: NumberMode = "cty") -> int
     d = _check_magnitude(_to_decimal(value))
     if mode == "string":
         return _decimal_text(d)
-    if d == d.to_integral_value() and INT64_MIN <= d <= INT64_MAX:
+    integral = d == d.to_integral_value()
+    if integral and INT64_MIN <= d <= INT64_MAX:
         return int(d)
     if mode == "float":
         return float(d)
+    if integral:  # go-cty v1.14.4+ (marshal.go:90-96): an integer outside int64 is decimal text, never a float64
+        return _decimal_text(d)
     try:
         f = float(d)
     except (OverflowError, InvalidOperation):  # pragma: no cover - float() of a Decimal saturates
