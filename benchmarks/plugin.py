@@ -99,7 +99,7 @@ class StormResult:
 def check_reserve(kind: str, ids: Sequence[str], call: Callable[[], Any]) -> str:
     """Make one Reserve (``call``) and judge its answer for ``ids`` of ``kind``: "" when correct, else
     what was wrong. valid: a ReserveResponse Nomad accepts (validate.validate_reserve) whose
-    NVIDIA_VISIBLE_DEVICES lists ``ids`` in order; unknown: INVALID_ARGUMENT naming the first ID;
+    CUDA_VISIBLE_DEVICES lists ``ids`` in order; unknown: INVALID_ARGUMENT naming the first ID;
     empty: INVALID_ARGUMENT "no device IDs" (spec/nomad-plugin.md §2, plugin.py Reserve)."""
     try:
         res = call()
@@ -114,9 +114,9 @@ def check_reserve(kind: str, ids: Sequence[str], call: Callable[[], Any]) -> str
     if kind != "valid":
         return f"{kind} {list(ids)}: answered a reservation instead of INVALID_ARGUMENT"
     problems = validate_reserve(res)
-    visible = res.container_res.envs.get("NVIDIA_VISIBLE_DEVICES")
+    visible = res.container_res.envs.get("CUDA_VISIBLE_DEVICES")
     if problems or visible != ",".join(ids):
-        return f"valid {list(ids)}: NVIDIA_VISIBLE_DEVICES {visible!r}, problems {problems}"
+        return f"valid {list(ids)}: CUDA_VISIBLE_DEVICES {visible!r}, problems {problems}"
     return ""
 
 

@@ -44,7 +44,7 @@ class Device:
     max_clocks_hz: tuple[tuple[str, float], ...] = ()  # (clock, hertz); cached: ~1.3 ms per call
     max_pcie_generation: int | None = None  # nvmlDeviceGetMaxPcieLinkGeneration
     max_pcie_width: int | None = None  # nvmlDeviceGetMaxPcieLinkWidth (lanes)
-    display_active: str = ""  # "enabled" / "disabled" / "" (nvmlDeviceGetDisplayActive)
+    display_mode: str = ""  # "enabled" / "disabled" / "" (nvmlDeviceGetDisplayMode: a display may be attached)
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,7 @@ from collectors.mpsproc import (
     alive,
     cmdline,
     kill_group,
+    label_for_containers,
     read_text,
     reap,
     release_lock,
@@ -105,7 +106,8 @@ SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PID_FILE = "nvidia-cuda-mps-control.pid"
 #: The control socket the daemon creates in its pipe dir once it accepts commands.
 CONTROL_FILE = "control"
-#: Written in the pipe dir once a start (launch and configuration) has completed (NVIDIA's plugin).
+#: ``<root>/<resource>/.started``, written once a start (launch and configuration) has completed
+#: (k8s-device-plugin ``internal/mps/root.go:51-53``).
 STARTED_MARKER = ".started"
 #: The start/stop lock of a resource, in ``<root>/<resource>/`` (removed with the pipe dir by a stop).
 LOCK_FILE = "lock"
@@ -202,8 +204,13 @@ class Daemon:
 
     @property
     def shm_dir(self) -> Path:
-        """``<root>/shm``."""
+        """The daemon's ``/dev/shm`` (:data:`collectors.mpsrules.SHM_DIR`, the host's)."""
         return self.root.shm_dir()
+
+    @property
+    def started_marker(self) -> Path:
+        """``<root>/<resource>/.started`` (MpsError for a bad resource name)."""
+        return self.root.started_marker(self.name)
 
     @property
     def lock_file(self) -> Path:
@@ -218,9 +225,9 @@ class Daemon:
 
     @property
     def started(self) -> bool:
-        """True when the ``.started`` marker is in the pipe dir (a completed :meth:`start`)."""
+        """True when the ``.started`` marker exists (a completed :meth:`start`) and a pipe dir."""
         try:
-            return (self.pipe_dir / STARTED_MARKER).is_file()
+            return self.started_marker.is_file() and self.pipe_dir.is_dir()
         except MpsError:
             return False
 
@@ -443,9 +450,10 @@ class Daemon:
 
         Steps (docs/mps.md, "Start" and "Configure"): :func:`validate`; find the binary (MpsError
         "... not found"); refuse when a daemon already answers in the pipe dir, else remove a stale
-        pipe dir; the opt-in compute-mode switch; create the pipe, log and shm dirs (MpsError naming
-        the dir when that fails); run ``<binary> -d`` with :meth:`env_vars` within the timeout and
-        wait for its ``control`` socket; then ``set_default_device_pinned_mem_limit <ordinal> <MiB>M``
+        pipe dir; the opt-in compute-mode switch; create the pipe and log dirs (MpsError naming
+        the dir when that fails), labelled ``container_file_t`` where SELinux is enabled; run
+        ``<binary> -d`` with :meth:`env_vars` within the timeout and wait for its ``control`` socket;
+        then ``set_default_device_pinned_mem_limit <ordinal> <MiB>M``
         per GPU (the daemon ignored limits set by UUID) and
         ``set_default_active_thread_percentage <100 // replicas>``, whose reply must be a number.
         Everything from the check for a running daemon on is done holding the resource's lock
@@ -462,14 +470,14 @@ class Daemon:
         """
         with self._lock:
             validate(self.resource, self.gpus)
-            pipe_dir, log_dir, shm_dir = self.pipe_dir, self.log_dir, self.shm_dir
+            pipe_dir, log_dir = self.pipe_dir, self.log_dir
             self._binary_path = None
             binary = self.resolve_binary()
             lock = self._take_lock(create=True)
             if lock is None:  # cannot happen: a start creates the directory
                 raise MpsError(f"MPS resource {self.name!r}: no lock file {self.lock_file}")
             try:
-                self._start_locked(binary, pipe_dir, log_dir, shm_dir)
+                self._start_locked(binary, pipe_dir, log_dir)
             finally:
                 self._release_lock(lock)
 
@@ -494,12 +502,23 @@ class Daemon:
         pipe_dir = self.pipe_dir
         release_lock(fd, self.lock_file, not (pipe_dir.exists() or pipe_dir.is_symlink()), self.root.path)
 
-    def _start_locked(self, binary: str, pipe_dir: Path, log_dir: Path, shm_dir: Path) -> None:
+    def _start_locked(self, binary: str, pipe_dir: Path, log_dir: Path) -> None:
         """:meth:`start` from the check for a running daemon on, holding the resource's lock."""
         self._clear_stale(pipe_dir)
         try:
+            remove_path(self.started_marker)  # of a daemon that died: this start has not completed yet
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise MpsError(f"MPS resource {self.name!r}: cannot remove {self.started_marker}: {exc}") from exc
+        try:
             self._set_compute_modes()
-            self._make_dirs(pipe_dir, log_dir, shm_dir)
+            self._make_dirs(pipe_dir, log_dir)
+            try:
+                label_for_containers(pipe_dir)
+            except OSError as exc:
+                raise MpsError(f"MPS resource {self.name!r}: SELinux is enabled and the pipe dir {pipe_dir} "
+                               f"cannot be labelled container_file_t for containerised clients: {exc}") from exc
         except BaseException:
             problems: list[str] = []
             self._restore_compute_modes(problems)
@@ -511,7 +530,7 @@ class Daemon:
         try:
             self._launch(pipe_dir)
             self.configure()
-            (pipe_dir / STARTED_MARKER).write_text(f"{time.time():.3f}\n", encoding="ascii")
+            self.started_marker.write_text(f"{time.time():.3f}\n", encoding="ascii")
         except BaseException as exc:
             for problem in self._stop_locked():
                 log.warning("%s (cleanup after a failed start)", problem)
@@ -564,13 +583,10 @@ class Daemon:
         if switch.state_file.exists():
             problems.extend(f"MPS resource {self.name!r}: {p}" for p in switch.restore())
 
-    def _make_dirs(self, pipe_dir: Path, log_dir: Path, shm_dir: Path) -> None:
-        for what, path in (("pipe dir", pipe_dir), ("log dir", log_dir), ("shm dir", shm_dir)):
-            existed = path.is_dir()
+    def _make_dirs(self, pipe_dir: Path, log_dir: Path) -> None:
+        for what, path in (("pipe dir", pipe_dir), ("log dir", log_dir)):
             try:
                 path.mkdir(parents=True, exist_ok=True)
-                if what == "shm dir" and not existed:
-                    path.chmod(0o1777)  # like /dev/shm, which clients mount it as
             except OSError as exc:
                 raise MpsError(f"MPS resource {self.name!r}: cannot create {what} {path}: "
                                f"{exc.strerror or exc}") from exc
@@ -692,7 +708,7 @@ class Daemon:
         problems.append(f"MPS resource {self.name!r}: the control daemon (pid {pid}) survived SIGKILL")
 
     def _cleanup_dirs(self, pipe_dir: Path, log_dir: Path, problems: list[str]) -> None:
-        for what, path in (("started marker", pipe_dir / STARTED_MARKER), ("log dir", log_dir),
+        for what, path in (("started marker", pipe_dir.parent / STARTED_MARKER), ("log dir", log_dir),
                            ("pipe dir", pipe_dir)):
             try:
                 remove_path(path)

@@ -1,6 +1,7 @@
 """Process and file helpers of the MPS daemon manager: is a PID alive, reap it, read its command
-line, kill a command's process group, remove what a daemon left, and the per-resource lock that
-serialises starts and stops across processes (:func:`acquire_lock`, :func:`release_lock`)."""
+line, kill a command's process group, remove what a daemon left, the per-resource lock that serialises
+starts and stops across processes (:func:`acquire_lock`, :func:`release_lock`), and the SELinux label
+of the pipe dir (:func:`label_for_containers`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -202,3 +204,33 @@ def release_lock(fd: int, path: Path, remove: bool, stop: Path) -> None:
     finally:
         with contextlib.suppress(OSError):
             os.close(fd)
+
+
+# --------------------------------------------------------------------------------------------
+# SELinux
+
+#: The label k8s-device-plugin gives the MPS pipe dir where SELinux is enabled
+#: (``internal/mps/daemon.go:104-106, 147-158``): container processes may use files of this type.
+CONTAINER_FILE_LABEL = b"system_u:object_r:container_file_t:s0"
+SELINUXFS = Path("/sys/fs/selinux")
+
+
+def selinux_enabled(selinuxfs: Path = SELINUXFS) -> bool:
+    """True when SELinux is enabled: selinuxfs is mounted (its ``enforce`` file exists), whether
+    enforcing or permissive, as go-selinux's ``GetEnabled`` decides."""
+    return (selinuxfs / "enforce").exists()
+
+
+def label_for_containers(path: Path, selinuxfs: Path = SELINUXFS,
+                         setxattr: Callable[[str, str, bytes], None] | None = None) -> bool:
+    """Label ``path`` and everything in it ``container_file_t`` (the ``security.selinux`` extended
+    attribute) when SELinux is enabled, so containerised MPS clients may use the pipe dir; a no-op
+    otherwise. Returns whether it labelled. Raises OSError when labelling fails."""
+    if not selinux_enabled(selinuxfs):
+        return False
+    set_label = setxattr or (lambda p, name, value: os.setxattr(p, name, value, follow_symlinks=False))
+    set_label(str(path), "security.selinux", CONTAINER_FILE_LABEL)
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in dirnames + filenames:
+            set_label(os.path.join(dirpath, name), "security.selinux", CONTAINER_FILE_LABEL)
+    return True

@@ -4,7 +4,8 @@
 :func:`validate` checks a resource against the GPUs the caller read from NVML: replicas ≥ 2, at most
 48 per GPU from compute capability 7.0 on and 16 before (NVIDIA's plugin caps Volta at 16 by
 mistake), no MIG-enabled GPU, every device known. :class:`Root` lays out ``<root>/<resource>/pipe``,
-``<root>/<resource>/log`` and one ``<root>/shm`` for all resources.
+``<root>/<resource>/log`` and ``<root>/<resource>/.started``; server and clients share the host's
+``/dev/shm`` (:data:`SHM_DIR`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+#: The ``/dev/shm`` of the control daemon and the MPS servers it starts: the host's. MPS clients must
+#: share it with the server (NVIDIA's guidance for a host-run server and containerised clients is
+#: ``--ipc=host``; k8s-device-plugin gives daemon and clients one tmpfs, ``internal/plugin/mps.go:86-89``),
+#: so a reservation mounts it at ``/dev/shm`` and raw_exec tasks have it already (docs/mps.md).
+SHM_DIR = Path("/dev/shm")
 MIN_REPLICAS = 2
 MAX_REPLICAS_VOLTA_ON = 48  # per GPU, compute capability >= 7.0
 MAX_REPLICAS_PRE_VOLTA = 16  # per GPU, compute capability < 7.0
@@ -145,10 +151,11 @@ def validate(resource: MpsResource, gpus: Sequence[MpsGpu]) -> None:
 class Root:
     """The MPS root directory (made absolute: the daemon changes directory when it daemonises).
 
-    ``pipe_dir(r)`` = ``<root>/<r>/pipe``, ``log_dir(r)`` = ``<root>/<r>/log``, ``shm_dir()`` =
-    ``<root>/shm`` (one for all resources; clients mount it at ``/dev/shm``). A resource name may
-    contain ``/`` (``nvidia.com/gpu`` → nested directories) but no empty, ``.`` or ``..`` part, no
-    leading ``/``, no NUL, and may not start with ``shm`` (that directory is shared): MpsError.
+    ``pipe_dir(r)`` = ``<root>/<r>/pipe``, ``log_dir(r)`` = ``<root>/<r>/log``,
+    ``started_marker(r)`` = ``<root>/<r>/.started`` (where k8s-device-plugin keeps it,
+    ``internal/mps/root.go:51-53``), ``shm_dir()`` = :data:`SHM_DIR`. A resource name may contain
+    ``/`` (``nvidia.com/gpu`` → nested directories) but no empty, ``.`` or ``..`` part, no leading
+    ``/`` and no NUL: MpsError.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -166,8 +173,6 @@ class Root:
         parts = resource.split("/")
         if any(part in ("", ".", "..") for part in parts):
             raise MpsError(f"MPS resource name {resource!r} has an empty, '.' or '..' part")
-        if parts[0] == "shm":
-            raise MpsError(f"MPS resource name {resource!r} would live inside the shared shm dir")
         return self.path.joinpath(*parts)
 
     def pipe_dir(self, resource: str) -> Path:
@@ -178,6 +183,10 @@ class Root:
         """``<root>/<resource>/log``: the daemon's ``CUDA_MPS_LOG_DIRECTORY``."""
         return self.resource_dir(resource) / "log"
 
+    def started_marker(self, resource: str) -> Path:
+        """``<root>/<resource>/.started``: written once a start has completed."""
+        return self.resource_dir(resource) / ".started"
+
     def shm_dir(self) -> Path:
-        """``<root>/shm``: shared by all resources, mounted at ``/dev/shm`` in clients."""
-        return self.path / "shm"
+        """:data:`SHM_DIR`, the daemon's ``/dev/shm``, mounted at ``/dev/shm`` in clients."""
+        return SHM_DIR

@@ -316,7 +316,7 @@ class NvidiaBackend:
             max_clocks_hz=tuple(max_clocks),
             max_pcie_generation=c("nvmlDeviceGetMaxPcieLinkGeneration", handle),
             max_pcie_width=c("nvmlDeviceGetMaxPcieLinkWidth", handle),
-            display_active=_mode(c("nvmlDeviceGetDisplayActive", handle)),
+            display_mode=_mode(c("nvmlDeviceGetDisplayMode", handle)),
         )
 
     def _mig_devices(self, parent_handle: Any, parent: Device) -> Iterable[_DeviceState]:

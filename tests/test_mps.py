@@ -194,10 +194,12 @@ def test_start_uses_minimal_env_and_configures_by_ordinal(make_daemon: Callable[
         "set_default_active_thread_percentage 25",
     ]
     names = {p.name for p in daemon.pipe_dir.iterdir()}
-    assert {"control", "control_privileged", "control_lock", "log", "nvidia-cuda-mps-control.pid",
-            ".started"} <= names
+    assert {"control", "control_privileged", "control_lock", "log", "nvidia-cuda-mps-control.pid"} <= names
+    # the marker beside the pipe dir, where k8s-device-plugin keeps it (internal/mps/root.go:51-53)
+    assert ".started" not in names and (daemon.pipe_dir.parent / ".started").is_file()
     assert {"control.log", "server.log"} <= {p.name for p in daemon.log_dir.iterdir()}
-    assert daemon.shm_dir == root / "shm" and daemon.shm_dir.is_dir()
+    # server and clients share the host's /dev/shm: no directory of the root stands in for it
+    assert daemon.shm_dir == Path("/dev/shm") and not (root / "shm").exists()
     assert daemon.started
     pid = daemon.pid()
     assert pid is not None and proc_state(pid) not in (None, "Z")
@@ -329,7 +331,7 @@ def test_stop_removes_everything(make_daemon: Callable[..., Daemon], root: Path)
     assert our_zombies() == []
     assert serving(root) == []
     assert not (root / "nvidia.com").exists()  # marker, log dir, stale pipe dir, empty resource dirs
-    assert (root / "shm").is_dir()  # shared by all resources: kept
+    assert list(root.iterdir()) == []
     assert daemon.stop() == []  # nothing left to stop: quiet
     assert not daemon.started
 
@@ -648,8 +650,9 @@ def test_root_layout(tmp_path: Path) -> None:
     root = Root(tmp_path)
     assert root.pipe_dir("nvidia.com/gpu") == tmp_path / "nvidia.com" / "gpu" / "pipe"
     assert root.log_dir("nvidia.com/gpu") == tmp_path / "nvidia.com" / "gpu" / "log"
-    assert root.shm_dir() == tmp_path / "shm"
-    for bad in ("../etc", "a/../../b", "/abs", "", "a//b", "a/./b", "shm", "shm/x", "a\0b"):
+    assert root.started_marker("nvidia.com/gpu") == tmp_path / "nvidia.com" / "gpu" / ".started"
+    assert root.shm_dir() == Path("/dev/shm")
+    for bad in ("../etc", "a/../../b", "/abs", "", "a//b", "a/./b", "a\0b"):
         with pytest.raises(MpsError, match="MPS resource name"):
             root.pipe_dir(bad)
     assert Root("relative").path.is_absolute()
@@ -677,7 +680,7 @@ def test_manager_start_all_status_all_stop_all(root: Path) -> None:
     assert problems == {"nvidia.com/gpu": [], "nvidia.com/gpu.shared": []}
     assert all(pid is not None and gone(pid) for pid in pids)
     assert serving(root) == []
-    assert sorted(p.name for p in root.iterdir()) == ["shm"]
+    assert sorted(p.name for p in root.iterdir()) == []
 
 
 def test_manager_all_or_nothing(root: Path) -> None:
@@ -688,7 +691,7 @@ def test_manager_all_or_nothing(root: Path) -> None:
     with pytest.raises(MpsError, match=r"starting resource 'second' failed, 1 started daemon\(s\) stopped again"):
         manager.start_all()
     assert serving(root) == []
-    assert sorted(p.name for p in root.iterdir()) == ["second", "shm"]
+    assert sorted(p.name for p in root.iterdir()) == ["second"]
 
     bad = Manager([MpsResource("first", 2, (UUID0,)), MpsResource("third", 49, (UUID2,))], GPUS, Root(root),
                   binary=str(DOUBLE), timeout=TIMEOUT)

@@ -56,7 +56,7 @@ def test_first_fingerprint_starts_the_daemon_and_offers_healthy_replicas(root: P
     assert list(shares) == [UUID0]
     share = shares[UUID0]
     assert (share.resource, share.replicas, share.healthy, share.reason) == ("shared", 4, True, "")
-    assert share.pipe_dir == str(root / "shared" / "pipe") and share.shm_dir == str(root / "shm")
+    assert share.pipe_dir == str(root / "shared" / "pipe") and share.shm_dir == "/dev/shm"
     assert share.pinned_limit_bytes == GPU0.memory_total_bytes // 4 // 2**20 * 2**20
     assert daemon_of(root, "shared", 4, (UUID0,)).running()
     daemon_of(root, "shared", 4, (UUID0,)).stop()
@@ -173,8 +173,9 @@ def _snapshot() -> devices.Snapshot:
 
 def test_reserve_replicas_of_one_resource_on_two_gpus() -> None:
     res = devices.reserve(device_pb2, _snapshot(), [f"{UUID0}::0", f"{UUID1}::0"], {}, dev_root="/nonexistent")
-    assert res.envs["NVIDIA_VISIBLE_DEVICES"] == res.envs["CUDA_VISIBLE_DEVICES"] == f"{UUID0},{UUID1}"
-    assert [m.host_path for m in res.mounts] == ["/run/a/pipe", "/run/shm"]
+    assert dict(res.envs) == {"CUDA_VISIBLE_DEVICES": f"{UUID0},{UUID1}", "CUDA_MPS_PIPE_DIRECTORY": "/run/a/pipe"}
+    assert [(m.task_path, m.host_path) for m in res.mounts] == [("/run/a/pipe", "/run/a/pipe"),
+                                                               ("/dev/shm", "/run/shm")]
 
 
 @pytest.mark.parametrize(("ids", "message"), [

@@ -7,7 +7,7 @@ sets, unknown IDs and an empty list (benchmarks/plugin.py ``reserve_storm``).
 
 | Reserve of | answer |
 |---|---|
-| fingerprinted GPU IDs | a reservation Nomad accepts, ``NVIDIA_VISIBLE_DEVICES`` = the IDs in order |
+| fingerprinted GPU IDs | a reservation Nomad accepts, ``CUDA_VISIBLE_DEVICES`` = the IDs in order |
 | an unknown ID | INVALID_ARGUMENT ``unknown device "<id>"`` |
 | no ID | INVALID_ARGUMENT ``no device IDs`` |
 
@@ -93,7 +93,7 @@ def test_the_storm_judge_tells_wrong_answers() -> None:
     assert "unknown device" in bench.check_reserve("empty", [], ok_bad)
 
     reservation = bench.device_pb2.ReserveResponse()
-    reservation.container_res.envs["NVIDIA_VISIBLE_DEVICES"] = "GPU-2,GPU-1"
+    reservation.container_res.envs["CUDA_VISIBLE_DEVICES"] = "GPU-2,GPU-1"
     assert "answered a reservation" in bench.check_reserve("unknown", ["x"], lambda: reservation)
     assert "'GPU-2,GPU-1'" in bench.check_reserve("valid", ["GPU-1", "GPU-2"], lambda: reservation)
     assert bench.check_reserve("valid", ["GPU-2", "GPU-1"], lambda: reservation) == ""

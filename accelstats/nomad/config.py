@@ -96,6 +96,13 @@ class PluginConfig:
     cgroup_root: Path = Path("/sys/fs/cgroup")
     proc_root: Path = Path("/proc")
     mps: MpsSettings = field(default_factory=MpsSettings)
+    visible_devices_env: tuple[str, ...] = ("CUDA_VISIBLE_DEVICES",)
+
+
+#: The variables a reservation may name the reserved GPUs in (``visible_devices_env``): CUDA's, read
+#: by CUDA in any task driver; NVIDIA's, read by the NVIDIA container runtime, which Nomad's docker
+#: driver then requires (hashicorp/nomad drivers/docker/driver.go:1065-1073).
+VISIBLE_ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
 
 
 # name -> (hcl type, default as an HCL expression) — the schema Nomad shows and fills in.
@@ -108,6 +115,7 @@ ATTRIBUTES: dict[str, tuple[str, str]] = {
     "nvml_replay": ("string", '""'),
     "cgroup_root": ("string", '"/sys/fs/cgroup"'),
     "proc_root": ("string", '"/proc"'),
+    "visible_devices_env": ("list(string)", '["CUDA_VISIBLE_DEVICES"]'),
 }
 MPS_ATTRIBUTES: dict[str, tuple[str, str]] = {
     "root": ("string", '"/run/accelstats/mps"'),
@@ -206,11 +214,25 @@ def decode(data: bytes) -> PluginConfig:
             value = _str(raw[key], key)
             if value:
                 out[key] = Path(value)
+    if raw.get("visible_devices_env") is not None:
+        out["visible_devices_env"] = _visible_env(raw["visible_devices_env"])
     if raw.get("file_devices") is not None:
         out["file_devices"] = _file_devices(raw["file_devices"])
     if raw.get("mps") is not None:
         out["mps"] = _mps(raw["mps"])
     return PluginConfig(**out)
+
+
+def _visible_env(value: Any) -> tuple[str, ...]:
+    """``visible_devices_env``: one or both of :data:`VISIBLE_ENV_NAMES`, each once."""
+    names = ", ".join(VISIBLE_ENV_NAMES)
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"config: visible_devices_env: expected a list of variable names ({names})")
+    if not value or len(set(value)) != len(value) or any(v not in VISIBLE_ENV_NAMES for v in value):
+        shown = ", ".join(repr(v[:100]) for v in value[:4]) or "an empty list"
+        raise ConfigError(f"config: visible_devices_env: {shown}: name one or both of {names}, each once "
+                          "(NVIDIA_VISIBLE_DEVICES makes Nomad's docker driver require the nvidia runtime)")
+    return tuple(value)
 
 
 def _mps(block: Any) -> MpsSettings:

@@ -14,6 +14,7 @@ Device IDs are the GPU or MIG UUID and the file name: stable across restarts. A 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,8 +23,6 @@ from accelstats.nomad.config import PluginConfig
 from collectors.model import Device, DeviceSample, FileDevice
 
 MIB = 1 << 20
-# PCIe payload bandwidth per lane in MB/s by generation (after encoding overhead).
-PCIE_LANE_MBPS = {1: 250, 2: 500, 3: 985, 4: 1969, 5: 3938, 6: 7877}
 FILE_MOUNT_DIR = "/tmp/task-mounts"  # where the example plugin mounts a file device in the task
 
 
@@ -40,7 +39,10 @@ class MpsShare:
     pinned_limit_bytes: int | None = None
 
 
-MPS_PIPE_IN_TASK = "/run/nvidia-mps"  # where a task finds the MPS pipe directory
+#: What a reservation names the reserved UUIDs in by default (the ``visible_devices_env`` setting):
+#: CUDA reads it in every task driver, and Nomad's docker driver does not then demand the ``nvidia``
+#: runtime, as it does for ``NVIDIA_VISIBLE_DEVICES`` (docs/nomad.md, "Task drivers").
+DEFAULT_VISIBLE_ENV = ("CUDA_VISIBLE_DEVICES",)
 
 
 @dataclass(frozen=True)
@@ -72,32 +74,75 @@ def _attr(structs: Any, value: object, unit: str = "") -> Any:
     return structs.Attribute(string_val=str(value))
 
 
-def gpu_attributes(structs: Any, device: Device, sample: DeviceSample | None, driver: str) -> dict[str, Any]:
-    """Fingerprint attributes of the metrics contract (units from Nomad's unit list only)."""
+# nomad-device-nvidia's pci_bandwidth: MB/s per lane by the link's maximum generation (1024 x 2^(gen-3)
+# rounded as it writes it: gen3 1 << 10, gen4 2 << 10, gen5 3 << 10, gen6 4 << 10); gen 1 and 2 give 0
+# (hashicorp/nomad-device-nvidia nvml/driver_linux.go:208-219).
+PCI_LANE_MBPS_NOMAD = {3: 1 << 10, 4: 2 << 10, 5: 3 << 10, 6: 4 << 10}
+#: Attributes that nomad-device-nvidia reads as current values (power draw, clocks): they are taken
+#: when a group's devices or their health change and kept otherwise, as that plugin does (it sends a
+#: fingerprint only then), so a fingerprint is not re-sent because a clock moved.
+VOLATILE_ATTRIBUTES = ("power", "cores_clock", "memory_clock")
+
+
+def _flag(mode: str) -> int | None:
+    return {"enabled": 1, "disabled": 0}.get(mode)
+
+
+def _float_text(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def gpu_attributes(structs: Any, device: Device, sample: DeviceSample | None, driver: str,
+                   parent: Device | None = None, parent_sample: DeviceSample | None = None) -> dict[str, Any]:
+    """Fingerprint attributes with nomad-device-nvidia's names, values and units
+    (hashicorp/nomad-device-nvidia ``fingerprint.go:184-232``, ``nvml/driver_linux.go:140-265``), typed
+    so that Nomad's constraint and affinity comparison works (a job's literal ``"9.0"`` is parsed as a
+    Float, ``"1"`` as an Int, and a String attribute compares with neither: Nomad
+    ``plugins/shared/structs/attribute.go:84-93, 299-301``):
+
+    * ``memory`` MiB (the MIG instance's own for a MIG instance), Int;
+    * ``power`` W, the current draw (``nvmlDeviceGetPowerUsage``), Int;
+    * ``bar1`` MiB, Int; ``cores_clock`` and ``memory_clock`` MHz, the current graphics and memory
+      clocks (``nvmlDeviceGetClockInfo``), Int;
+    * ``pci_bandwidth`` MB/s = the link's maximum width x 1024 per lane for gen 3, 2048 gen 4, 3072 gen
+      5, 4096 gen 6, 0 for gen 1-2, Int;
+    * ``display_state`` (``nvmlDeviceGetDisplayMode``) and ``persistence_mode``: Int 0 / 1 (HashiCorp's
+      sends the strings "0" / "1", which no job literal compares equal to; docs/nomad.md);
+    * ``driver_version``, ``architecture``, ``mig_profile``: String; ``compute_capability`` Float (9.0).
+
+    A MIG instance takes power, BAR1, PCIe, clocks, display and persistence from its parent GPU
+    (``parent``, ``parent_sample``), as nomad-device-nvidia does (``driver_linux.go:152-161``). A value
+    NVML did not give is left out."""
     out: dict[str, Any] = {}
     s = sample if sample is not None and sample.up else None
+    hw = parent if parent is not None else device
+    ps = parent_sample if parent is not None else s
+    ps = ps if ps is not None and ps.up else None
     if s is not None and s.memory_total_bytes is not None:
         out["memory"] = _attr(structs, s.memory_total_bytes // MIB, "MiB")
-    if s is not None and s.power_limit_watts is not None:
-        out["power"] = _attr(structs, round(s.power_limit_watts), "W")
-    if s is not None and s.bar1_total_bytes is not None:
-        out["bar1"] = _attr(structs, s.bar1_total_bytes // MIB, "MiB")
+    if ps is not None and ps.power_watts is not None:
+        out["power"] = _attr(structs, int(ps.power_watts), "W")
+    if ps is not None and ps.bar1_total_bytes is not None:
+        out["bar1"] = _attr(structs, ps.bar1_total_bytes // MIB, "MiB")
     if driver:
         out["driver_version"] = _attr(structs, driver)
-    max_clocks = dict(device.max_clocks_hz)
-    if "sm" in max_clocks:
-        out["cores_clock"] = _attr(structs, int(max_clocks["sm"] // 1_000_000), "MHz")
-    if "memory" in max_clocks:
-        out["memory_clock"] = _attr(structs, int(max_clocks["memory"] // 1_000_000), "MHz")
-    if device.max_pcie_generation in PCIE_LANE_MBPS and device.max_pcie_width:  # the link's capability, not
-        out["pci_bandwidth"] = _attr(structs, PCIE_LANE_MBPS[device.max_pcie_generation] * device.max_pcie_width,
-                                     "MB/s")  # the current (power-saving) speed
-    if device.display_active:
-        out["display_state"] = _attr(structs, device.display_active)
-    if device.persistence_mode:
-        out["persistence_mode"] = _attr(structs, device.persistence_mode)
-    if device.compute_capability:
-        out["compute_capability"] = _attr(structs, device.compute_capability)
+    clocks = dict(ps.clocks_hz) if ps is not None else {}
+    if "graphics" in clocks:
+        out["cores_clock"] = _attr(structs, int(clocks["graphics"] // 1_000_000), "MHz")
+    if "memory" in clocks:
+        out["memory_clock"] = _attr(structs, int(clocks["memory"] // 1_000_000), "MHz")
+    if hw.max_pcie_generation is not None and hw.max_pcie_width is not None:
+        out["pci_bandwidth"] = _attr(structs, PCI_LANE_MBPS_NOMAD.get(hw.max_pcie_generation, 0) * hw.max_pcie_width,
+                                     "MB/s")
+    if (display := _flag(hw.display_mode)) is not None:
+        out["display_state"] = _attr(structs, display)
+    if (persistence := _flag(hw.persistence_mode)) is not None:
+        out["persistence_mode"] = _attr(structs, persistence)
+    if device.compute_capability and (cc := _float_text(device.compute_capability)) is not None:
+        out["compute_capability"] = _attr(structs, cc)
     if device.architecture:
         out["architecture"] = _attr(structs, device.architecture)
     if device.kind == "mig":
@@ -169,10 +214,10 @@ def fingerprint(device_pb2: Any, structs: Any, collection: Collection, config: P
             devices.append(device_pb2.DetectedDevice(
                 ID=d.uuid, healthy=healthy, health_description=why,
                 hw_locality=device_pb2.DeviceLocality(pci_bus_id=d.pci_bus_id.strip("\0").strip())))
+            parent = by_uuid.get(d.parent_uuid) if d.kind == "mig" else None
             if (not attrs or "memory" not in attrs) and sample is not None and sample.up:
                 attrs.clear()
-                attrs.update(gpu_attributes(structs, d, sample, s.driver_version))
-            parent = by_uuid.get(d.parent_uuid)
+                attrs.update(gpu_attributes(structs, d, sample, s.driver_version, parent, parent_sample))
             snap.devices[d.uuid] = Reservable(d.kind, device=d,
                                               parent_minor=parent.minor if parent is not None else d.minor)
     fd = config.file_devices
@@ -180,14 +225,25 @@ def fingerprint(device_pb2: Any, structs: Any, collection: Collection, config: P
         devices, _ = groups.setdefault((fd.vendor, fd.type, fd.name), ([], {}))
         devices.append(device_pb2.DetectedDevice(ID=f.id, healthy=f.healthy, health_description=f.health_description))
         snap.devices[f.id] = Reservable("file", file=f)
-    earlier = {(g.vendor, g.device_type, g.device_name): g.attributes for g in previous.groups} if previous else {}
+    earlier = {(g.vendor, g.device_type, g.device_name): g for g in previous.groups} if previous else {}
     for (vendor, dtype, name), (devices, attrs) in sorted(groups.items()):
-        if not attrs and (vendor, dtype, name) in earlier:
-            attrs = dict(earlier[(vendor, dtype, name)])
+        before = earlier.get((vendor, dtype, name))
+        if before is not None and not attrs:
+            attrs = dict(before.attributes)
+        elif before is not None and _same_devices(before.devices, devices):
+            attrs = dict(attrs)
+            for volatile in VOLATILE_ATTRIBUTES:  # current draw and clocks: taken when the group changes
+                if volatile in before.attributes:
+                    attrs[volatile] = before.attributes[volatile]
         snap.groups.append(device_pb2.DeviceGroup(
             vendor=vendor, device_type=dtype, device_name=name,
             devices=sorted(devices, key=lambda x: x.ID), attributes=attrs))
     return snap
+
+
+def _same_devices(before: Any, now: list[Any]) -> bool:
+    """True when a group holds the same device IDs with the same health as before."""
+    return sorted((d.ID, d.healthy) for d in before) == sorted((d.ID, d.healthy) for d in now)
 
 
 def _stat(structs: Any, desc: str, unit: str, numerator: float | int | None = None,
@@ -224,7 +280,10 @@ def gpu_stats(structs: Any, sample: DeviceSample | None) -> tuple[Any, Any]:
 
     used, total = mib(s.memory_used_bytes), mib(s.memory_total_bytes)
     summary = _stat(structs, "UsedMemory / TotalMemory", "MiB", used, total if used is not None else None)
-    ecc = [n for t, scope, n in s.ecc_errors if scope == "volatile"]
+    # nomad-device-nvidia: corrected volatile counts (stats.go:262-290, driver_linux.go:364-371); it
+    # reads them per location (L1, L2, device memory), accelstats reads the total over all locations
+    # (nvmlDeviceGetTotalEccErrors), so L1 and L2 are N/A (docs/nomad.md).
+    ecc = [n for t, scope, n in s.ecc_errors if scope == "volatile" and t == "corrected"]
     temps = dict(s.temperatures_celsius)
     attrs = {
         "GPU utilization": _stat(structs, "GPU utilization", "%", _pct(s.utilization_ratio)),
@@ -237,7 +296,8 @@ def gpu_stats(structs: Any, sample: DeviceSample | None) -> tuple[Any, Any]:
                                    mib(s.bar1_total_bytes) if s.bar1_used_bytes is not None else None),
         "ECC L1 errors": _stat(structs, "ECC L1 errors", "#", None),
         "ECC L2 errors": _stat(structs, "ECC L2 errors", "#", None),
-        "ECC memory errors": _stat(structs, "ECC memory errors (volatile)", "#", sum(ecc) if ecc else None),
+        "ECC memory errors": _stat(structs, "ECC memory errors (corrected, volatile, all locations)", "#",
+                                   sum(ecc) if ecc else None),
         "Power usage": _stat(structs, "Power usage / Power limit", "W",
                              None if s.power_watts is None else round(s.power_watts, 1),
                              None if s.power_watts is None or s.power_limit_watts is None
@@ -298,16 +358,29 @@ class ReserveError(ValueError):
 
 
 def reserve(device_pb2: Any, snap: Snapshot, ids: list[str], mig_caps: dict[tuple[int, int, int], list[int]],
-            dev_root: str = "/dev") -> Any:
+            dev_root: str = "/dev", visible_env: Sequence[str] = DEFAULT_VISIBLE_ENV) -> Any:
     """ContainerReservation for ``ids`` of the latest fingerprint ``snap`` (never touches the
     filesystem with an ID: IDs are looked up, not joined into paths).
 
-    GPUs and MIG instances: env ``NVIDIA_VISIBLE_DEVICES`` (UUIDs in request order; MPS replicas also
-    ``CUDA_VISIBLE_DEVICES`` and ``CUDA_MPS_PIPE_DIRECTORY``, the pipe and shm mounts) and device specs
-    for ``/dev/nvidia<minor>``, ``nvidiactl``, ``nvidia-uvm``, ``nvidia-uvm-tools`` and a MIG
-    instance's ``nvidia-caps`` nodes (``mig_caps[(parent minor, gi, ci)]`` = cap minors), so ``exec``
-    and ``docker`` without the NVIDIA runtime work too. File devices: a mount at
-    ``/tmp/task-mounts/<id>``, as the example plugin does. Raises ReserveError.
+    GPUs and MIG instances: each variable of ``visible_env`` (the ``visible_devices_env`` setting;
+    ``CUDA_VISIBLE_DEVICES`` by default) = the UUIDs in request order, and device specs for
+    ``/dev/nvidia<minor>``, ``nvidiactl``, ``nvidia-uvm``, ``nvidia-uvm-tools`` (when present) and a MIG
+    instance's ``nvidia-caps`` nodes (``mig_caps[(parent minor, gi, ci)]`` = cap minors). Nomad's
+    docker driver demands the ``nvidia`` runtime whenever the env holds ``NVIDIA_VISIBLE_DEVICES``
+    (hashicorp/nomad ``drivers/docker/driver.go:1065-1073``), so that variable is set only when
+    configured.
+
+    MPS replicas (k8s-device-plugin's client layout, ``internal/plugin/mps.go:74-91``): also
+    ``CUDA_VISIBLE_DEVICES`` and ``CUDA_MPS_PIPE_DIRECTORY`` = the resource's host pipe dir, which is
+    mounted at that same path (raw_exec applies no mounts and still finds it: nomad
+    ``drivers/rawexec/driver.go:370-380``), and the daemon's ``/dev/shm`` (the host's) at ``/dev/shm``,
+    so server and clients share one ``/dev/shm``.
+
+    File devices: a mount at ``/tmp/task-mounts/<id>``, as the example plugin does.
+
+    Raises ReserveError for no IDs, an unknown ID, replicas of two resources, replicas with whole
+    GPUs, and a MIG instance whose ``nvidia-caps`` node does not exist (Nomad's exec driver fails
+    such a task: ``drivers/shared/executor/executor_linux_cgo.go:929-933``; docker too).
     """
     if not ids:
         raise ReserveError("no device IDs to reserve")
@@ -320,8 +393,10 @@ def reserve(device_pb2: Any, snap: Snapshot, ids: list[str], mig_caps: dict[tupl
     res = device_pb2.ContainerReservation()
     gpus = [(i, r) for i, r in chosen if r.kind in ("gpu", "mig", "mps")]
     if gpus:
-        uuids = [r.device.uuid if r.kind == "mps" and r.device is not None else i for i, r in gpus]
-        res.envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(dict.fromkeys(uuids))
+        uuids = ",".join(dict.fromkeys(r.device.uuid if r.kind == "mps" and r.device is not None else i
+                                       for i, r in gpus))
+        for name in visible_env:
+            res.envs[name] = uuids
         shares = list({r.mps.resource: r.mps for _, r in gpus if r.mps is not None}.values())
         if len(shares) > 1:
             raise ReserveError("MPS replicas of different resources cannot be reserved together: "
@@ -330,21 +405,28 @@ def reserve(device_pb2: Any, snap: Snapshot, ids: list[str], mig_caps: dict[tupl
             raise ReserveError("whole GPUs (or MIG instances) and MPS replicas cannot be reserved together: "
                                "a task under MPS reaches only the GPUs of its resource's control daemon")
         if shares:
-            res.envs["CUDA_MPS_PIPE_DIRECTORY"] = MPS_PIPE_IN_TASK
+            pipe = shares[0].pipe_dir
+            res.envs["CUDA_MPS_PIPE_DIRECTORY"] = pipe
             # The MPS server has every GPU of its resource; CUDA_VISIBLE_DEVICES (UUIDs: NVIDIA's MPS docs
             # advise them, indices are renumbered by the server) keeps the task to the GPUs it reserved.
-            res.envs["CUDA_VISIBLE_DEVICES"] = res.envs["NVIDIA_VISIBLE_DEVICES"]
-            res.mounts.append(device_pb2.Mount(task_path=MPS_PIPE_IN_TASK, host_path=shares[0].pipe_dir,
-                                               read_only=False))
+            res.envs["CUDA_VISIBLE_DEVICES"] = uuids
+            res.mounts.append(device_pb2.Mount(task_path=pipe, host_path=pipe, read_only=False))
             res.mounts.append(device_pb2.Mount(task_path="/dev/shm", host_path=shares[0].shm_dir, read_only=False))
         nodes: list[str] = []
-        for _, r in gpus:
+        for i, r in gpus:
             if r.parent_minor is not None:
                 nodes.append(f"{dev_root}/nvidia{r.parent_minor}")
             d = r.device
             if d is not None and d.kind == "mig" and r.parent_minor is not None:
                 key = (r.parent_minor, d.gpu_instance_id or 0, d.compute_instance_id or 0)
-                nodes += [f"{dev_root}/nvidia-caps/nvidia-cap{m}" for m in mig_caps.get(key, [])]
+                caps = [f"{dev_root}/nvidia-caps/nvidia-cap{m}" for m in mig_caps.get(key, [])]
+                missing = [c for c in caps if not os.path.exists(c)]
+                if missing:
+                    raise ReserveError(
+                        f"MIG instance {i[:200]}: device node {missing[0]} does not exist, and a task given a "
+                        "missing device node does not start; create the nvidia-caps nodes (nvidia-modprobe, or "
+                        "NVIDIA's container toolkit creates them on first use) and retry")
+                nodes += caps
         # nvidiactl exists wherever the driver is loaded; the uvm nodes only once nvidia-uvm is (a
         # device spec for a missing node fails the task): fixed paths, never built from an ID.
         nodes.append(f"{dev_root}/nvidiactl")

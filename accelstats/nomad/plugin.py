@@ -331,7 +331,8 @@ class DevicePluginServicer(device_pb2_grpc.DevicePluginServicer):  # type: ignor
         try:
             mig_caps = _mig_caps(state) if any(r.kind == "mig" for i in request.device_ids
                                               if (r := snap.devices.get(i)) is not None) else {}
-            res = devices.reserve(device_pb2, snap, list(request.device_ids), mig_caps)
+            res = devices.reserve(device_pb2, snap, list(request.device_ids), mig_caps,
+                                  visible_env=state.config.visible_devices_env)
         except devices.ReserveError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return device_pb2.ReserveResponse(container_res=res)

@@ -7,8 +7,15 @@ Start-up (docs/nomad.md; hashicorp/go-plugin ``server.go``; Nomad ``plugins/base
 3. serve BasePlugin, DevicePlugin, ``plugin.GRPCController`` (Shutdown), ``plugin.GRPCStdio`` and
    the gRPC health service (``plugin`` = SERVING) from one server;
 4. print exactly one line, ``1|2|unix|<path>|grpc``, on stdout and flush — nothing before it;
-5. log to stderr as hclog JSON lines; ignore SIGINT (as Go plugins do); stop on SIGTERM or Shutdown
-   within 2 s.
+5. log to stderr as hclog JSON lines, uncaught exceptions of any thread included (one line at
+   ``error`` level: go-plugin logs a stderr line that is not hclog JSON at DEBUG, ``client.go:1226-1249``,
+   so a bare traceback would be invisible at the agent's default INFO level);
+6. ignore SIGINT (go-plugin's server does, ``server.go:460-473``); stop cleanly on Shutdown within
+   2 s; **die** on SIGTERM, as a Go plugin does (neither go-plugin nor Nomad's device ``Serve``
+   handles it): the streams then fail with UNAVAILABLE, which Nomad reads as "the plugin died" and
+   relaunches it (``client/devicemanager/instance.go:371-374``), whereas a clean end of the
+   Fingerprint stream would mean "shut down gracefully" and take the plugin's devices off the node
+   until the agent restarts (``:358-361, 390-409``). MPS control daemons are not touched by either.
 
 The import path is kept light: Nomad launches this binary three times per agent start.
 """
@@ -65,8 +72,43 @@ def _logging() -> None:
     root.setLevel(level if level in ("DEBUG", "INFO", "WARNING", "ERROR") else "INFO")  # never fail the start
 
 
+def install_excepthooks() -> None:
+    """Make an uncaught exception, in the main thread or any other, one hclog JSON record at error
+    level (``@message`` names the exception, ``error`` holds the traceback) instead of a traceback on
+    stderr, which Nomad would log at DEBUG (see module docstring, step 5)."""
+    crash = logging.getLogger("accelstats.nomad")
+
+    def main_hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        crash.error("plugin crashed: %s: %s", kind.__name__, value, exc_info=(kind, value, tb))
+
+    def thread_hook(args: threading.ExceptHookArgs) -> None:
+        if args.exc_type is SystemExit:
+            return
+        name = args.thread.name if args.thread is not None else "?"
+        crash.error("uncaught exception in thread %s: %s: %s", name, args.exc_type.__name__, args.exc_value,
+                    exc_info=(args.exc_type, args.exc_value or args.exc_type(), args.exc_traceback))
+
+    sys.excepthook = main_hook
+    threading.excepthook = thread_hook
+
+
+def _die_on_sigterm(private: list[str]) -> None:
+    """SIGTERM: remove the socket directory, then die of the signal (exit status -15, non-zero), as a
+    Go plugin does (see module docstring, step 6)."""
+    def handler(signum: int, frame: Any) -> None:
+        logging.getLogger("accelstats.nomad").warning(
+            "SIGTERM: exiting at once, as a Go plugin does; Nomad relaunches the plugin (MPS daemons keep running)")
+        for path in private:
+            shutil.rmtree(path, ignore_errors=True)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def main() -> None:
-    """The plugin process (see module docstring). Exit status 0 after Shutdown/SIGTERM, 1 without the cookie."""
+    """The plugin process (see module docstring). Exit status 0 after Shutdown, killed by SIGTERM
+    (-15) on SIGTERM, 1 without the cookie or after a crash."""
     if os.environ.get(MAGIC_COOKIE_KEY) != MAGIC_COOKIE_VALUE:
         sys.stderr.write(
             "This binary is a plugin for HashiCorp Nomad (a device plugin of accelstats). It is not\n"
@@ -75,8 +117,10 @@ def main() -> None:
         sys.exit(1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _logging()
+    install_excepthooks()
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    private_dirs: list[str] = []
+    _die_on_sigterm(private_dirs)
 
     import grpc
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -122,6 +166,7 @@ def main() -> None:
 
     socket_dir = os.environ.get("PLUGIN_UNIX_SOCKET_DIR") or None
     private = tempfile.mkdtemp(prefix="plugin", dir=socket_dir)
+    private_dirs.append(private)
     path = os.path.join(private, "accelstats.sock")
     server.add_insecure_port(f"unix:{path}")
     server.start()

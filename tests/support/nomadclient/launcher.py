@@ -278,6 +278,36 @@ class StreamFailedError(RuntimeError):
         self.details = details
 
 
+@dataclass
+class TaskDevices:
+    """The devices part of a task's environment after every Reserve of its ``device`` blocks."""
+
+    envs: dict[str, str] = field(default_factory=dict)
+    mounts: list[tuple[str, str, bool]] = field(default_factory=list)  # (task path, host path, read-only)
+    devices: list[tuple[str, str, str]] = field(default_factory=list)  # (task path, host path, permissions)
+
+
+RELAUNCH = "relaunched: the plugin died (ErrPluginShutdown)"
+GONE = "devices cleared, plugin not relaunched until the agent restarts"
+RETRY = "error reported, the stream is opened again"
+
+
+def nomad_reaction(stream: str, outcome: StreamEndedError | StreamFailedError) -> str:
+    """What a Nomad client's device manager does when a plugin's Fingerprint or Stats stream stops
+    (hashicorp/nomad ``client/devicemanager/instance.go``): UNAVAILABLE — what a plugin process that
+    died gives — maps to ``ErrPluginShutdown`` (``helper/pluginutils/grpcutils/utils.go:32-55``) and
+    the plugin is relaunched (``:371-374``); a clean end of Fingerprint (io.EOF) means "shut down
+    gracefully": the plugin's devices are cleared and it is not relaunched (``:358-361, 390-409``), and
+    a clean end of Stats stops stats for good (``:478-481``); another error code is logged and the
+    stream retried."""
+    if isinstance(outcome, StreamFailedError):
+        return RELAUNCH if outcome.code == "UNAVAILABLE" else RETRY
+    if "cancelled by the client" in str(outcome):
+        return RETRY
+    return GONE if stream == "Fingerprint" else "stats stopped for good"
+
+
+
 def _code_name(err: Any) -> str:
     try:
         return str(err.code().name)
@@ -656,6 +686,20 @@ class PluginProcess:
         task); ``timeout`` turns a hang into DEADLINE_EXCEEDED here."""
         request = _proto("device_pb2").ReserveRequest(device_ids=list(device_ids))
         return self._stub("device").Reserve(request, timeout=timeout)
+
+    def reserve_task(self, blocks: Sequence[Sequence[str]], timeout: float | None = 30.0) -> TaskDevices:
+        """What a task with one ``device`` block per entry of ``blocks`` gets: Nomad's device hook
+        calls Reserve once per block, in order, and merges the answers — env maps with the last one
+        winning, mounts and devices appended (hashicorp/nomad
+        ``client/allocrunner/taskrunner/device_hook.go:50-68``). A plugin never sees two blocks of
+        one task in one call. Raises grpc.RpcError as the first failing Reserve does (the task fails)."""
+        out = TaskDevices()
+        for ids in blocks:
+            res = self.reserve(ids, timeout=timeout).container_res
+            out.envs.update(res.envs)
+            out.mounts += [(m.task_path, m.host_path, m.read_only) for m in res.mounts]
+            out.devices += [(d.task_path, d.host_path, d.permissions) for d in res.devices]
+        return out
 
     # ----------------------------------------------------------------- logs
 

@@ -255,3 +255,11 @@ def validate_reserve(resp: Any) -> list[str]:
         if not name or "=" in name:
             problems.append(f"env {_q(name)}: not a valid environment variable name")
     return problems
+
+
+def docker_requires_nvidia_runtime(envs: dict[str, str]) -> bool:
+    """Whether Nomad's docker driver demands its ``gpu_runtime`` (default ``nvidia``) for a task with
+    this reservation env: whenever ``NVIDIA_VISIBLE_DEVICES`` is set, and the task fails with
+    ``requested docker runtime "nvidia" was not found`` on a host without that runtime
+    (hashicorp/nomad ``drivers/docker/driver.go:1065-1073``)."""
+    return "NVIDIA_VISIBLE_DEVICES" in envs
