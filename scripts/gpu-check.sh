@@ -170,6 +170,18 @@ print("- Reserve:", json.dumps(msgs.get("Reserve"))[:800])
 sys.exit(0 if r["ok"] and msgs.get("Fingerprint", {}).get("device_group") else 1)
 PYEOF
 
+step "an MPS client set up from the Nomad plugin's reservation: own mount namespace (as a container) with and without the daemon's /dev/shm, and as raw_exec"
+# Settles whether MPS clients need the server's /dev/shm (docs/nomad.md, "Shared memory"). The
+# pinned-memory device number of a narrowed daemon needs a second GPU: with one, ordinal = index = 0.
+if command -v nvidia-cuda-mps-control >/dev/null && command -v unshare >/dev/null; then
+  mroot2=$(mktemp -d /tmp/accelstats-mps2.XXXXXX)
+  PYTHONPATH="$repo/tests:$PYTHONPATH" timeout 300 $py scripts/mps_reservation_check.py "$plugin_bin" "$mroot2" "$OUT" \
+    >> "$OUT/gpu-check.md" 2> "$OUT/mps-reservation.err" || fail=1
+  rm -rf "$mroot2"
+else
+  echo "MPS reservation step not run: nvidia-cuda-mps-control or unshare missing" | tee -a "$OUT/gpu-check.md"; fail=1
+fi
+
 step "scrape cost on live NVML: accelstats vs the NVML floor vs nvidia-smi (target: accelstats / floor <= 2)"
 # 1 GPU x 10 synthetic containers; 100 interleaved rounds, 0.25 s apart (about a minute); exit 1 = target missed
 timeout 300 $py "$repo/benchmarks/cost.py" --live --rounds 100 > "$OUT/cost.txt" 2>&1 || fail=1
