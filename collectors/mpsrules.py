@@ -155,7 +155,8 @@ class Root:
     ``started_marker(r)`` = ``<root>/<r>/.started`` (where k8s-device-plugin keeps it,
     ``internal/mps/root.go:51-53``), ``shm_dir()`` = :data:`SHM_DIR`. A resource name may contain
     ``/`` (``nvidia.com/gpu`` → nested directories) but no empty, ``.`` or ``..`` part, no leading
-    ``/`` and no NUL: MpsError.
+    ``/``, no NUL, and may not start with ``shm`` (earlier versions' world-writable shared-memory
+    directory, which an upgraded host may still have): MpsError.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -173,6 +174,9 @@ class Root:
         parts = resource.split("/")
         if any(part in ("", ".", "..") for part in parts):
             raise MpsError(f"MPS resource name {resource!r} has an empty, '.' or '..' part")
+        if parts[0] == "shm":  # earlier versions kept a world-writable <root>/shm there; it may remain
+            raise MpsError(f"MPS resource name {resource!r} would live in <root>/shm, which earlier versions "
+                           "used for shared memory")
         return self.path.joinpath(*parts)
 
     def pipe_dir(self, resource: str) -> Path:

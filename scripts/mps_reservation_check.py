@@ -20,6 +20,7 @@ The daemon is stopped with ``accelstats mps stop`` at the end; compute modes are
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -31,6 +32,7 @@ from pathlib import Path
 from support.nomadclient.ctymsgpack import encode_for_spec
 from support.nomadclient.launcher import PluginProcess
 
+STAGE = "/run/accelstats-shm-stage"  # where a client's namespace keeps the host's /dev/shm reachable
 CLIENT = ("import os, sys, time, torch; x = torch.ones(1 << 26, device='cuda'); torch.cuda.synchronize(); "
           "open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(30)")
 
@@ -40,11 +42,14 @@ def client_command(variant: str, envs: dict[str, str], mounts: list[tuple[str, s
     env = ["env", *(f"{k}={v}" for k, v in envs.items())]
     if variant == "raw_exec":
         return [*env, *py]
-    steps = ["mount -t tmpfs -o size=64m tmpfs /dev/shm"]
+    # the host's /dev/shm is staged before the private tmpfs covers it (a container runtime binds
+    # host paths from outside the container's mount tree, so the source is still the host's)
+    steps = [f"mkdir -p {STAGE}", f"mount --bind /dev/shm {STAGE}", "mount -t tmpfs -o size=64m tmpfs /dev/shm"]
     for task, host in mounts:
         if variant == "private-shm" and task == "/dev/shm":
             continue
-        steps.append(f"mkdir -p {shlex.quote(task)} && mount --bind {shlex.quote(host)} {shlex.quote(task)}")
+        source = STAGE if host == "/dev/shm" else host
+        steps.append(f"mkdir -p {shlex.quote(task)} && mount --bind {shlex.quote(source)} {shlex.quote(task)}")
     steps.append("exec " + " ".join(shlex.quote(a) for a in [*env, *py]))
     return ["unshare", "--mount", "--propagation", "private", "sh", "-c", " && ".join(steps)]
 
@@ -93,6 +98,8 @@ def main() -> int:
     stop_cfg.write_text(f'{replay}[mps]\nroot = "{root}"\n[[mps.resources]]\nname = "nomad"\nreplicas = 2\n')
     stopped = subprocess.run([sys.executable, "-m", "accelstats", "mps", "stop", "--config", str(stop_cfg)],
                              capture_output=True, text=True, timeout=60, check=False)
+    with contextlib.suppress(OSError):
+        os.rmdir(STAGE)
     print("\n### An MPS client set up from the plugin's reservation\n")
     print(f"- reservation: env {task.envs}, mounts {task.mounts}")
     for variant, (ok, detail) in results.items():

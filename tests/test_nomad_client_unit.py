@@ -19,7 +19,7 @@ import grpc
 import msgpack
 import pytest
 from google.protobuf import timestamp_pb2
-from support.nomadclient import ctymsgpack, launcher, validate
+from support.nomadclient import attributes, ctymsgpack, launcher, validate
 from support.nomadclient.ctymsgpack import ConfigError
 from support.nomadclient.launcher import (
     HandshakeError,
@@ -773,3 +773,35 @@ def test_threads_are_daemons() -> None:
     launcher.StreamHandle(call, "x")
     assert all(t.daemon for t in threading.enumerate() if t.name.startswith("stream-"))
     call.items.put(StopIteration)
+
+
+# --------------------------------------------------------------------------------------------
+# Nomad's attribute comparison (plugins/shared/structs/attribute.go, units.go)
+
+
+@pytest.mark.parametrize(("attribute", "operator", "value", "met"), [
+    (attributes.Attr(float_val=9.0), "=", "9.0", True),  # the literal is a Float
+    (attributes.Attr(string_val="9.0"), "=", "9.0", False),  # a String never compares with it
+    (attributes.Attr(string_val="9.0"), "!=", "9.0", False),  # not comparable: not met either
+    (attributes.Attr(int_val=1), "=", "1", True),
+    (attributes.Attr(string_val="1"), "=", "1", False),  # HashiCorp's "0"/"1" strings
+    (attributes.Attr(bool_val=True), "=", "true", True),
+    (attributes.Attr(int_val=143771, unit="MiB"), ">=", "80 GiB", True),
+    (attributes.Attr(int_val=143771, unit="MiB"), ">=", "81920", False),  # unit-ful vs unitless
+    (attributes.Attr(int_val=32768, unit="MB/s"), ">=", "32768 MB/s", True),
+    (attributes.Attr(int_val=32768, unit="MB/s"), ">=", "32 GB/s", True),
+    (attributes.Attr(int_val=1980, unit="MHz"), ">", "1500 MHz", True),
+    # units.go gives MHz a multiplier of 1000 and GHz one of 1000^3: Nomad finds 1980 MHz < 1.5 GHz
+    (attributes.Attr(int_val=1980, unit="MHz"), ">", "1.5 GHz", False),
+    (attributes.Attr(int_val=126, unit="W"), ">=", "126500 mW", True),  # int64: 126500 mW / 1000 = 126 W
+    (attributes.Attr(float_val=126.0, unit="W"), ">=", "126.5 W", False),
+    (attributes.Attr(int_val=126, unit="W"), "=", "126 MiB", False),  # other base unit
+    (attributes.Attr(string_val="hopper"), "=", "hopper", True),
+    (attributes.Attr(float_val=9.0), "<", "inf", True),  # ParseFloat accepts inf
+    (attributes.Attr(float_val=9.0), "=", "nan", False),  # big.Float holds no NaN
+    (attributes.Attr(string_val="1e400"), "=", "1e400", True),  # out of float64 range: a String
+    (None, "!=", "9.0", True),  # a device without the attribute
+    (None, "=", "9.0", False),
+])
+def test_nomad_attribute_comparison(attribute: attributes.Attr | None, operator: str, value: str, met: bool) -> None:
+    assert attributes.constraint_met(attribute, operator, value) is met

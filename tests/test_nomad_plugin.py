@@ -329,11 +329,15 @@ def test_reserve_of_a_mig_instance_adds_its_capability_nodes(scenario: Path, tmp
             assert nodes[:3] == ["/dev/nvidia2", *caps] and "/dev/nvidiactl" in nodes
             return
         # Nomad's exec driver fails a task whose device node is missing (executor_linux_cgo.go:929-933),
-        # docker too: Reserve says so, naming the node, instead of handing out a task that cannot start
+        # docker too: the fingerprint marks that instance unhealthy (so it is not scheduled), naming the
+        # node, and Reserve refuses it rather than hand out a task that cannot start
+        missing = next(c for c in caps if not os.path.exists(c))
+        unhealthy = [(d.healthy, d.health_description) for d in mig.devices if missing in d.health_description]
+        assert len(unhealthy) == 1 and unhealthy[0][0] is False, [(d.ID, d.healthy) for d in mig.devices]
+        assert sum(d.healthy for d in mig.devices) == len(mig.devices) - 1  # the others have no cap entries
         with pytest.raises(grpc.RpcError) as err:
             plugin.reserve([d.ID for d in mig.devices], timeout=10)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        missing = next(c for c in caps if not os.path.exists(c))
         assert f"device node {missing} does not exist" in err.value.details()  # type: ignore[attr-defined]
 
 

@@ -2,11 +2,11 @@
 
 One test (or more) per difference, as docs/nomad.md's "Compared with upstream" table numbers them:
 
-1. a Go plugin dies on SIGTERM; Nomad relaunches a plugin whose streams fail UNAVAILABLE and drops
+2. a Go plugin dies on SIGTERM; Nomad relaunches a plugin whose streams fail UNAVAILABLE and drops
    one whose Fingerprint ends cleanly — ``test_sigterm_kills_the_plugin_and_nomad_relaunches_it``;
-2. docker requires the ``nvidia`` runtime when the env holds ``NVIDIA_VISIBLE_DEVICES`` —
+3. docker requires the ``nvidia`` runtime when the env holds ``NVIDIA_VISIBLE_DEVICES`` —
    ``test_the_default_reservation_runs_under_docker_without_the_nvidia_runtime``;
-3, 4. MPS clients share the server's ``/dev/shm``; the pipe dir is at the path the variable names —
+1, 4. MPS clients share the server's ``/dev/shm``; the pipe dir is at the path the variable names —
    ``test_mps_clients_of_every_task_driver_reach_the_daemon``;
 5, 11. nomad-device-nvidia's attribute names, values and units, numbers typed so that Nomad compares
    them — ``test_attributes_are_typed_and_valued_as_the_docs_table_says`` and the MIG test;
@@ -23,8 +23,9 @@ One test (or more) per difference, as docs/nomad.md's "Compared with upstream" t
 14. ``.started`` at ``<root>/<resource>/.started`` — tests/test_mps.py
    ``test_start_uses_minimal_env_and_configures_by_ordinal``.
 
-9 (which device number ``set_default_device_pinned_mem_limit`` takes on a narrowed daemon) needs a
-multi-GPU host: docs/gpu-check.md.
+9 (which device number ``set_default_device_pinned_mem_limit`` takes on a narrowed daemon) is a
+documented difference whose measurement needs a multi-GPU host (docs/gpu-check.md); what accelstats
+sends is tests/test_mps.py ``test_start_uses_minimal_env_and_configures_by_ordinal``.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from support.nomadclient.launcher import (
     MAGIC_COOKIE_KEY,
     MAGIC_COOKIE_VALUE,
     RELAUNCH,
+    RETRY,
     PluginProcess,
     StreamEndedError,
     StreamFailedError,
@@ -87,7 +89,7 @@ def attrs_of(group: Any) -> dict[str, nomad_attr.Attr]:
     return {k: nomad_attr.from_proto(v) for k, v in group.attributes.items()}
 
 
-# ------------------------------------------------------------------------------------------ 1
+# ------------------------------------------------------------------------------------------ 2
 
 
 @pytest.mark.slow  # an MPS daemon, two plugin processes
@@ -126,9 +128,11 @@ def test_nomad_drops_a_plugin_whose_fingerprint_ends_cleanly() -> None:
     """The reading the SIGTERM test relies on: only a clean end takes the devices off the node."""
     assert nomad_reaction("Fingerprint", StreamEndedError("Fingerprint: the plugin ended the stream")) == GONE
     assert nomad_reaction("Fingerprint", StreamFailedError("UNAVAILABLE", "Socket closed")) == RELAUNCH
+    assert nomad_reaction("Fingerprint", StreamFailedError("INTERNAL", "boom")) == GONE  # handleFingerprintError
+    assert nomad_reaction("Stats", StreamFailedError("INTERNAL", "boom")) == RETRY
 
 
-# ------------------------------------------------------------------------------------------ 2
+# ------------------------------------------------------------------------------------------ 3
 
 
 def test_the_default_reservation_runs_under_docker_without_the_nvidia_runtime(fleet: Path) -> None:
@@ -154,7 +158,7 @@ def test_the_default_reservation_runs_under_docker_without_the_nvidia_runtime(fl
             assert err.value.details().startswith("config: visible_devices_env: ")  # type: ignore[attr-defined]
 
 
-# ------------------------------------------------------------------------------------------ 3, 4
+# ------------------------------------------------------------------------------------------ 1, 4
 
 
 def test_mps_clients_of_every_task_driver_reach_the_daemon(tmp_path: Path) -> None:
@@ -376,7 +380,17 @@ def test_a_missing_mig_capability_node_fails_the_reserve(tmp_path: Path) -> None
     caps = {(2, 3, 0): [30, 31]}
     with pytest.raises(devices.ReserveError, match=f"device node {dev}/nvidia-caps/nvidia-cap31 does not exist"):
         devices.reserve(device_pb2, snap, ["MIG-1"], caps, dev_root=str(dev))
+    # the fingerprint already says so, so that the scheduler places nothing on it
+    parent = Device(index=0, minor=2, uuid="GPU-A", name="NVIDIA A100-SXM4-80GB", mig_mode="enabled")
+    samples = {u: DeviceSample(uuid=u, up=True, memory_total_bytes=1 << 34) for u in ("GPU-A", "MIG-1")}
+    host = Collection(snapshot=DeviceSnapshot(devices=[parent, mig], samples=samples))
+    (detected,) = devices.fingerprint(device_pb2, structs_pb2, host, PluginConfig(), mig_caps=caps,
+                                      dev_root=str(dev)).groups[0].devices
+    assert not detected.healthy and f"{dev}/nvidia-caps/nvidia-cap31 does not exist" in detected.health_description
     (dev / "nvidia-caps" / "nvidia-cap31").write_text("")
+    (detected,) = devices.fingerprint(device_pb2, structs_pb2, host, PluginConfig(), mig_caps=caps,
+                                      dev_root=str(dev)).groups[0].devices
+    assert detected.healthy
     res = devices.reserve(device_pb2, snap, ["MIG-1"], caps, dev_root=str(dev))
     assert [d.host_path for d in res.devices][:3] == [f"{dev}/nvidia2", f"{dev}/nvidia-caps/nvidia-cap30",
                                                       f"{dev}/nvidia-caps/nvidia-cap31"]

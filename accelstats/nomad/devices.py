@@ -74,8 +74,8 @@ def _attr(structs: Any, value: object, unit: str = "") -> Any:
     return structs.Attribute(string_val=str(value))
 
 
-# nomad-device-nvidia's pci_bandwidth: MB/s per lane by the link's maximum generation (1024 x 2^(gen-3)
-# rounded as it writes it: gen3 1 << 10, gen4 2 << 10, gen5 3 << 10, gen6 4 << 10); gen 1 and 2 give 0
+# nomad-device-nvidia's pci_bandwidth: MB/s per lane by the link's maximum generation, as it writes
+# them (gen3 1 << 10, gen4 2 << 10, gen5 3 << 10, gen6 4 << 10: linear, not doubling); gen 1 and 2 give 0
 # (hashicorp/nomad-device-nvidia nvml/driver_linux.go:208-219).
 PCI_LANE_MBPS_NOMAD = {3: 1 << 10, 4: 2 << 10, 5: 3 << 10, 6: 4 << 10}
 #: Attributes that nomad-device-nvidia reads as current values (power draw, clocks): they are taken
@@ -169,8 +169,19 @@ def health(sample: DeviceSample | None, parent: DeviceSample | None = None) -> t
                    "it may need a GPU reset or a reboot")
 
 
+def missing_cap_node(device: Device, parent_minor: int | None, mig_caps: dict[tuple[int, int, int], list[int]],
+                     dev_root: str = "/dev") -> str | None:
+    """The first ``nvidia-caps`` node a MIG instance's task needs that does not exist, or None."""
+    if device.kind != "mig" or parent_minor is None:
+        return None
+    key = (parent_minor, device.gpu_instance_id or 0, device.compute_instance_id or 0)
+    nodes = [f"{dev_root}/nvidia-caps/nvidia-cap{m}" for m in mig_caps.get(key, [])]
+    return next((n for n in nodes if not os.path.exists(n)), None)
+
+
 def fingerprint(device_pb2: Any, structs: Any, collection: Collection, config: PluginConfig,
-                previous: Snapshot | None = None, mps: dict[str, MpsShare] | None = None) -> Snapshot:
+                previous: Snapshot | None = None, mps: dict[str, MpsShare] | None = None,
+                mig_caps: dict[tuple[int, int, int], list[int]] | None = None, dev_root: str = "/dev") -> Snapshot:
     """The full device set of one collection as Fingerprint groups (sorted, so equal sets compare equal).
 
     A group's attributes come from a device that answered NVML; when none did, from ``previous``
@@ -178,7 +189,12 @@ def fingerprint(device_pb2: Any, structs: Any, collection: Collection, config: P
 
     GPUs in ``mps`` (UUID → share) are offered only as replicas, never whole: group
     ``nvidia/mps/<NVML name>``, IDs ``<uuid>::<n>`` (stable across restarts), healthy while the GPU
-    and its control daemon are, ``memory`` = the per-replica pinned limit, ``mps_replicas``."""
+    and its control daemon are, ``memory`` = the per-replica pinned limit, ``mps_replicas``.
+
+    ``mig_caps`` ((parent minor, gi, ci) -> ``nvidia-caps`` minors, from ``mig-minors``): a MIG
+    instance one of whose nodes does not exist under ``dev_root`` is unhealthy, with the node named —
+    Nomad's exec driver and docker fail a task given a device node that does not exist
+    (``drivers/shared/executor/executor_linux_cgo.go:929-933``), so the scheduler must not pick it."""
     snap = Snapshot()
     s = collection.snapshot
     ignored = set(config.ignored_gpu_ids)
@@ -211,10 +227,16 @@ def fingerprint(device_pb2: Any, structs: Any, collection: Collection, config: P
             name = d.name if d.kind == "gpu" or " MIG " in d.name else f"{d.name} MIG {d.mig_profile}"
             key = ("nvidia", "gpu", name)
             devices, attrs = groups.setdefault(key, ([], {}))
+            parent = by_uuid.get(d.parent_uuid) if d.kind == "mig" else None
+            if healthy and mig_caps is not None and parent is not None:
+                node = missing_cap_node(d, parent.minor, mig_caps, dev_root)
+                if node is not None:
+                    healthy, why = False, (f"device node {node} does not exist, and a task given it does not start "
+                                           "(docker, exec); create the nvidia-caps nodes (NVIDIA's nvidia-modprobe "
+                                           "does): healthy at the next fingerprint")
             devices.append(device_pb2.DetectedDevice(
                 ID=d.uuid, healthy=healthy, health_description=why,
                 hw_locality=device_pb2.DeviceLocality(pci_bus_id=d.pci_bus_id.strip("\0").strip())))
-            parent = by_uuid.get(d.parent_uuid) if d.kind == "mig" else None
             if (not attrs or "memory" not in attrs) and sample is not None and sample.up:
                 attrs.clear()
                 attrs.update(gpu_attributes(structs, d, sample, s.driver_version, parent, parent_sample))
@@ -419,14 +441,13 @@ def reserve(device_pb2: Any, snap: Snapshot, ids: list[str], mig_caps: dict[tupl
             d = r.device
             if d is not None and d.kind == "mig" and r.parent_minor is not None:
                 key = (r.parent_minor, d.gpu_instance_id or 0, d.compute_instance_id or 0)
-                caps = [f"{dev_root}/nvidia-caps/nvidia-cap{m}" for m in mig_caps.get(key, [])]
-                missing = [c for c in caps if not os.path.exists(c)]
-                if missing:
+                missing = missing_cap_node(d, r.parent_minor, mig_caps, dev_root)
+                if missing is not None:
                     raise ReserveError(
-                        f"MIG instance {i[:200]}: device node {missing[0]} does not exist, and a task given a "
-                        "missing device node does not start; create the nvidia-caps nodes (nvidia-modprobe, or "
-                        "NVIDIA's container toolkit creates them on first use) and retry")
-                nodes += caps
+                        f"MIG instance {i[:200]}: device node {missing} does not exist, and a task given a "
+                        "missing device node does not start (docker, exec); the fingerprint marks the instance "
+                        "unhealthy until the nvidia-caps nodes are created (NVIDIA's nvidia-modprobe does)")
+                nodes += [f"{dev_root}/nvidia-caps/nvidia-cap{m}" for m in mig_caps.get(key, [])]
         # nvidiactl exists wherever the driver is loaded; the uvm nodes only once nvidia-uvm is (a
         # device spec for a missing node fails the task): fixed paths, never built from an ID.
         nodes.append(f"{dev_root}/nvidiactl")

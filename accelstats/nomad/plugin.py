@@ -165,7 +165,8 @@ class DevicePluginState:
             return devices.Snapshot()
         previous = self.snapshot
         shares = self._mps_shares(collection)
-        snap = devices.fingerprint(device_pb2, structs_pb2, collection, self.config, previous, shares)
+        mig_caps = _mig_caps(self) if any(d.kind == "mig" for d in collection.snapshot.devices) else None
+        snap = devices.fingerprint(device_pb2, structs_pb2, collection, self.config, previous, shares, mig_caps)
         gpus = [g for g in snap.groups if g.vendor == "nvidia"]
         nvml_down = collection.snapshot.nvml_status and self.config.enabled
         if gpus:

@@ -10,7 +10,10 @@ From hashicorp/nomad ``plugins/shared/structs/attribute.go`` and ``units.go``:
   without units and then string with string, bool with bool, number with number
   (``attribute.go:299-301``); a String attribute never compares with a number, and a unit-ful one
   never with a unitless one;
-* numbers compare in the base unit, ints exactly, otherwise as 256-bit floats.
+* numbers compare in the base unit: two ints as int64 (``getInt``: a unit's multiplier wraps on
+  overflow, ``mW`` divides and truncates), otherwise as 256-bit floats (``getBigFloat``);
+* the ``version``, ``semver`` and ``regexp`` operators take only String (and, for the version ones,
+  Int) attributes — not modelled here.
 
 The scheduler's ``=`` / ``!=`` / ``<`` … operators on ``${device.attr.*}`` use this comparison
 (``scheduler/feasible/feasible.go:1680-1684, 1746-1753``): not comparable means the constraint is
@@ -19,6 +22,8 @@ not met and the affinity does not apply.
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -69,6 +74,7 @@ def from_proto(attribute: Any) -> Attr:
 
 
 def _go_int(text: str) -> int | None:
+    """``strconv.ParseInt(text, 10, 64)``: an optional sign and ASCII digits, within int64."""
     body = text[1:] if text[:1] in "+-" else text
     if not body or not body.isascii() or not body.isdigit():
         return None
@@ -76,11 +82,20 @@ def _go_int(text: str) -> int | None:
     return value if INT64_MIN <= value <= INT64_MAX else None
 
 
+_GO_FLOAT = re.compile(r"[+-]?(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|inf(?:inity)?|nan)",
+                       re.IGNORECASE)
+
+
 def _go_float(text: str) -> float | None:
-    try:
-        return float(text) if text.strip() == text and "_" not in text else None
-    except ValueError:
+    """``strconv.ParseFloat(text, 64)`` without error: decimal forms, ``inf``/``infinity``/``nan`` in
+    any case; a finite spelling whose value overflows float64 is an error (ErrRange), so None. (Go's
+    hex floats and underscores are not modelled.)"""
+    if not _GO_FLOAT.fullmatch(text):
         return None
+    value = float(text)
+    if math.isinf(value) and "inf" not in text.lower():
+        return None
+    return value
 
 
 def parse_attribute(text: str) -> Attr:
@@ -113,10 +128,36 @@ def comparable(a: Attr, b: Attr) -> bool:
     return True
 
 
-def _number(a: Attr) -> Fraction:
-    value = Fraction(a.int_val) if a.int_val is not None else Fraction(a.float_val or 0.0)
+def _wrap64(value: int) -> int:
+    return (value + 2**63) % 2**64 - 2**63
+
+
+def _go_int_in_base(a: Attr) -> int:
+    """``getInt``: the int64 in the base unit, as Go computes it (a multiplier wraps around on
+    overflow; ``mW`` divides, truncating toward zero)."""
+    assert a.int_val is not None
     unit = UNITS.get(a.unit)
-    return value * unit[1] if unit is not None else value
+    if unit is None:
+        return a.int_val
+    if unit[1].denominator != 1:  # mW: i /= 1000
+        q = abs(a.int_val) // unit[1].denominator
+        return q if a.int_val >= 0 else -q
+    return _wrap64(a.int_val * unit[1].numerator)
+
+
+def _float_in_base(a: Attr) -> Fraction | float | None:
+    """``getBigFloat``: the value in the base unit (exact here; Go uses 256-bit floats). None for NaN,
+    which Go's big.Float cannot hold."""
+    value = float(a.int_val) if a.int_val is not None else a.float_val
+    assert value is not None
+    if math.isnan(value):
+        return None
+    unit = UNITS.get(a.unit)
+    scale = unit[1] if unit is not None else Fraction(1)
+    if math.isinf(value):
+        return value
+    exact = Fraction(a.int_val) if a.int_val is not None else Fraction(value)
+    return exact * scale
 
 
 def compare(a: Attr, b: Attr) -> int | None:
@@ -128,14 +169,21 @@ def compare(a: Attr, b: Attr) -> int | None:
     if a.kind == "string":
         assert a.string_val is not None and b.string_val is not None
         return (a.string_val > b.string_val) - (a.string_val < b.string_val)
-    x, y = _number(a), _number(b)
-    return (x > y) - (x < y)
+    if a.int_val is not None and b.int_val is not None:
+        x, y = _go_int_in_base(a), _go_int_in_base(b)
+        return (x > y) - (x < y)
+    fx, fy = _float_in_base(a), _float_in_base(b)
+    if fx is None or fy is None:
+        return None
+    return (fx > fy) - (fx < fy)
 
 
-def constraint_met(attribute: Attr, operator: str, value: str) -> bool:
+def constraint_met(attribute: Attr | None, operator: str, value: str) -> bool:
     """Whether ``${device.attr.X} <operator> value`` holds for a device whose X is ``attribute``
-    (``=``, ``==``, ``is``, ``!=``, ``not``, ``<``, ``<=``, ``>``, ``>=``). Not comparable: not met
-    (for ``!=`` too: Nomad's ``checkAttributeConstraint`` fails an incomparable pair)."""
+    (``=``, ``==``, ``is``, ``!=``, ``not``, ``<``, ``<=``, ``>``, ``>=``; ``None``: the device has
+    no such attribute, which only ``!=``/``not`` accept). Not comparable: not met."""
+    if attribute is None:
+        return operator in ("!=", "not")
     result = compare(attribute, parse_attribute(value))
     if result is None:
         return False

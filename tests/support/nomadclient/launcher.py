@@ -294,17 +294,20 @@ RETRY = "error reported, the stream is opened again"
 
 def nomad_reaction(stream: str, outcome: StreamEndedError | StreamFailedError) -> str:
     """What a Nomad client's device manager does when a plugin's Fingerprint or Stats stream stops
-    (hashicorp/nomad ``client/devicemanager/instance.go``): UNAVAILABLE — what a plugin process that
-    died gives — maps to ``ErrPluginShutdown`` (``helper/pluginutils/grpcutils/utils.go:32-55``) and
-    the plugin is relaunched (``:371-374``); a clean end of Fingerprint (io.EOF) means "shut down
-    gracefully": the plugin's devices are cleared and it is not relaunched (``:358-361, 390-409``), and
-    a clean end of Stats stops stats for good (``:478-481``); another error code is logged and the
-    stream retried."""
-    if isinstance(outcome, StreamFailedError):
-        return RELAUNCH if outcome.code == "UNAVAILABLE" else RETRY
+    (hashicorp/nomad ``client/devicemanager/instance.go``). UNAVAILABLE — what a plugin process that
+    died gives (``ErrPluginShutdown`` when the process has exited within 3 s,
+    ``helper/pluginutils/grpcutils/utils.go:32-55``) — relaunches the plugin (``:371-374``). On
+    Fingerprint, a clean end (io.EOF: "shut down gracefully", ``:358-361``) and any other error
+    (``handleFingerprintError``, ``:390-409``) clear the plugin's devices, and it is not relaunched
+    until the agent restarts. On Stats, a clean end stops stats for good (``:478-481``) and another
+    error is logged and the stream opened again."""
+    if isinstance(outcome, StreamFailedError) and outcome.code == "UNAVAILABLE":
+        return RELAUNCH
     if "cancelled by the client" in str(outcome):
         return RETRY
-    return GONE if stream == "Fingerprint" else "stats stopped for good"
+    if stream == "Fingerprint":
+        return GONE
+    return RETRY if isinstance(outcome, StreamFailedError) else "stats stopped for good"
 
 
 
