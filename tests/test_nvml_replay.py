@@ -1071,18 +1071,20 @@ def waited(nvml: ReplayedNVML, es: Any, timeoutms: int, name: str = "nvmlEventSe
     return nvml.nvmlDeviceGetIndex(data.device), data.eventData
 
 
-def test_xid_79_on_gpu_1_after_200_ms_is_delivered_once(tmp_path: Path) -> None:
+def test_xid_79_on_gpu_1_after_1_s_is_delivered_once(tmp_path: Path) -> None:
+    # the event falls due 1 s after the scenario is opened: generous, as a loaded machine is slow here
     start = time.monotonic()
-    nvml = with_events(tmp_path, "[[event]]\ngpu = 1\nxid = 79\nafter_seconds = 0.2\n")
+    nvml = with_events(tmp_path, "[[event]]\ngpu = 1\nxid = 79\nafter_seconds = 1.0\n")
     gpus = [nvml.nvmlDeviceGetHandleByIndex(i) for i in (0, 1)]
     es = nvml.nvmlEventSetCreate()
     for h in gpus:
         nvml.nvmlDeviceRegisterEvents(h, XID, es)
+    began = time.monotonic()
     with pytest.raises(pynvml.NVMLError_Timeout):  # not due yet: blocks the whole 50 ms, then TIMEOUT
         nvml.nvmlEventSetWait_v2(es, 50)
-    assert 0.05 <= time.monotonic() - start < 0.2
+    assert time.monotonic() - began >= 0.05
     data = nvml.nvmlEventSetWait_v2(es, 5000)  # returns when it falls due, not after 5 s
-    assert 0.2 <= time.monotonic() - start < 0.5
+    assert 1.0 <= time.monotonic() - start < 3.0
     assert isinstance(data, pynvml.c_nvmlEventData_t)  # pynvml's own structure, filled through the C ABI
     assert address(data.device) == address(gpus[1])
     assert (data.eventType, data.eventData, data.gpuInstanceId, data.computeInstanceId) == (XID, 79, NA, NA)
