@@ -1,33 +1,53 @@
 """The catalog: every metric family accelstats publishes, declared once (the metrics contract).
 
-Each :class:`Family` gives the exposition name, type, HELP text and label names; per-device
-families also give how to read their values from a :class:`collectors.model.DeviceSample`. The
-exporter only renders this table; ``tests/test_catalog.py`` checks it against the metrics contract.
-Absent values (``None``) produce no sample (spec: "absent, never 0").
+Each :class:`Family` is one row: the exposition name, type, unit, HELP text, label names, and how to
+read its samples from a :class:`accelstats.manager.Collection` (``read``: label values and value per
+sample). The ``/metrics`` renderers (:mod:`accelstats.exporter` for prometheus_client's families,
+:mod:`accelstats.exposition` for the fast encoder) only walk this table; the Nomad plugin's Stats
+come from :data:`NOMAD_STATS` below. ``tests/test_catalog.py`` checks it against the metrics contract.
+Absent values (``None``) produce no sample ("absent, never 0"). Families of the HTTP server
+(:data:`SERVER`) have no ``read``: the server's own collector fills them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import platform
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from collectors.model import DeviceSample
+from accelstats import __version__
+from collectors.model import Device, DeviceSample, FileDevice, MpsDaemonReading
+
+if TYPE_CHECKING:
+    from accelstats.containers import AcceleratorStats, ContainerStats
+    from accelstats.manager import Collection
 
 FamilyType = Literal["gauge", "counter"]
-Reading = tuple[tuple[str, ...], float]  # (extra label values, value)
-Reader = Callable[[DeviceSample], Iterable[Reading]]
+Reading = tuple[tuple[str, ...], float]  # (label values, value)
+SampleReader = Callable[[DeviceSample], Iterable[Reading]]  # per device: extra label values and value
+Reader = Callable[["Collection"], Iterable[Reading]]  # per collection: all label values and value
+
+#: Base units a family name may end with (OpenMetrics ``# UNIT``), longest first.
+UNITS = ("bytes_per_second", "seconds", "bytes", "ratio", "watts", "joules", "celsius", "hertz")
 
 
 @dataclass(frozen=True)
 class Family:
-    """One metric family: ``name`` as exposed (counters end in ``_total``), type, HELP and labels."""
+    """One metric family: ``name`` as exposed (counters end in ``_total``), type, HELP, labels, and
+    ``read`` (its samples from one collection; None for the HTTP server's families)."""
 
     name: str
     type: FamilyType
     help: str
     labels: tuple[str, ...]
-    read: Reader | None = None  # per-device families: extra label values and value from a sample
+    read: Reader | None = None
+
+    @property
+    def unit(self) -> str:
+        """The base unit the name ends with (without ``_total``), or ""."""
+        stem = self.name.removesuffix("_total")
+        return next((u for u in UNITS if stem.endswith("_" + u)), "")
 
 
 CADVISOR_LABELS = ("id", "name", "image", "container", "pod", "namespace", "make", "model", "acc_id")
@@ -41,7 +61,7 @@ GPU_INFO_LABELS = GPU_LABELS + (
 )
 
 
-def _scalar(attr: str, scale: float = 1.0) -> Reader:
+def _scalar(attr: str, scale: float = 1.0) -> SampleReader:
     def read(sample: DeviceSample) -> Iterable[Reading]:
         value = getattr(sample, attr)
         if value is not None:
@@ -49,7 +69,7 @@ def _scalar(attr: str, scale: float = 1.0) -> Reader:
     return read
 
 
-def _pairs(attr: str, scale: float = 1.0) -> Reader:
+def _pairs(attr: str, scale: float = 1.0) -> SampleReader:
     def read(sample: DeviceSample) -> Iterable[Reading]:
         for key, value in getattr(sample, attr):
             yield (str(key),), float(value) * scale
@@ -61,7 +81,7 @@ def _ecc(sample: DeviceSample) -> Iterable[Reading]:
         yield (etype, scope), float(count)
 
 
-def _flag(attr: str) -> Reader:
+def _flag(attr: str) -> SampleReader:
     def read(sample: DeviceSample) -> Iterable[Reading]:
         value = getattr(sample, attr)
         if value is not None:
@@ -74,32 +94,136 @@ def _process_counts(sample: DeviceSample) -> Iterable[Reading]:
         yield (ptype,), float(sum(1 for p in sample.processes or () if p.type == ptype))
 
 
-def _gpu(name: str, help_: str, read: Reader, extra: tuple[str, ...] = (),
+def _gpu_base(d: Device) -> tuple[str, ...]:
+    return (d.uuid, str(d.index), d.name)
+
+
+def _up_devices(c: Collection) -> Iterator[tuple[Device, DeviceSample]]:
+    snap = c.snapshot
+    for d in snap.devices:
+        sample = snap.samples.get(d.uuid)
+        if sample is not None and sample.up:
+            yield d, sample
+
+
+def _gpu(name: str, help_: str, read: SampleReader, extra: tuple[str, ...] = (),
          type_: FamilyType = "gauge") -> Family:
-    return Family(name, type_, help_, GPU_LABELS + extra, read)
+    """A per-device family: ``read`` on the sample of every device that answered NVML."""
+    def collect(c: Collection) -> Iterator[Reading]:
+        for d, sample in _up_devices(c):
+            base = _gpu_base(d)
+            for labels, value in read(sample):
+                yield base + labels, value
+    return Family(name, type_, help_, GPU_LABELS + extra, collect)
+
+
+def _opt(value: int | None) -> str:
+    return "" if value is None else str(value)
+
+
+def _gpu_info(c: Collection) -> Iterator[Reading]:
+    snap = c.snapshot
+    for d in snap.devices:
+        yield _gpu_base(d) + (
+            _opt(d.minor), d.pci_bus_id, d.kind, d.parent_uuid, d.mig_profile, _opt(d.gpu_instance_id),
+            _opt(d.compute_instance_id), snap.driver_version, snap.cuda_driver_version, d.vbios_version,
+            d.mig_mode, d.compute_mode, d.persistence_mode, d.compute_capability, d.architecture, snap.source), 1.0
+
+
+def _gpu_up(c: Collection) -> Iterator[Reading]:
+    for d in c.snapshot.devices:
+        sample = c.snapshot.samples.get(d.uuid)
+        yield _gpu_base(d), 1.0 if sample is not None and sample.up else 0.0
+
+
+def _gpu_last_success(c: Collection) -> Iterator[Reading]:
+    for d in c.snapshot.devices:
+        if d.uuid in c.snapshot.last_success:
+            yield _gpu_base(d), c.snapshot.last_success[d.uuid]
+
+
+def utf8(value: str) -> str:
+    """A label value safe to encode: names read from the filesystem may carry undecodable bytes
+    (``os.fsdecode`` surrogates), which would make the whole exposition fail. Each such byte becomes
+    ``\\xNN`` (its hex value), so two names that differ only in undecodable bytes stay two series
+    (a single replacement character for every byte made them one, and Prometheus dropped one)."""
+    if value.isascii():
+        return value
+    try:
+        raw = value.encode("utf-8", "surrogateescape")  # the bytes os.fsdecode could not decode
+    except UnicodeEncodeError:  # another lone surrogate (not from a file name): its 3-byte form
+        raw = value.encode("utf-8", "surrogatepass")
+    return raw.decode("utf-8", "backslashreplace")
+
+
+def _identity(c: ContainerStats) -> tuple[str, ...]:
+    """cAdvisor's container labels: id (cgroup path), name, image, container, pod, namespace."""
+    m = c.metadata
+    return tuple(utf8(v) for v in (c.cgroup, m.name, m.image, m.container, m.pod, m.namespace))
+
+
+_last_holders: tuple[Collection, list[tuple[ContainerStats, tuple[str, ...]]]] | None = None
+
+
+def _holders(c: Collection) -> list[tuple[ContainerStats, tuple[str, ...]]]:
+    """Containers holding a device, with their identity labels (only those appear in /metrics);
+    computed once per collection for the nine container families (the last one is kept, with a
+    reference to it, so its ``id`` cannot be reused while cached)."""
+    global _last_holders
+    last = _last_holders
+    if last is not None and last[0] is c:
+        return last[1]
+    holders = [(container, _identity(container)) for container in c.containers if container.accelerators]
+    _last_holders = (c, holders)
+    return holders
+
+
+def _container_info(c: Collection) -> Iterator[Reading]:
+    for container, ident in _holders(c):
+        i = container.identity
+        info = (i.runtime, i.id, i.pod_uid, i.alloc_id, i.task) if i is not None else ("unknown", "", "", "", "")
+        yield ident + tuple(utf8(v) for v in info), 1.0
+
+
+def _per_accelerator(value: Callable[[AcceleratorStats], float | int | bool | None], cadvisor: bool) -> Reader:
+    """A container family: ``value`` of each (container, device) pair, None for none; labels cAdvisor's
+    (identity, make, model, acc_id) or accelstats' (identity, uuid, gpu, attribution)."""
+    def collect(c: Collection) -> Iterator[Reading]:
+        index = {d.uuid: d.index for d in c.snapshot.devices}
+        for container, ident in _holders(c):
+            for a in container.accelerators:
+                v = value(a)
+                if v is None:
+                    continue
+                labels = (a.make, a.model, a.id) if cadvisor else (a.id, str(index.get(a.id, a.index)), a.attribution)
+                yield ident + labels, float(v)
+    return collect
 
 
 # --- §1 cAdvisor-compatible (exact names, HELP and labels) ---------------------------------------
 CADVISOR_MEMORY_TOTAL = Family("container_accelerator_memory_total_bytes", "gauge",
-                               "Total accelerator memory.", CADVISOR_LABELS)
+                               "Total accelerator memory.", CADVISOR_LABELS,
+                               _per_accelerator(lambda a: a.memory_total_bytes, cadvisor=True))
 CADVISOR_MEMORY_USED = Family("container_accelerator_memory_used_bytes", "gauge",
-                              "Total accelerator memory allocated.", CADVISOR_LABELS)
+                              "Total accelerator memory allocated.", CADVISOR_LABELS,
+                              _per_accelerator(lambda a: a.memory_used_bytes, cadvisor=True))
 CADVISOR_DUTY_CYCLE = Family(
     "container_accelerator_duty_cycle", "gauge",
     "Percent of time over the past sample period during which the accelerator was actively processing.",
-    CADVISOR_LABELS)
+    CADVISOR_LABELS, _per_accelerator(lambda a: a.duty_cycle, cadvisor=True))
 CADVISOR = (CADVISOR_MEMORY_TOTAL, CADVISOR_MEMORY_USED, CADVISOR_DUTY_CYCLE)
 
 # --- §2 per device --------------------------------------------------------------------------------
 GPU_INFO = Family("accelstats_gpu_info", "gauge",
-                  "Identity of an NVIDIA GPU or MIG instance (NVML); value 1.", GPU_INFO_LABELS)
+                  "Identity of an NVIDIA GPU or MIG instance (NVML); value 1.", GPU_INFO_LABELS, _gpu_info)
 GPU_UP = Family("accelstats_gpu_up", "gauge",
                 "1 when the device answered NVML in this collection, 0 when lost or past the deadline.",
-                GPU_LABELS)
+                GPU_LABELS, _gpu_up)
 GPU_LAST_SUCCESS = Family(
     "accelstats_gpu_last_success_timestamp_seconds", "gauge",
     "Unix time of the last collection that read the device through NVML; a reading older than the scrape "
-    "interval is being served from an earlier collection (the device hangs, or NVML is down).", GPU_LABELS)
+    "interval is being served from an earlier collection (the device hangs, or NVML is down).", GPU_LABELS,
+    _gpu_last_success)
 GPU_SAMPLED: tuple[Family, ...] = (
     _gpu("accelstats_gpu_utilization_ratio",
          "Mean GPU utilisation over NVML samples since the previous collection (0-1).",
@@ -162,73 +286,184 @@ GPU_SAMPLED: tuple[Family, ...] = (
          _process_counts, ("type",)),
 )
 
+# --- Nomad device plugin Stats (one StatObject attribute per row; accelstats/nomad/devices.py) -------
+MIB = 1 << 20
+Ratio = tuple[float | int | None, float | int | None]  # (numerator, denominator); numerator None: "N/A"
+
+
+@dataclass(frozen=True)
+class NomadStat:
+    """One attribute of a GPU's Stats message, named and described as HashiCorp's NVIDIA plugin does
+    (nomad-device-nvidia ``stats.go``); ``read`` gives (numerator, denominator) from a sample in the
+    stat's ``unit`` (a None numerator is sent as ``"N/A"``)."""
+
+    name: str
+    unit: str
+    desc: str
+    read: Callable[[DeviceSample], Ratio]
+
+
+def _mib(value: int | None) -> int | None:
+    return None if value is None else value // MIB
+
+
+def _pct(ratio: float | None) -> int | None:
+    return None if ratio is None else round(ratio * 100)
+
+
+def _memory_state(s: DeviceSample) -> Ratio:
+    used = _mib(s.memory_used_bytes)
+    return used, _mib(s.memory_total_bytes) if used is not None else None
+
+
+def _corrected_volatile(s: DeviceSample) -> Ratio:
+    counts = [n for kind, scope, n in s.ecc_errors if scope == "volatile" and kind == "corrected"]
+    return (sum(counts) if counts else None), None
+
+
+def _power(s: DeviceSample) -> Ratio:
+    if s.power_watts is None:
+        return None, None
+    return round(s.power_watts, 1), None if s.power_limit_watts is None else round(s.power_limit_watts, 1)
+
+
+NOMAD_STATS: tuple[NomadStat, ...] = (
+    NomadStat("GPU utilization", "%", "GPU utilization", lambda s: (_pct(s.utilization_ratio), None)),
+    NomadStat("Memory utilization", "%", "Memory utilization", lambda s: (_pct(s.memory_utilization_ratio), None)),
+    NomadStat("Encoder utilization", "%", "Encoder utilization", lambda s: (_pct(s.encoder_utilization_ratio), None)),
+    NomadStat("Decoder utilization", "%", "Decoder utilization", lambda s: (_pct(s.decoder_utilization_ratio), None)),
+    NomadStat("Temperature", "C", "Temperature",
+              lambda s: (int(dict(s.temperatures_celsius)["gpu"]) if "gpu" in dict(s.temperatures_celsius)
+                         else None, None)),
+    NomadStat("Memory state", "MiB", "UsedMemory / TotalMemory", _memory_state),
+    NomadStat("BAR1 buffer state", "MiB", "UsedBAR1 / TotalBAR1",
+              lambda s: (_mib(s.bar1_used_bytes), _mib(s.bar1_total_bytes) if s.bar1_used_bytes is not None else None)),
+    # nomad-device-nvidia reads corrected volatile counts per location (L1, L2, device memory); accelstats
+    # reads the total over all locations (nvmlDeviceGetTotalEccErrors), so L1 and L2 are N/A.
+    NomadStat("ECC L1 errors", "#", "ECC L1 errors", lambda s: (None, None)),
+    NomadStat("ECC L2 errors", "#", "ECC L2 errors", lambda s: (None, None)),
+    NomadStat("ECC memory errors", "#", "ECC memory errors (corrected, volatile, all locations)", _corrected_volatile),
+    # watts: HashiCorp's plugin sends milliwatts labelled W
+    NomadStat("Power usage", "W", "Power usage / Power limit", _power),
+)
+NOMAD_SUMMARY = next(stat for stat in NOMAD_STATS if stat.name == "Memory state")  # `nomad node status` shows it
+
 # --- §3 per container ----------------------------------------------------------------------------
 CONTAINER_INFO = Family(
     "accelstats_container_info", "gauge",
     "Identity of a container holding an accelerator; value 1.",
-    CONTAINER_LABELS + ("runtime", "container_id", "pod_uid", "alloc_id", "task"))
+    CONTAINER_LABELS + ("runtime", "container_id", "pod_uid", "alloc_id", "task"), _container_info)
 CONTAINER_GPU_LABELS = CONTAINER_LABELS + ("uuid", "gpu", "attribution")
 CONTAINER_MEMORY = Family("accelstats_container_gpu_memory_used_bytes", "gauge",
                           "Device memory used by the container's processes (sum of NVML usedGpuMemory).",
-                          CONTAINER_GPU_LABELS)
+                          CONTAINER_GPU_LABELS, _per_accelerator(lambda a: a.container_memory_used_bytes, False))
 CONTAINER_SM = Family("accelstats_container_gpu_sm_utilization_ratio", "gauge",
                       "SM utilisation of the container's processes since the previous collection (0-1).",
-                      CONTAINER_GPU_LABELS)
+                      CONTAINER_GPU_LABELS, _per_accelerator(lambda a: a.container_sm_utilization_ratio, False))
 CONTAINER_PROCESSES = Family("accelstats_container_gpu_processes", "gauge",
-                             "The container's processes on the device.", CONTAINER_GPU_LABELS)
+                             "The container's processes on the device.", CONTAINER_GPU_LABELS,
+                             _per_accelerator(lambda a: a.container_processes, False))
 CONTAINER_DEVICE_OPEN = Family(
     "accelstats_container_gpu_device_open", "gauge",
     "1 when a process of the container holds the device's /dev/nvidia<minor> open (NVML users such as "
-    "monitoring agents do without running on it), 0 when none does.", CONTAINER_GPU_LABELS)
+    "monitoring agents do without running on it), 0 when none does.", CONTAINER_GPU_LABELS,
+    _per_accelerator(lambda a: a.device_open, False))
 CONTAINER = (CONTAINER_INFO, CONTAINER_MEMORY, CONTAINER_SM, CONTAINER_PROCESSES, CONTAINER_DEVICE_OPEN)
 
 # --- §4 file devices and the exporter itself -------------------------------------------------------
+
+
+def _files(value: Callable[[FileDevice], float]) -> Reader:
+    def collect(c: Collection) -> Iterator[Reading]:
+        for f in c.snapshot.file_devices:
+            yield (f.id, f.vendor, f.type, f.name, utf8(f.path)), value(f)
+    return collect
+
+
+def _files_skipped(c: Collection) -> Iterator[Reading]:
+    if any(r.name == "files" for r in c.snapshot.collector_results):
+        yield (), float(c.snapshot.file_devices_skipped_total)
+
+
 FILE_INFO = Family("accelstats_file_device_info", "gauge", "A file device (Nomad example-plugin model); value 1.",
-                   FILE_LABELS)
+                   FILE_LABELS, _files(lambda f: 1.0))
 FILE_HEALTHY = Family("accelstats_file_device_healthy", "gauge",
-                      "1 unless the file's permissions equal the configured unhealthy permissions.", FILE_LABELS)
-FILE_SIZE = Family("accelstats_file_device_size_bytes", "gauge", "Size of the file device.", FILE_LABELS)
+                      "1 unless the file's permissions equal the configured unhealthy permissions.", FILE_LABELS,
+                      _files(lambda f: 1.0 if f.healthy else 0.0))
+FILE_SIZE = Family("accelstats_file_device_size_bytes", "gauge", "Size of the file device.", FILE_LABELS,
+                   _files(lambda f: float(f.size_bytes)))
 FILE_MTIME = Family("accelstats_file_device_modified_timestamp_seconds", "gauge",
-                    "Modification time of the file device (Unix time).", FILE_LABELS)
+                    "Modification time of the file device (Unix time).", FILE_LABELS,
+                    _files(lambda f: f.modified_timestamp_seconds))
 FILE_MODE = Family("accelstats_file_device_mode", "gauge", "Permission bits of the file device (st_mode & 07777).",
-                   FILE_LABELS)
+                   FILE_LABELS, _files(lambda f: float(f.mode)))
 FILES_SKIPPED = Family("accelstats_file_devices_skipped_total", "counter",
-                       "Entries of the file-devices directory skipped because their names are not UTF-8.", ())
+                       "Entries of the file-devices directory skipped because their names are not UTF-8.", (),
+                       _files_skipped)
 FILES = (FILE_INFO, FILE_HEALTHY, FILE_SIZE, FILE_MTIME, FILE_MODE, FILES_SKIPPED)
 
+def _mps(value: Callable[[MpsDaemonReading], float | int | None], when_down: bool = False) -> Reader:
+    def collect(c: Collection) -> Iterator[Reading]:
+        for m in c.snapshot.mps:
+            v = value(m)
+            if (m.up or when_down) and v is not None:
+                yield (m.resource,), float(v)
+    return collect
+
+
+def _mps_pinned(c: Collection) -> Iterator[Reading]:
+    for m in c.snapshot.mps:
+        if m.up:
+            for uuid, limit in m.pinned_memory_limit_bytes:
+                if limit is not None:
+                    yield (m.resource, uuid), float(limit)
+
+
 MPS_UP = Family("accelstats_mps_daemon_up", "gauge",
-                 "1 when the MPS control daemon answered a health command within its timeout.", ("resource",))
+                "1 when the MPS control daemon answered a health command within its timeout.", ("resource",),
+                _mps(lambda m: 1.0 if m.up else 0.0, when_down=True))
 MPS_THREADS = Family("accelstats_mps_active_thread_ratio", "gauge",
-                     "Default active thread percentage of the MPS daemon, as a ratio (0-1).", ("resource",))
+                     "Default active thread percentage of the MPS daemon, as a ratio (0-1).", ("resource",),
+                     _mps(lambda m: m.active_thread_ratio))
 MPS_PINNED = Family("accelstats_mps_pinned_memory_limit_bytes", "gauge",
-                    "Default pinned device memory limit per GPU of the MPS daemon.", ("resource", "uuid"))
-MPS_SERVERS = Family("accelstats_mps_servers", "gauge", "MPS servers of the control daemon.", ("resource",))
+                    "Default pinned device memory limit per GPU of the MPS daemon.", ("resource", "uuid"), _mps_pinned)
+MPS_SERVERS = Family("accelstats_mps_servers", "gauge", "MPS servers of the control daemon.", ("resource",),
+                     _mps(lambda m: m.servers))
 MPS_CLIENTS = Family("accelstats_mps_clients", "gauge", "MPS clients of the control daemon's servers.",
-                     ("resource",))
+                     ("resource",), _mps(lambda m: m.clients))
 MPS = (MPS_UP, MPS_THREADS, MPS_PINNED, MPS_SERVERS, MPS_CLIENTS)
 
 BUILD_INFO = Family("accelstats_build_info", "gauge", "accelstats build and NVML versions; value 1.",
-                    ("version", "python_version", "nvml_version", "driver_version"))
+                    ("version", "python_version", "nvml_version", "driver_version"),
+                    lambda c: [((__version__, platform.python_version(), c.snapshot.nvml_version,
+                                 c.snapshot.driver_version), 1.0)])
 NVML_STATE = Family(
     "accelstats_nvml_state", "gauge",
     "The nvidia collector's state, value 1: ready (NVML answers), no_device (this host has no NVIDIA PCI "
     "device: nothing to read, not a failure) or unavailable (NVIDIA devices, but NVML does not work: driver "
-    "not loaded, library missing, nvmlInit failing, or not answering); reason says why.", ("state", "reason"))
+    "not loaded, library missing, nvmlInit failing, or not answering); reason says why.", ("state", "reason"),
+    lambda c: [((c.snapshot.nvml_state, c.snapshot.nvml_status), 1.0)] if c.snapshot.nvml_state else [])
 COLLECTOR_SUCCESS = Family("accelstats_scrape_collector_success", "gauge",
-                           "1 when the collector succeeded in this collection.", ("collector",))
+                           "1 when the collector succeeded in this collection.", ("collector",),
+                           lambda c: [((r.name,), 1.0 if r.success else 0.0) for r in c.snapshot.collector_results])
 COLLECTOR_DURATION = Family("accelstats_scrape_collector_duration_seconds", "gauge",
-                            "How long the collector took in this collection.", ("collector",))
+                            "How long the collector took in this collection.", ("collector",),
+                            lambda c: [((r.name,), r.duration_seconds) for r in c.snapshot.collector_results])
 SKIPPED_LINES = Family("accelstats_devices_list_skipped_lines_total", "counter",
-                       "Malformed devices.list lines seen and skipped.", ())
+                       "Malformed devices.list lines seen and skipped.", (),
+                       lambda c: [((), float(c.devices_list_skipped_lines_total))])
 ATTRIBUTION_SKIPPED = Family(
     "accelstats_attribution_skipped_total", "counter",
-    "Items skipped during attribution because they vanished or could not be read, by reason.", ("reason",))
+    "Items skipped during attribution because they vanished or could not be read, by reason.", ("reason",),
+    lambda c: [((reason,), float(n)) for reason, n in sorted(c.attribution_skipped.items())])
 NVML_ERRORS = Family("accelstats_nvml_errors_total", "counter",
-                     "NVML calls that failed, by call and NVML error (NOT_SUPPORTED excluded).", ("call", "error"))
+                     "NVML calls that failed, by call and NVML error (NOT_SUPPORTED excluded).", ("call", "error"),
+                     lambda c: [((call, error), float(n)) for (call, error), n in sorted(c.nvml_errors.items())])
 COLLECTOR_LAST_SUCCESS = Family(
     "accelstats_scrape_collector_last_success_timestamp_seconds", "gauge",
     "Unix time of the last collection in which the collector succeeded; the families it feeds are as of then "
-    "when it fails or runs past the collection deadline.", ("collector",))
+    "when it fails or runs past the collection deadline.", ("collector",),
+    lambda c: [((name,), when) for name, when in sorted(c.collector_last_success.items())])
 HTTP_REFUSED = Family(
     "accelstats_http_connections_refused_total", "counter",
     "HTTP connections the server closed without serving them, by reason (connection limit, header or TLS "
@@ -240,8 +475,11 @@ WEB_CONFIG_RELOAD_FAILURES = Family(
     "accelstats_web_config_reload_failures_total", "counter",
     "Changes of the web configuration file (or its certificate or key) that were refused: the last good "
     "configuration stays in force.", ())
+SERVER = (HTTP_REFUSED, HTTP_REQUESTS, WEB_CONFIG_RELOAD_FAILURES)  # read by the HTTP server's collector
 EXPORTER = (BUILD_INFO, COLLECTOR_SUCCESS, COLLECTOR_DURATION, COLLECTOR_LAST_SUCCESS, SKIPPED_LINES,
-            ATTRIBUTION_SKIPPED, NVML_ERRORS, NVML_STATE, HTTP_REFUSED, HTTP_REQUESTS, WEB_CONFIG_RELOAD_FAILURES)
+            ATTRIBUTION_SKIPPED, NVML_ERRORS, NVML_STATE, *SERVER)
 
 ALL: tuple[Family, ...] = (*CADVISOR, GPU_INFO, GPU_UP, GPU_LAST_SUCCESS, *GPU_SAMPLED, *CONTAINER, *FILES, *MPS,
                            *EXPORTER)
+#: The families read from a collection, in exposition order (every row but the HTTP server's).
+COLLECTED: tuple[Family, ...] = tuple(f for f in ALL if f.read is not None)

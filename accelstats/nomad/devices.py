@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from accelstats import catalog
 from accelstats.manager import Collection
 from accelstats.nomad.config import PluginConfig
 from collectors.model import Device, DeviceSample, FileDevice
@@ -289,43 +290,14 @@ def _stat(structs: Any, desc: str, unit: str, numerator: float | int | None = No
     return value
 
 
-def _pct(ratio: float | None) -> int | None:
-    return None if ratio is None else round(ratio * 100)
-
-
 def gpu_stats(structs: Any, sample: DeviceSample | None) -> tuple[Any, Any]:
-    """(summary, stats) for one GPU or MIG instance, as HashiCorp's NVIDIA plugin names them, with
-    power in watts (HashiCorp's sends milliwatts labelled W)."""
+    """(summary, stats) for one GPU or MIG instance: one attribute per row of
+    :data:`accelstats.catalog.NOMAD_STATS` (HashiCorp's NVIDIA plugin's names; power in watts), the
+    summary its ``Memory state``; a device that did not answer gives ``N/A`` for every value."""
     s = sample if sample is not None and sample.up else DeviceSample(uuid="", up=False)
-    def mib(b: int | None) -> int | None:
-        return None if b is None else b // MIB
-
-    used, total = mib(s.memory_used_bytes), mib(s.memory_total_bytes)
-    summary = _stat(structs, "UsedMemory / TotalMemory", "MiB", used, total if used is not None else None)
-    # nomad-device-nvidia: corrected volatile counts (stats.go:262-290, driver_linux.go:364-371); it
-    # reads them per location (L1, L2, device memory), accelstats reads the total over all locations
-    # (nvmlDeviceGetTotalEccErrors), so L1 and L2 are N/A (docs/nomad.md).
-    ecc = [n for t, scope, n in s.ecc_errors if scope == "volatile" and t == "corrected"]
-    temps = dict(s.temperatures_celsius)
-    attrs = {
-        "GPU utilization": _stat(structs, "GPU utilization", "%", _pct(s.utilization_ratio)),
-        "Memory utilization": _stat(structs, "Memory utilization", "%", _pct(s.memory_utilization_ratio)),
-        "Encoder utilization": _stat(structs, "Encoder utilization", "%", _pct(s.encoder_utilization_ratio)),
-        "Decoder utilization": _stat(structs, "Decoder utilization", "%", _pct(s.decoder_utilization_ratio)),
-        "Temperature": _stat(structs, "Temperature", "C", int(temps["gpu"]) if "gpu" in temps else None),
-        "Memory state": _stat(structs, "UsedMemory / TotalMemory", "MiB", used, total if used is not None else None),
-        "BAR1 buffer state": _stat(structs, "UsedBAR1 / TotalBAR1", "MiB", mib(s.bar1_used_bytes),
-                                   mib(s.bar1_total_bytes) if s.bar1_used_bytes is not None else None),
-        "ECC L1 errors": _stat(structs, "ECC L1 errors", "#", None),
-        "ECC L2 errors": _stat(structs, "ECC L2 errors", "#", None),
-        "ECC memory errors": _stat(structs, "ECC memory errors (corrected, volatile, all locations)", "#",
-                                   sum(ecc) if ecc else None),
-        "Power usage": _stat(structs, "Power usage / Power limit", "W",
-                             None if s.power_watts is None else round(s.power_watts, 1),
-                             None if s.power_watts is None or s.power_limit_watts is None
-                             else round(s.power_limit_watts, 1)),
-    }
-    return summary, structs.StatObject(attributes=attrs)
+    attrs = {stat.name: _stat(structs, stat.desc, stat.unit, *stat.read(s)) for stat in catalog.NOMAD_STATS}
+    summary = catalog.NOMAD_SUMMARY
+    return _stat(structs, summary.desc, summary.unit, *summary.read(s)), structs.StatObject(attributes=attrs)
 
 
 def file_stats(structs: Any, f: FileDevice) -> tuple[Any, Any]:
