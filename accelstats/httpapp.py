@@ -20,7 +20,7 @@ import html
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qs
 
 from prometheus_client import CollectorRegistry
@@ -29,9 +29,12 @@ from prometheus_client.exposition import choose_encoder
 
 from accelstats import __version__, catalog
 from accelstats.exporter import describe_catalog, render
+from accelstats.exposition import FastEncoder, supported
 from accelstats.httphead import TEXT
 from accelstats.manager import AcceleratorManager, Collection
-from accelstats.websource import WebConfigSource
+
+if TYPE_CHECKING:
+    from accelstats.websource import WebConfigSource
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +138,11 @@ def negotiate(accept: str) -> tuple[Encoder, str, str]:
 # -- the WSGI app -----------------------------------------------------------------------------------
 
 
+GZIP_LEVEL = 1
+"""zlib level of gzipped bodies, chosen by measurement (benchmarks/exposition.py, docs/performance.md):
+the 2.2 MB body of 8 GPUs x 1000 containers took 9.5 ms at level 1 against 36 ms at level 9 (the
+gzip module's default), for 393 KB against 345 KB."""
+
 MAX_FILTERS = 16
 """Different ``name[]`` filters whose bodies are kept per collection (Prometheus sends none; a
 federation or a debugging client a few)."""
@@ -171,9 +179,10 @@ class SharedExposition:
     uncached: a flood of filtered requests cost an encoding each and held every scrape behind them.
     """
 
-    def __init__(self, manager: AcceleratorManager, extra: Sequence[_Collector] = ()) -> None:
+    def __init__(self, manager: AcceleratorManager, extra: Sequence[_Collector] = (), fast: bool = True) -> None:
         self.manager = manager
         self.extra = tuple(extra)
+        self.fast = FastEncoder() if fast else None  # None: prometheus_client's encoders for every body
         self._lock = threading.Lock()  # held while an unfiltered body is encoded
         self._cache_lock = threading.Lock()  # held only to look at or change the cache
         self._collection: Collection | None = None
@@ -212,13 +221,20 @@ class SharedExposition:
         if body is not None:
             return body
         if plain is None:
-            registry = CollectorRegistry(auto_describe=False)
-            registry.register(_OneCollection(collection))
-            for collector in self.extra:
-                registry.register(collector)
-            plain = encoder(registry.restricted_registry(wanted) if wanted is not None else registry)
+            fmt = supported(content_type) if wanted is None and self.fast is not None else None
+            if fmt is not None and self.fast is not None:  # the catalog straight to bytes, same as below
+                rest = CollectorRegistry(auto_describe=False)
+                for collector in self.extra:
+                    rest.register(collector)
+                plain = self.fast.encode(collection, fmt).encode("utf-8") + encoder(rest)
+            else:
+                registry = CollectorRegistry(auto_describe=False)
+                registry.register(_OneCollection(collection))
+                for collector in self.extra:
+                    registry.register(collector)
+                plain = encoder(registry.restricted_registry(wanted) if wanted is not None else registry)
             self.encodings += 1
-        body = gzip.compress(plain) if compress else plain
+        body = gzip.compress(plain, compresslevel=GZIP_LEVEL) if compress else plain
         if cache:
             with self._cache_lock:
                 if collection is self._collection:

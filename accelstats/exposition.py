@@ -1,0 +1,123 @@
+"""The fast ``/metrics`` encoder: the catalog's rows of one collection straight to exposition bytes.
+
+prometheus_client stays the data model and the reference (:func:`accelstats.exporter.render` builds
+its families; its encoders write them), but for a large host most of a scrape went into building
+``Metric``/``Sample`` objects and re-checking every label name of every sample on the way out
+(docs/performance.md). :class:`FastEncoder` writes the same bytes from the catalog's readers directly:
+
+* a family's HELP/TYPE/UNIT lines are rendered once per format;
+* a sample's label string (``{name="value",…}``, names sorted, values escaped as the reference does)
+  is rendered once and kept across scrapes, keyed by the family and the label values, so a container
+  or GPU seen before costs a dictionary lookup; the cache is dropped whole when it holds more than
+  :data:`MAX_CACHED` strings (the host changed a lot) — it never grows without bound;
+* only the value is formatted per scrape (client_python's ``floatToGoString``).
+
+Formats: Prometheus text 0.0.4 (and 1.0.0) and OpenMetrics 1.0.0, with the ``underscores`` (default)
+or ``allow-utf-8`` escaping — which leave accelstats' names, all in the legacy character set,
+unchanged. Other escapings (``dots``, ``values``) rewrite names: :func:`supported` says no and the
+caller uses prometheus_client's encoder. Byte-identical output is checked by
+``tests/test_exposition.py`` on every fixture capture, an 8-GPU, 1000-container host and edge cases
+(escapes, NaN, ±Inf, -0.0, empty label values).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+from prometheus_client import utils as _client_utils
+
+from accelstats import catalog
+from accelstats.catalog import Family
+
+if TYPE_CHECKING:
+    from accelstats.manager import Collection
+
+TEXT = "text"
+OPENMETRICS = "openmetrics"
+MAX_CACHED = 500_000  # label strings kept across scrapes (about 100 MB at most; 8 x 1000 needs ~12 000)
+_FAST_ESCAPINGS = ("", "underscores", "allow-utf-8")
+_go_float: Callable[[float], str] = _client_utils.floatToGoString  # the reference's value format
+
+
+def supported(content_type: str) -> str | None:
+    """The format (:data:`TEXT` or :data:`OPENMETRICS`) the fast encoder writes for a negotiated
+    ``content_type`` (:func:`accelstats.httpapp.negotiate`), or None when only prometheus_client's
+    encoder writes it (an escaping that rewrites names)."""
+    params = dict(p.strip().partition("=")[::2] for p in content_type.split(";")[1:])
+    if params.get("escaping", "") not in _FAST_ESCAPINGS:
+        return None
+    return OPENMETRICS if content_type.startswith("application/openmetrics-text") else TEXT
+
+
+def _escape_value(value: str) -> str:
+    """A label value as both reference encoders escape it: backslash, newline, double quote."""
+    if "\\" in value or "\n" in value or '"' in value:
+        return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+    return value
+
+
+class _Layout:
+    """What is fixed for one family in one format: its header lines, sample name and label order."""
+
+    __slots__ = ("header", "names", "order", "sample_name")
+
+    def __init__(self, spec: Family, fmt: str) -> None:
+        base = spec.name.removesuffix("_total") if spec.type == "counter" else spec.name
+        if fmt == TEXT:  # exposition.generate_latest: counters keep _total in HELP/TYPE; \ and newline escaped
+            shown = base + "_total" if spec.type == "counter" else base
+            doc = spec.help.replace("\\", r"\\").replace("\n", r"\n")
+            self.header = f"# HELP {shown} {doc}\n# TYPE {shown} {spec.type}\n"
+        else:  # openmetrics.generate_latest: the family name without _total, HELP escaped like a value
+            self.header = f"# HELP {base} {_escape_value(spec.help)}\n# TYPE {base} {spec.type}\n"
+            if spec.unit:
+                self.header += f"# UNIT {base} {spec.unit}\n"
+        self.sample_name = base + "_total" if spec.type == "counter" else base
+        self.order = sorted(range(len(spec.labels)), key=lambda i: spec.labels[i])
+        self.names = spec.labels
+
+
+class FastEncoder:
+    """Encodes collections of one host, keeping rendered label strings between scrapes. Thread-safe
+    for concurrent :meth:`encode` calls (the cache is only read and filled; a racing fill writes the
+    same string)."""
+
+    def __init__(self) -> None:
+        self._layouts: dict[tuple[str, str], _Layout] = {}
+        self._labels: dict[tuple[str, tuple[str, ...]], str] = {}
+
+    def _layout(self, spec: Family, fmt: str) -> _Layout:
+        key = (spec.name, fmt)
+        layout = self._layouts.get(key)
+        if layout is None:
+            layout = self._layouts[key] = _Layout(spec, fmt)
+        return layout
+
+    def _label_string(self, spec: Family, layout: _Layout, values: tuple[str, ...]) -> str:
+        key = (spec.name, values)
+        text = self._labels.get(key)
+        if text is None:
+            if not values:
+                text = ""
+            else:
+                names = layout.names
+                text = "{" + ",".join(f'{names[i]}="{_escape_value(values[i])}"' for i in layout.order) + "}"
+            if len(self._labels) >= MAX_CACHED:
+                self._labels = {}
+            self._labels[key] = text
+        return text
+
+    def encode(self, collection: Collection, fmt: str, families: Iterable[Family] = catalog.COLLECTED) -> str:
+        """The exposition text of ``collection``'s families (without OpenMetrics' ``# EOF``: the
+        caller appends the server's families and ends the body). Families without a sample are left
+        out, as :func:`accelstats.exporter.render` leaves them out."""
+        out: list[str] = []
+        for spec in families:
+            assert spec.read is not None
+            layout: _Layout | None = None
+            for values, value in spec.read(collection):
+                if layout is None:
+                    layout = self._layout(spec, fmt)
+                    out.append(layout.header)
+                out.append(f"{layout.sample_name}{self._label_string(spec, layout, values)} {_go_float(value)}\n")
+        return "".join(out)
