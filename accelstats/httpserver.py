@@ -81,7 +81,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from email.utils import formatdate
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
@@ -100,9 +100,9 @@ from accelstats.httphead import (
 )
 from accelstats.httpworkers import FairWorkers
 from accelstats.manager import AcceleratorManager
-from accelstats.webauth import BasicAuth
-from accelstats.webconfig import WebConfigError
-from accelstats.websource import WebConfigSource
+
+if TYPE_CHECKING:  # the web-config stack (PyYAML, bcrypt) is imported only when --web-config is given
+    from accelstats.websource import WebConfigSource
 
 log = logging.getLogger(__name__)
 
@@ -476,6 +476,8 @@ class HTTPServer:
                 self._linger(conn)
             return
         assert self.web is not None
+        from accelstats.webconfig import WebConfigError
+
         try:
             _, ctx = self.web.current()
         except WebConfigError:  # logged by the source; fail closed
@@ -797,6 +799,8 @@ def serve(manager: AcceleratorManager, host: str, port: int,
            GCCollector(registry=CollectorRegistry()))  # GCCollector insists on registering somewhere
     app = make_app(manager, (counters, *own))
     if web is not None:
+        from accelstats.webauth import BasicAuth
+
         app = BasicAuth(app, web)
     server = HTTPServer(_listener(host, port), app, web, counters)
     if server.max_connections < DEFAULT_MAX_CONNECTIONS:

@@ -40,7 +40,6 @@ from accelstats.containers import (
     HostView,
     NoopCollector,
 )
-from accelstats.mpsctl import MpsCollector
 from accelstats.registry import COLLECTORS, Collector, enabled_names
 from collectors.deadline import DeadlineWorker
 from collectors.model import CollectorResult, DeviceSnapshot, NoDataError
@@ -175,7 +174,7 @@ class AcceleratorManager:
         """After :meth:`destroy`, also end the collectors' threads (NVML's, MPS's): for a manager
         that is replaced (the Nomad plugin's SetConfig), not for one that may collect again."""
         for c in self.collectors:
-            close = getattr(c, "close", None)  # NvidiaBackend, MpsCollector: their worker threads
+            close = getattr(c, "close", None)  # nvidia, mps: their worker threads
             if callable(close):
                 close()
         for worker in self._workers.values():
@@ -242,7 +241,7 @@ class AcceleratorManager:
             deadline_at = started + self.settings.collection_deadline
             snapshot = DeviceSnapshot()
             for collector in self.collectors:
-                if isinstance(collector, (NvidiaBackend, MpsCollector)):  # they bound their own calls
+                if getattr(collector, "bounds_own_calls", False):  # nvidia, mps: they bound their own calls
                     result = self._run(collector, snapshot)
                 else:
                     result = self._run_bounded(collector, snapshot, deadline_at)

@@ -117,6 +117,7 @@ class MpsCollector:
     """
 
     name = "mps"
+    bounds_own_calls = True  # each daemon is asked under its own timeout: the manager does not wrap it
 
     def __init__(self, settings: MpsSettings, binary: str = "nvidia-cuda-mps-control",
                  deadline: float = STATUS_DEADLINE) -> None:

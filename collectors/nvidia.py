@@ -134,6 +134,7 @@ class NvidiaBackend:
     """
 
     name = "nvidia"
+    bounds_own_calls = True  # every NVML call has its own deadline: the manager does not wrap it
 
     def __init__(self, nvml: Any = None, *, sysfs_root: Path = Path("/sys"), pci_scan: bool | None = None,
                  retry_interval: float = 30.0, slow_interval: float = 10.0, deadline: float = 1.5,
