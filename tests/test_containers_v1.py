@@ -14,7 +14,14 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from runc_harness import ContainerSpec, RuncContainer, RuncFactory, docker_cgroupfs_path, docker_systemd_path
+from runc_harness import (
+    ContainerSpec,
+    RuncContainer,
+    RuncFactory,
+    docker_cgroupfs_path,
+    docker_id,
+    docker_systemd_path,
+)
 from scenarios_util import two_gpu_scenario
 
 pytestmark = pytest.mark.root
@@ -113,3 +120,49 @@ def test_devices_list_is_reread_each_collection(
     assert gpus() == [GPU0, GPU1]
     (ctr.devices_cgroup_dir / "devices.deny").write_text("c 195:0 rwm")
     assert gpus() == [GPU1]
+
+
+def test_one_manager_sees_a_new_container_a_changed_rule_and_a_removed_one_at_the_next_collection(
+        runc_container: RuncFactory, tmp_path: Path, fixtures_dir: Path) -> None:
+    """What a cache of the cgroup walk or of devices.list would have to preserve, in one process over
+    consecutive collections on real cgroupfs (accelstats caches neither: docs/design.md)."""
+    from accelstats.config import Settings
+    from accelstats.manager import AcceleratorManager
+    from collectors.nvml_lib import open_replay
+
+    replay = scenario(tmp_path, fixtures_dir, {})
+    settings = Settings(nvml_replay=replay, collectors=("nvidia",))
+    with AcceleratorManager(settings, open_replay(replay)) as manager:
+        def gpus(cgroup: str) -> list[str] | None:
+            found = [c for c in manager.collect().containers if c.cgroup == cgroup]
+            return [a.id for a in found[0].accelerators] if found else None
+
+        manager.collect()
+        first = runc_container(ContainerSpec("cache-a", docker_cgroupfs_path(), devices=[("c", 195, 0, "rw")]))
+        assert gpus(first.spec.cgroups_path) == [GPU0]  # started after the previous collection
+        (first.devices_cgroup_dir / "devices.allow").write_text("c 195:1 rw")
+        assert gpus(first.spec.cgroups_path) == [GPU0, GPU1]  # a rule added
+        (first.devices_cgroup_dir / "devices.deny").write_text("c 195:0 rwm")
+        assert gpus(first.spec.cgroups_path) == [GPU1]  # a rule taken away
+        first.cleanup()
+        assert gpus(first.spec.cgroups_path) is None  # removed
+        second = runc_container(ContainerSpec("cache-b", docker_cgroupfs_path(), devices=[("c", 195, 1, "rw")]))
+        assert gpus(second.spec.cgroups_path) == [GPU1]  # a replacement, as many cgroups as before
+
+
+def test_kernfs_does_not_date_a_cgroup_directory_when_children_come_and_go(runc_container: RuncFactory) -> None:
+    """Why the cgroup walk is not cached by directory mtime: on cgroupfs (kernfs) making or removing a
+    child cgroup leaves its parent's mtime as it was, and a container replaced by another between two
+    scrapes leaves even the link count the same."""
+    ctr = runc_container(ContainerSpec("mtime", docker_cgroupfs_path()))
+    parent = ctr.devices_cgroup_dir.parent
+    before = parent.stat()
+    child = parent / f"accelstats-mtime-{docker_id()[:12]}"
+    child.mkdir()
+    try:
+        during = parent.stat()
+    finally:
+        child.rmdir()
+    after = parent.stat()
+    assert during.st_mtime_ns == before.st_mtime_ns == after.st_mtime_ns
+    assert during.st_nlink == before.st_nlink + 1 and after.st_nlink == before.st_nlink

@@ -1,0 +1,132 @@
+"""accelstats beside nvitop-exporter on the same replayed GPU: start-up, CPU per scrape, RSS, SIGTERM.
+
+Both run as processes on the replayed H200 capture, 1 GPU, with accelstats also attributing 10
+containers (a cgroup v1 tree, benchmarks/scrape.py ``build_host``). nvitop-exporter (``pip install
+nvitop-exporter``; it brings nvitop) runs unchanged: its pynvml is handed the ABI-level replay
+(``collectors.nvml_lib.open_replay``) before it is imported, and it updates its gauges every
+``--interval`` seconds in its own thread, so it is given the scrape interval. For each, in turn:
+
+* exec → the first ``/metrics`` answer with status 200 (ms);
+* CPU per scrape: the process's user + system time (``/proc/<pid>/stat``) over ``--scrapes``
+  scrapes ``--interval`` seconds apart, divided by the scrapes (ms) — accelstats collects per scrape,
+  nvitop-exporter per interval, so both pay for one reading of the GPU per scrape;
+* RSS after those scrapes (MiB, ``VmRSS``);
+* SIGTERM → exit (ms).
+
+The runs alternate ``--rounds`` times; medians are printed. Usage: ``python3 benchmarks/peers.py
+[--rounds 3] [--scrapes 20] [--interval 0.5]``. No pass/fail: figures for docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from scrape import build_host, default_shared, loadavg, machine
+
+NVITOP = """import sys
+from collectors.nvml_lib import open_replay
+open_replay(sys.argv[1])
+sys.argv = ["nvitop-exporter", "--bind-address", "127.0.0.1", "--port", sys.argv[2], "--interval", sys.argv[3]]
+from nvitop_exporter.cli import main
+sys.exit(main())
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def scrape(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            answer.read()
+            return bool(answer.status == 200)
+    except OSError:
+        return False
+
+
+def measure(command: list[str], port: int, scrapes: int, interval: float) -> dict[str, float]:
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while not scrape(port):
+            if proc.poll() is not None or time.perf_counter() - t0 > 60:
+                raise RuntimeError(f"{command[:4]} did not answer (exit {proc.poll()})")
+            time.sleep(0.002)
+        first = (time.perf_counter() - t0) * 1000
+        cpu0 = cpu_seconds(proc.pid)
+        for _ in range(scrapes):
+            time.sleep(interval)
+            scrape(port)
+        per_scrape = (cpu_seconds(proc.pid) - cpu0) * 1000 / scrapes
+        rss = rss_mib(proc.pid)
+        t1 = time.perf_counter()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        stop = (time.perf_counter() - t1) * 1000
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return {"first answer ms": first, "CPU ms per scrape": per_scrape, "RSS MiB": rss, "SIGTERM to exit ms": stop}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--scrapes", type=int, default=20)
+    parser.add_argument("--interval", type=float, default=0.5)
+    parser.add_argument("--shared", type=Path, default=default_shared())
+    args = parser.parse_args()
+    capture = args.shared / "fixtures" / "h200" / "nvidia-smi-q.xml"
+    print(f"# {machine()} {loadavg()} rounds={args.rounds} scrapes={args.scrapes} interval={args.interval}s")
+    results: dict[str, dict[str, list[float]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = build_host(Path(tmp), capture, 1, 10)
+        scenario = str(settings.nvml_replay)
+        for _ in range(args.rounds):
+            port = free_port()
+            runs = {
+                "accelstats": [sys.executable, "-m", "accelstats", "serve", "--nvml-replay", scenario,
+                               "--cgroup-root", str(settings.cgroup_root), "--proc-root", str(settings.proc_root),
+                               "--listen", f"127.0.0.1:{port}", "--log-level", "error"],
+                "nvitop-exporter": [sys.executable, "-c", NVITOP, scenario, str(port), str(args.interval)],
+            }
+            for name, command in runs.items():
+                for key, value in measure(command, port, args.scrapes, args.interval).items():
+                    results.setdefault(name, {}).setdefault(key, []).append(value)
+    keys = list(next(iter(results.values())))
+    print(f"{'':<16}" + "".join(f"{k:>22}" for k in keys))
+    for name, figures in results.items():
+        print(f"{name:<16}" + "".join(f"{statistics.median(figures[k]):>22.2f}" for k in keys))
+    a, n = results["accelstats"], results["nvitop-exporter"]
+    ratio = statistics.median(a["CPU ms per scrape"]) / statistics.median(n["CPU ms per scrape"])
+    print(f"accelstats / nvitop-exporter CPU per scrape: {ratio:.2f}")
+
+
+if __name__ == "__main__":
+    main()
