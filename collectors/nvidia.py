@@ -244,16 +244,20 @@ class NvidiaBackend:
                 log.warning("NVML left initialised: a PCIe throughput call has not returned")
                 self.pcie.resume()  # NVML stays up: so does the sampler (its stuck round is not doubled)
                 return
-        if self.xid_watcher is not None:
-            self.xid_watcher.stop()
-            self.xid_watcher = None
+        watcher, self.xid_watcher = self.xid_watcher, None
         self._devices = []
         if self._initialised:
             self._initialised = False
-            if threading.current_thread().name == self._worker.name:
+            # The XID thread may be inside an event wait (up to xid.WAIT_MS): rather than wait for it
+            # (every SIGTERM and CLI exit would), it shuts NVML down itself as it ends.
+            if watcher is not None and watcher.stop_then(self._nvml_shutdown):
+                log.debug("nvmlShutdown left to the XID thread: it ends after its current event wait")
+            elif threading.current_thread().name == self._worker.name:
                 self._nvml_shutdown()
             elif not self._worker.run(self._nvml_shutdown, self.SHUTDOWN_DEADLINE):
                 log.warning("nvmlShutdown did not return within %gs: left running", self.SHUTDOWN_DEADLINE)
+        elif watcher is not None:
+            watcher.request_stop()
 
     def _nvml_shutdown(self) -> None:
         try:

@@ -20,6 +20,7 @@ import ctypes
 import logging
 import threading
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from collectors.nvml_call import DeviceLostError, NvmlCaller, NvmlUnavailableError
@@ -27,7 +28,7 @@ from collectors.nvml_call import DeviceLostError, NvmlCaller, NvmlUnavailableErr
 log = logging.getLogger(__name__)
 
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
-WAIT_MS = 50  # each wait is one NVML call (20 a second); shutdown waits for at most one (SIGTERM, CLI exits)
+WAIT_MS = 250  # each wait is one NVML call; shutdown does not wait for it (see NvidiaBackend.shutdown)
 _TIMED_OUT = object()
 _FAILED = object()
 
@@ -48,8 +49,8 @@ class XidWatcher:
     ``call``: the backend's :class:`collectors.nvml_call.NvmlCaller` (every NVML call goes through
     it, so failures are logged once and counted in ``accelstats_nvml_errors_total``); ``handles``:
     ``{uuid: handle}`` of the GPUs to watch. Start with :meth:`start`, stop with :meth:`stop` (the
-    thread ends within one wait, :data:`WAIT_MS`). GPUs whose driver does not support the event type are
-    skipped. Thread-safe readers: :meth:`counts` and :meth:`critical`.
+    thread ends within one wait, :data:`WAIT_MS`; :meth:`stop_then` hands it what to do then). GPUs
+    whose driver does not support the event type are skipped. Thread-safe readers: :meth:`counts` and :meth:`critical`.
     """
 
     def __init__(self, call: NvmlCaller, handles: dict[str, Any]) -> None:
@@ -60,6 +61,8 @@ class XidWatcher:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._finished = False
+        self._then: Callable[[], None] | None = None  # run by the thread as it ends (a deferred nvmlShutdown)
         self._set: Any = None
         self.watching: list[str] = []
 
@@ -128,6 +131,10 @@ class XidWatcher:
                     "Nomad plugin reports it unhealthy)")
             log.warning("GPU %s reported XID %d%s", uuid, xid, what)
         self._free()
+        with self._lock:
+            self._finished, then = True, self._then
+        if then is not None:
+            then()
 
     def _uuid_of(self, handle: Any) -> str:
         try:
@@ -159,6 +166,21 @@ class XidWatcher:
             if uuid not in self.watching:
                 return None
             return self._critical.get(uuid, 0)
+
+    def stop_then(self, then: Callable[[], None]) -> bool:
+        """Ask the thread to end and run ``then`` as it ends (after freeing its event set), without
+        waiting: True when the thread will, False when it already ended (the caller runs ``then``)."""
+        self._stop.set()
+        with self._lock:
+            if self._thread is None or self._finished:
+                return False
+            self._then = then
+            return True
+
+    def request_stop(self) -> None:
+        """Ask the thread to end after its current wait, without waiting for it (so that the caller
+        can stop other threads meanwhile); :meth:`stop` then waits."""
+        self._stop.set()
 
     def stop(self, timeout: float = 2.0) -> None:
         """End the thread (it notices within one wait, :data:`WAIT_MS`)."""

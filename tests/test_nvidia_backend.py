@@ -517,3 +517,20 @@ def test_a_gpu_that_stays_lost_is_reported_once_not_at_every_refresh(tmp_path: P
         assert len(said) == 6 and [r.levelname for r in said].count("WARNING") == 1
     finally:
         b.close()
+
+
+def test_shutdown_does_not_wait_for_the_xid_event_wait_and_nvml_is_shut_down_after_it(
+        h200: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """SIGTERM and every CLI command end with a shutdown: it must not pay the XID thread's event wait
+    (up to xid.WAIT_MS). The thread shuts NVML down itself when its wait ends."""
+    from collectors import xid
+
+    b = backend(h200)
+    snapshot(b)
+    assert b.xid_watcher is not None and b.xid_watcher.watching
+    with caplog.at_level("DEBUG", logger="collectors.nvidia"):
+        b.shutdown()  # returns without joining the thread: it is in a wait of up to WAIT_MS
+    assert "nvmlShutdown left to the XID thread" in caplog.text
+    library = b.call.nvml.library
+    wait_until(lambda: library.calls.get("nvmlShutdown", 0) == 1, timeout=2 * xid.WAIT_MS / 1000 + 5)
+    wait_until(lambda: not [t for t in threading.enumerate() if t.name == "accelstats-xid"], timeout=5)
