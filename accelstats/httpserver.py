@@ -244,7 +244,11 @@ class HTTPServer:
         try:
             next_sweep = time.monotonic() + _SWEEP
             while not self._stop:
-                for key, _mask in self._selector.select(max(0.0, next_sweep - time.monotonic())):
+                # Idle (no connection, accepting): nothing has a deadline, so sleep until a client or
+                # the wake-up socket comes (a scrape every 15 s costs no wake-ups in between).
+                idle = not self._conns and not self._accept_paused_until
+                timeout = None if idle else max(0.0, next_sweep - time.monotonic())
+                for key, _mask in self._selector.select(timeout):
                     data = key.data
                     if isinstance(data, _Conn):
                         if data in self._conns:  # not closed by an eviction earlier in this round
@@ -255,7 +259,9 @@ class HTTPServer:
                     except Exception:  # a bug here must not end the loop
                         log.exception("HTTP server: unexpected error")
                 now = time.monotonic()
-                if now >= next_sweep:
+                if idle:
+                    next_sweep = now + _SWEEP  # the first deadline check comes a sweep after the wake-up
+                elif now >= next_sweep:
                     self._sweep(now)
                     next_sweep = now + _SWEEP
         finally:
