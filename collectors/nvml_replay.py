@@ -224,6 +224,11 @@ class ReplayState:
         self.t_init: float | None = None  # clock at the first nvmlInit: scenario events count from it
         self._sets: list[ReplayEventSet] = []
 
+    @property
+    def initialised(self) -> int:
+        """How many nvmlInit calls have not been matched by nvmlShutdown (0: NVML is shut down)."""
+        return self._refcount
+
     @classmethod
     def from_path(cls, path: str | Path, *, tables: Sequence[str] = (), **kwargs: Any) -> ReplayState:
         """Load an ``nvidia-smi -q -x`` XML file, or a scenario when the suffix is ``.toml``.

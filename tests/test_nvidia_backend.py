@@ -527,10 +527,12 @@ def test_shutdown_does_not_wait_for_the_xid_event_wait_and_nvml_is_shut_down_aft
 
     b = backend(h200)
     snapshot(b)
-    assert b.xid_watcher is not None and b.xid_watcher.watching
+    watcher = b.xid_watcher
+    assert watcher is not None and watcher.watching and watcher._thread is not None
+    state = b.call.nvml.state  # this backend's replay (the process may hold others)
+    assert state.initialised == 1
     with caplog.at_level("DEBUG", logger="collectors.nvidia"):
         b.shutdown()  # returns without joining the thread: it is in a wait of up to WAIT_MS
     assert "nvmlShutdown left to the XID thread" in caplog.text
-    library = b.call.nvml.library
-    wait_until(lambda: library.calls.get("nvmlShutdown", 0) == 1, timeout=2 * xid.WAIT_MS / 1000 + 5)
-    wait_until(lambda: not [t for t in threading.enumerate() if t.name == "accelstats-xid"], timeout=5)
+    wait_until(lambda: state.initialised == 0, timeout=2 * xid.WAIT_MS / 1000 + 5)
+    wait_until(lambda: watcher._thread is not None and not watcher._thread.is_alive(), timeout=5)
