@@ -7,9 +7,10 @@ its families; its encoders write them), but for a large host most of a scrape we
 
 * a family's HELP/TYPE/UNIT lines are rendered once per format;
 * a sample's label string (``{name="value",…}``, names sorted, values escaped as the reference does)
-  is rendered once and kept across scrapes, keyed by the family and the label values, so a container
-  or GPU seen before costs a dictionary lookup; the cache is dropped whole when it holds more than
-  :data:`MAX_CACHED` strings (the host changed a lot) — it never grows without bound;
+  is rendered once and kept for the next scrape, keyed by the family and the label values, so a
+  container or GPU seen the scrape before costs a dictionary lookup. Two generations: each encoding
+  starts a new one and takes over what it uses from the last, so the cache holds what the last two
+  scrapes used (containers gone since are dropped) and never grows with churn;
 * only the value is formatted per scrape (client_python's ``floatToGoString``).
 
 Formats: Prometheus text 0.0.4 (and 1.0.0) and OpenMetrics 1.0.0, with the ``underscores`` (default)
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
 
 TEXT = "text"
 OPENMETRICS = "openmetrics"
-MAX_CACHED = 500_000  # label strings kept across scrapes (about 100 MB at most; 8 x 1000 needs ~12 000)
 _FAST_ESCAPINGS = ("", "underscores", "allow-utf-8")
 _go_float: Callable[[float], str] = _client_utils.floatToGoString  # the reference's value format
 
@@ -79,12 +79,13 @@ class _Layout:
 
 class FastEncoder:
     """Encodes collections of one host, keeping rendered label strings between scrapes. Thread-safe
-    for concurrent :meth:`encode` calls (the cache is only read and filled; a racing fill writes the
-    same string)."""
+    for concurrent :meth:`encode` calls (each works on the generations it started with; a string is
+    the same whoever renders it, and a racing call at worst renders one again)."""
 
     def __init__(self) -> None:
         self._layouts: dict[tuple[str, str], _Layout] = {}
-        self._labels: dict[tuple[str, tuple[str, ...]], str] = {}
+        self._labels: dict[tuple[str, tuple[str, ...]], str] = {}  # this generation
+        self._previous: dict[tuple[str, tuple[str, ...]], str] = {}  # the last encoding's
 
     def _layout(self, spec: Family, fmt: str) -> _Layout:
         key = (spec.name, fmt)
@@ -93,24 +94,33 @@ class FastEncoder:
             layout = self._layouts[key] = _Layout(spec, fmt)
         return layout
 
-    def _label_string(self, spec: Family, layout: _Layout, values: tuple[str, ...]) -> str:
+    def _label_string(self, spec: Family, layout: _Layout, values: tuple[str, ...],
+                      labels: dict[tuple[str, tuple[str, ...]], str],
+                      previous: dict[tuple[str, tuple[str, ...]], str]) -> str:
         key = (spec.name, values)
-        text = self._labels.get(key)
+        text = labels.get(key)
         if text is None:
-            if not values:
-                text = ""
-            else:
+            text = previous.get(key)
+            if text is None:
                 names = layout.names
-                text = "{" + ",".join(f'{names[i]}="{_escape_value(values[i])}"' for i in layout.order) + "}"
-            if len(self._labels) >= MAX_CACHED:
-                self._labels = {}
-            self._labels[key] = text
+                text = ("{" + ",".join(f'{names[i]}="{_escape_value(values[i])}"' for i in layout.order) + "}"
+                        if values else "")
+            labels[key] = text
         return text
+
+    @property
+    def cached(self) -> int:
+        """Label strings held (both generations)."""
+        return len(self._labels) + len(self._previous)
 
     def encode(self, collection: Collection, fmt: str, families: Iterable[Family] = catalog.COLLECTED) -> str:
         """The exposition text of ``collection``'s families (without OpenMetrics' ``# EOF``: the
         caller appends the server's families and ends the body). Families without a sample are left
         out, as :func:`accelstats.exporter.render` leaves them out."""
+        # a new generation: what this encoding uses is taken over from the last one, the rest dropped
+        previous = self._labels
+        labels: dict[tuple[str, tuple[str, ...]], str] = {}
+        self._previous, self._labels = previous, labels
         out: list[str] = []
         for spec in families:
             assert spec.read is not None
@@ -119,5 +129,6 @@ class FastEncoder:
                 if layout is None:
                     layout = self._layout(spec, fmt)
                     out.append(layout.header)
-                out.append(f"{layout.sample_name}{self._label_string(spec, layout, values)} {_go_float(value)}\n")
+                label_string = self._label_string(spec, layout, values, labels, previous)
+                out.append(f"{layout.sample_name}{label_string} {_go_float(value)}\n")
         return "".join(out)

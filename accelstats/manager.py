@@ -137,8 +137,12 @@ class AcceleratorManager:
         """Build the enabled collectors and detect the cgroup layout.
 
         Raises ``collectors.files.FileDevicesError`` when a configured file-devices directory does not
-        exist (a start-up error) and KeyError for an unknown collector name in the settings.
+        exist (a start-up error) and KeyError for an unknown collector name in the settings. A second
+        call does nothing (``with AcceleratorManager(...)`` already set it up; a second set of
+        collectors would read every GPU twice per collection).
         """
+        if self.layout is not None:
+            return
         names = enabled_names(self.settings)
         table = {e.name: e for e in COLLECTORS}
         for name in names:

@@ -98,6 +98,20 @@ class XidWatcher:
         self._thread.start()
 
     def _run(self) -> None:
+        try:
+            self._watch()
+        except Exception:  # a bug must not take the deferred nvmlShutdown with it
+            log.exception("XID event thread failed; XID events are not watched any more")
+        finally:
+            try:
+                self._free()
+            finally:
+                with self._lock:
+                    self._finished, then = True, self._then
+                if then is not None:
+                    then()
+
+    def _watch(self) -> None:
         by_address = {handle_address(h): u for u, h in self.handles.items()}
         failures = 0
         while not self._stop.is_set():
@@ -130,11 +144,6 @@ class XidWatcher:
                     f": unfit for new work until the driver is reset (accelstats_gpu_critical_xid {xid}; the "
                     "Nomad plugin reports it unhealthy)")
             log.warning("GPU %s reported XID %d%s", uuid, xid, what)
-        self._free()
-        with self._lock:
-            self._finished, then = True, self._then
-        if then is not None:
-            then()
 
     def _uuid_of(self, handle: Any) -> str:
         try:

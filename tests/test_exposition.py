@@ -67,7 +67,7 @@ def bodies(collection: Collection, accept: str, encoding: str = "") -> tuple[byt
         shared = SharedExposition(_Fixed(collection), extra=[ServerCounters()], fast=fast)  # type: ignore[arg-type]
         body, _ = shared.body(accept, encoding)
         if fast and supported(negotiate(accept)[1]) is not None:  # the fast encoder did write it
-            assert shared.fast is not None and shared.fast._labels
+            assert shared.fast is not None and shared.fast.cached
         out.append(body)
     return out[0], out[1]
 
@@ -88,7 +88,6 @@ def _first_difference(a: bytes, b: bytes) -> str:
 def collect(settings: Settings) -> Collection:
     assert settings.nvml_replay is not None
     with AcceleratorManager(settings, open_replay(settings.nvml_replay)) as manager:
-        manager.setup()
         return manager.collect()
 
 
@@ -182,3 +181,23 @@ def test_filtered_requests_are_encoded_by_the_reference(fixtures_dir: Path, tmp_
     shared: Any = SharedExposition(_Fixed(collection), extra=[ServerCounters()])  # type: ignore[arg-type]
     body, _ = shared.body("", "", names=["accelstats_gpu_up"])
     assert body.startswith(b"# HELP accelstats_gpu_up ") and b"accelstats_gpu_info" not in body
+
+
+def test_the_label_cache_holds_what_the_last_two_scrapes_used(fixtures_dir: Path, tmp_path: Path) -> None:
+    """Containers come and go: strings of those gone are dropped after two scrapes, not kept until
+    some size limit."""
+    from accelstats.exposition import FastEncoder
+
+    encoder = FastEncoder()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    small = collect(bench.build_host(tmp_path / "a", fixtures_dir / CAPTURES[0], gpus=1, containers=5))
+    big = collect(bench.build_host(tmp_path / "b", fixtures_dir / CAPTURES[0], gpus=1, containers=50))
+    one_small = FastEncoder()
+    one_small.encode(small, TEXT)
+    encoder.encode(big, TEXT)
+    assert encoder.cached > 3 * one_small.cached
+    encoder.encode(small, TEXT)
+    encoder.encode(small, TEXT)
+    assert encoder.cached == 2 * one_small.cached  # two generations of the small host: the 50 are gone
+    assert encoder.encode(small, TEXT) == encoder.encode(small, TEXT)  # and what is kept is served the same

@@ -178,3 +178,14 @@ def test_nvml_pcie_interval_reaches_the_sampler(tmp_path: Path, fixtures_dir: Pa
 
     assert sampler_interval(0) is None
     assert sampler_interval(2.5) == 2.5
+
+
+def test_a_second_setup_adds_no_second_set_of_collectors(tmp_path: Path, fixtures_dir: Path) -> None:
+    """``with AcceleratorManager(...)`` sets up; a caller's own ``setup()`` inside it once made every
+    collection read each GPU twice (benchmarks and the exposition tests did)."""
+    settings = Settings(cgroup_root=tmp_path, proc_root=tmp_path, collectors=("nvidia",))
+    with AcceleratorManager(settings, open_replay(fixtures_dir / "h200" / "nvidia-smi-q.xml")) as manager:
+        manager.setup()
+        assert [c.name for c in manager.collectors] == ["nvidia"]
+        results = [r.name for r in manager.collect().snapshot.collector_results]
+        assert results.count("nvidia") == 1
