@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import bcrypt
 import pytest
@@ -542,12 +543,24 @@ LOOSE = {
 
 
 @pytest.fixture
-def open_dir() -> Iterator[Path]:
+def open_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A folder every user can reach (pytest's own temporary folders are 0700: nothing in them is
-    open to other users, and accelstats rightly says nothing about the modes there)."""
+    open to other users, and accelstats rightly says nothing about the modes there). The web config
+    sources a test makes are closed before the folder goes: a source left to the garbage collector
+    kept checking its vanished file and logged into a later test's records."""
+    made: list[WebConfigSource] = []
+    init = WebConfigSource.__init__
+
+    def tracked(self: WebConfigSource, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(WebConfigSource, "__init__", tracked)
     folder = Path(tempfile.mkdtemp(prefix="accelstats-open-", dir="/tmp"))
     folder.chmod(0o755)
     yield folder
+    for source in made:
+        source.close()
     shutil.rmtree(folder, ignore_errors=True)
 
 
