@@ -222,18 +222,12 @@ def load_config(path: Path, base: Settings | None = None) -> Settings:
             if p is None and key not in ("nvml_replay", "web_config"):
                 raise ConfigError(f"{where}: key {key!r}: must not be empty")
             changes[key] = p
-        elif key == "log_format":
-            fmt = _expect(where, key, value, str).lower()
-            if fmt not in LOG_FORMATS:
-                raise ConfigError(f"{where}: key 'log_format': expected one of {', '.join(LOG_FORMATS)}, "
-                                  f"got {value!r}")
-            changes[key] = fmt
-        elif key == "log_level":
-            level = _expect(where, key, value, str).lower()
-            if level not in LOG_LEVELS:
-                raise ConfigError(f"{where}: key 'log_level': expected one of {', '.join(LOG_LEVELS)}, "
-                                  f"got {value!r}")
-            changes[key] = level
+        elif key in ("log_format", "log_level"):
+            choices = LOG_FORMATS if key == "log_format" else LOG_LEVELS
+            choice = _expect(where, key, value, str).lower()
+            if choice not in choices:
+                raise ConfigError(f"{where}: key {key!r}: expected one of {', '.join(choices)}, got {value!r}")
+            changes[key] = choice
         elif key in ("nvml_retry_interval", "nvml_deadline", "collection_deadline"):
             seconds = float(_expect(where, key, value, (int, float)))
             if not math.isfinite(seconds) or seconds <= 0:

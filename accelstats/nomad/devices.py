@@ -23,7 +23,7 @@ from accelstats.manager import Collection
 from accelstats.nomad.config import PluginConfig
 from collectors.model import Device, DeviceSample, FileDevice
 
-MIB = 1 << 20
+MIB = catalog.MIB
 FILE_MOUNT_DIR = "/tmp/task-mounts"  # where the example plugin mounts a file device in the task
 
 
@@ -172,7 +172,10 @@ def health(sample: DeviceSample | None, parent: DeviceSample | None = None) -> t
 
 def missing_cap_node(device: Device, parent_minor: int | None, mig_caps: dict[tuple[int, int, int], list[int]],
                      dev_root: str = "/dev") -> str | None:
-    """The first ``nvidia-caps`` node a MIG instance's task needs that does not exist, or None."""
+    """The first ``nvidia-caps`` node (``<dev_root>/nvidia-caps/nvidia-cap<minor>``) that a MIG
+    instance's task needs and that does not exist, or None (also for a GPU, or a MIG instance without
+    an entry). ``mig_caps``: (parent GPU minor, GPU instance id, compute instance id) -> capability
+    minors, from ``/proc/driver/nvidia-caps/mig-minors`` (``plugin._mig_caps``); one ``stat`` per node."""
     if device.kind != "mig" or parent_minor is None:
         return None
     key = (parent_minor, device.gpu_instance_id or 0, device.compute_instance_id or 0)
