@@ -41,6 +41,7 @@ CASES = {"text": ("", ""), "prometheus": (PROMETHEUS_ACCEPT, "gzip")}
 
 
 def cpu_ms(fn: Callable[[], object]) -> float:
+    """CPU milliseconds ``fn()`` took, every thread of this process (``time.process_time``)."""
     t0 = time.process_time()
     fn()
     return (time.process_time() - t0) * 1000
@@ -77,6 +78,7 @@ def run(gpus: int, containers: int, scrapes: int, capture: Path) -> dict[str, li
 
 
 def main() -> None:
+    """Run both hosts and print the figures (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scrapes", type=int, default=60)
     parser.add_argument("--shared", type=Path, default=default_shared())

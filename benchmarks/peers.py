@@ -45,17 +45,21 @@ sys.exit(main())
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 free at the time of the call (the kernel's pick)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
 def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` so far (``/proc/<pid>/stat`` fields 14-15, clock ticks).
+    Raises OSError when the process is gone."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mib(pid: int) -> float:
+    """Resident set size of ``pid`` in MiB (``VmRSS`` of ``/proc/<pid>/status``; NaN when absent)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
@@ -63,6 +67,8 @@ def rss_mib(pid: int) -> float:
 
 
 def scrape(port: int) -> bool:
+    """One GET of ``http://127.0.0.1:<port>/metrics``, read whole: True for status 200, False for
+    anything else or no answer within 5 s."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
             answer.read()
@@ -72,6 +78,9 @@ def scrape(port: int) -> bool:
 
 
 def measure(command: list[str], port: int, scrapes: int, interval: float, env: dict[str, str]) -> dict[str, float]:
+    """Start ``command`` (an exporter on ``port``), then the four figures of the module docstring:
+    first answer (ms), CPU per scrape over ``scrapes`` scrapes ``interval`` s apart (ms), RSS (MiB),
+    SIGTERM to exit (ms). Raises RuntimeError when it never answers within 60 s."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
@@ -98,6 +107,7 @@ def measure(command: list[str], port: int, scrapes: int, interval: float, env: d
 
 
 def main() -> None:
+    """Alternate both exporters ``--rounds`` times and print the medians."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--scrapes", type=int, default=20)

@@ -38,6 +38,8 @@ CLIENT = ("import os, sys, time, torch; x = torch.ones(1 << 26, device='cuda'); 
 
 
 def client_command(variant: str, envs: dict[str, str], mounts: list[tuple[str, str]], ready: Path) -> list[str]:
+    """The argv of one client variant (module docstring): ``envs`` and ``mounts`` ((task path, host
+    path)) from the reservation; the client writes its PID to ``ready`` once it holds GPU memory."""
     py = [sys.executable, "-c", CLIENT, str(ready)]
     env = ["env", *(f"{k}={v}" for k, v in envs.items())]
     if variant == "raw_exec":
@@ -55,6 +57,8 @@ def client_command(variant: str, envs: dict[str, str], mounts: list[tuple[str, s
 
 
 def reached(pipe: str, ready: Path, proc: subprocess.Popen[bytes], out: Path) -> tuple[bool, str]:
+    """(whether the client's PID is in the control daemon's ``ps`` answer in ``pipe``, what was seen),
+    after waiting up to 60 s for the client to hold GPU memory (``ready``)."""
     for _ in range(120):
         if (ready.exists() and ready.read_text().strip()) or proc.poll() is not None:
             break
@@ -69,6 +73,8 @@ def reached(pipe: str, ready: Path, proc: subprocess.Popen[bytes], out: Path) ->
 
 
 def main() -> int:
+    """Run the three variants and print the summary; 0 when the reservation and raw_exec variants
+    reached the daemon and it stopped cleanly."""
     binary, root, out = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     config: dict[str, object] = {"fingerprint_period": "1m",
                                  "mps": {"root": str(root), "resource": [{"name": "nomad", "replicas": 2}]}}

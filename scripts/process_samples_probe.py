@@ -43,6 +43,8 @@ def spacing_ms(stamps: list[int]) -> str:
 
 
 def describe(samples: list[Any], pid: int) -> list[str]:
+    """Summary lines of ``nvmlProcessUtilizationSample_t`` ``samples`` (µs timestamps, smUtil in %)
+    for ``pid``: count, spacing, values."""
     mine = sorted((int(s.timeStamp), int(s.smUtil)) for s in samples if int(s.pid) == pid)
     pids = sorted({int(s.pid) for s in samples})
     return [f"{len(samples)} samples for PIDs {pids}; the busy child's: {len(mine)}",
@@ -51,6 +53,7 @@ def describe(samples: list[Any], pid: int) -> list[str]:
 
 
 def main() -> int:
+    """Run the probe and print its section (module docstring); 0 when the busy child was sampled."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=4.0)
     args = parser.parse_args()
