@@ -20,6 +20,7 @@ from accelstats import __version__
 from collectors.model import Device, DeviceSample, FileDevice, MpsDaemonReading
 
 if TYPE_CHECKING:
+    from accelstats.accounting import Account
     from accelstats.containers import AcceleratorStats, ContainerStats
     from accelstats.manager import Collection
 
@@ -156,7 +157,7 @@ def utf8(value: str) -> str:
     return raw.decode("utf-8", "backslashreplace")
 
 
-def _identity(c: ContainerStats) -> tuple[str, ...]:
+def identity_labels(c: ContainerStats) -> tuple[str, ...]:
     """cAdvisor's container labels: id (cgroup path), name, image, container, pod, namespace."""
     m = c.metadata
     return tuple(utf8(v) for v in (c.cgroup, m.name, m.image, m.container, m.pod, m.namespace))
@@ -173,7 +174,7 @@ def _holders(c: Collection) -> list[tuple[ContainerStats, tuple[str, ...]]]:
     last = _last_holders
     if last is not None and last[0] is c:
         return last[1]
-    holders = [(container, _identity(container)) for container in c.containers if container.accelerators]
+    holders = [(container, identity_labels(container)) for container in c.containers if container.accelerators]
     _last_holders = (c, holders)
     return holders
 
@@ -370,6 +371,70 @@ CONTAINER_DEVICE_OPEN = Family(
     _per_accelerator(lambda a: a.device_open, False))
 CONTAINER = (CONTAINER_INFO, CONTAINER_MEMORY, CONTAINER_SM, CONTAINER_PROCESSES, CONTAINER_DEVICE_OPEN)
 
+# --- §3a GPU accounting: counters integrated by the background sampler (accelstats/accounting.py) -----
+ACCOUNTING_LABELS = CONTAINER_LABELS + ("uuid", "gpu")  # no attribution label: it may change mid-life
+
+
+def _accounts(value: Callable[[Account], float | None]) -> Reader:
+    def collect(c: Collection) -> Iterator[Reading]:
+        if c.accounting is not None:
+            for a in c.accounting.accounts:
+                v = value(a)
+                if v is not None:
+                    yield a.labels, v
+    return collect
+
+
+def _gpu_energy(which: int) -> Reader:
+    def collect(c: Collection) -> Iterator[Reading]:
+        if c.accounting is not None:
+            gpus = {d.uuid: d for d in c.snapshot.devices}
+            for uuid, *joules in c.accounting.devices:
+                d = gpus.get(uuid)
+                if d is not None:
+                    yield (uuid, str(d.index), d.name), joules[which]
+    return collect
+
+
+def _allocated(a: Account) -> float | None:
+    return a.allocated(0.0) if a.intervals else None
+
+
+def _idle(a: Account) -> float | None:
+    return max(0.0, a.allocated(0.0) - a.busy_seconds) if a.intervals and a.has_sm else None
+
+
+ACCOUNT_SM = Family(
+    "accelstats_container_gpu_sm_seconds_total", "counter",
+    "SM-busy seconds of the container's processes on the device: every NVML per-process utilisation sample "
+    "integrated once over the time it covers.", ACCOUNTING_LABELS,
+    _accounts(lambda a: a.sm_seconds if a.has_sm else None))
+ACCOUNT_MEMORY = Family(
+    "accelstats_container_gpu_memory_byte_seconds_total", "counter",
+    "Device memory used by the container's processes (NVML usedGpuMemory) integrated over time.", ACCOUNTING_LABELS,
+    _accounts(lambda a: a.memory_byte_seconds))
+ACCOUNT_ENERGY = Family(
+    "accelstats_container_gpu_energy_joules_total", "counter",
+    "The container's share of the GPU's energy: each energy counter delta split by SM-busy seconds.",
+    ACCOUNTING_LABELS, _accounts(lambda a: a.energy_joules if a.has_sm else None))
+ACCOUNT_ALLOCATED = Family(
+    "accelstats_container_gpu_allocated_seconds_total", "counter",
+    "Seconds the container's devices cgroup granted it the device.", ACCOUNTING_LABELS, _accounts(_allocated))
+ACCOUNT_IDLE = Family(
+    "accelstats_container_gpu_idle_seconds_total", "counter",
+    "Allocated seconds in which none of the container's processes was SM-busy on the device.", ACCOUNTING_LABELS,
+    _accounts(_idle))
+GPU_IDLE_ENERGY = Family(
+    "accelstats_gpu_idle_energy_joules_total", "counter",
+    "Energy the GPU used while no process was SM-busy on it (the part of each delta no process's share took).",
+    GPU_LABELS, _gpu_energy(0))
+GPU_UNATTRIBUTED_ENERGY = Family(
+    "accelstats_gpu_unattributed_energy_joules_total", "counter",
+    "Energy of SM-busy processes outside containers, and all energy while the GPU reports no per-process "
+    "utilisation (MIG mode).", GPU_LABELS, _gpu_energy(1))
+ACCOUNTING = (ACCOUNT_SM, ACCOUNT_MEMORY, ACCOUNT_ENERGY, ACCOUNT_ALLOCATED, ACCOUNT_IDLE, GPU_IDLE_ENERGY,
+              GPU_UNATTRIBUTED_ENERGY)
+
 # --- §4 file devices and the exporter itself -------------------------------------------------------
 
 
@@ -479,7 +544,7 @@ SERVER = (HTTP_REFUSED, HTTP_REQUESTS, WEB_CONFIG_RELOAD_FAILURES)  # read by th
 EXPORTER = (BUILD_INFO, COLLECTOR_SUCCESS, COLLECTOR_DURATION, COLLECTOR_LAST_SUCCESS, SKIPPED_LINES,
             ATTRIBUTION_SKIPPED, NVML_ERRORS, NVML_STATE, *SERVER)
 
-ALL: tuple[Family, ...] = (*CADVISOR, GPU_INFO, GPU_UP, GPU_LAST_SUCCESS, *GPU_SAMPLED, *CONTAINER, *FILES, *MPS,
-                           *EXPORTER)
+ALL: tuple[Family, ...] = (*CADVISOR, GPU_INFO, GPU_UP, GPU_LAST_SUCCESS, *GPU_SAMPLED, *CONTAINER, *ACCOUNTING,
+                           *FILES, *MPS, *EXPORTER)
 #: The families read from a collection, in exposition order (every row but the HTTP server's).
 COLLECTED: tuple[Family, ...] = tuple(f for f in ALL if f.read is not None)

@@ -16,6 +16,7 @@ settings as the command line::
     nvml_deadline = 1.5                # seconds a collection waits for NVML before marking a GPU down
     collection_deadline = 4.0          # seconds a whole collection may take; late parts are served as of their last run
     nvml_pcie_interval = 10.0          # seconds between background PCIe throughput reads; 0 = off
+    accounting_interval = 1.0          # seconds between per-process accounting reads (docs/accounting.md); 0 = off
     collectors = ["nvidia", "files"]   # enabled collectors (default: those enabled by default)
     web_config = ""                    # exporter-toolkit web config (TLS, basic auth); "" = plain HTTP
 
@@ -150,6 +151,7 @@ class Settings:
     nvml_deadline: float = 1.5
     collection_deadline: float = 4.0  # a collection answers by then; a late part serves its last result
     nvml_pcie_interval: float = 10.0  # 0: PCIe throughput not read (collectors/pcie.py)
+    accounting_interval: float = 1.0  # 0: no GPU accounting counters (accelstats/accounting.py)
     collectors: tuple[str, ...] | None = None  # None: each collector's default
     file_devices: FileDevicesSettings = field(default_factory=FileDevicesSettings)
     mps: MpsSettings = field(default_factory=MpsSettings)
@@ -205,8 +207,8 @@ def load_config(path: Path, base: Settings | None = None) -> Settings:
     folder = path.parent
     known = {"listen", "nvml_replay", "cgroup_root", "proc_root", "sysfs_root", "rootfs", "open_fd_scan", "log_level",
              "log_format",
-             "nvml_retry_interval", "nvml_deadline", "collection_deadline", "nvml_pcie_interval", "collectors",
-             "file_devices", "mps",
+             "nvml_retry_interval", "nvml_deadline", "collection_deadline", "nvml_pcie_interval",
+             "accounting_interval", "collectors", "file_devices", "mps",
              "web_config", "runtimes"}
     changes: dict[str, Any] = {}
     for key, value in data.items():
@@ -233,7 +235,7 @@ def load_config(path: Path, base: Settings | None = None) -> Settings:
             if not math.isfinite(seconds) or seconds <= 0:
                 raise ConfigError(f"{where}: key {key!r}: must be a finite number > 0, got {value!r}")
             changes[key] = seconds
-        elif key == "nvml_pcie_interval":
+        elif key in ("nvml_pcie_interval", "accounting_interval"):
             seconds = float(_expect(where, key, value, (int, float)))
             if not math.isfinite(seconds) or seconds < 0:
                 raise ConfigError(f"{where}: key {key!r}: must be a finite number >= 0 (0 = off), got {value!r}")

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from accelstats import catalog
+from accelstats.accounting import AccountingView, Ledger, oldest_process_start
 from accelstats.attribution import Attributor
 from accelstats.cgroups import CgroupLayout, detect_layout
 from accelstats.config import Settings
@@ -39,6 +41,7 @@ from accelstats.containers import (
     ContainerStats,
     HostView,
     NoopCollector,
+    cgroup_of_pids,
 )
 from accelstats.registry import COLLECTORS, Collector, enabled_names
 from collectors.deadline import DeadlineWorker
@@ -106,6 +109,7 @@ class Collection:
     started: float = 0.0
     notes: dict[str, str] = field(default_factory=dict)  # host-wide attribution conditions, for the CLI
     collector_last_success: dict[str, float] = field(default_factory=dict)  # name -> Unix time
+    accounting: AccountingView | None = None  # GPU accounting counters (None: accounting off)
 
 
 class AcceleratorManager:
@@ -131,6 +135,7 @@ class AcceleratorManager:
         self._last_success: dict[str, float] = {}  # name -> Unix time of its last success
         self._attributed: _Attributed | None = None  # the last complete attribution
         self._late_logged: set[str] = set()
+        self.ledger: Ledger | None = None  # GPU accounting (accelstats/accounting.py), with attribution only
 
     # -- seed interface ---------------------------------------------------------------------------
     def setup(self) -> None:
@@ -161,6 +166,29 @@ class AcceleratorManager:
                                           open_fds=self.settings.open_fd_scan, runtimes=self.settings.runtimes)
         log.info("cgroup mode %s (devices %s, unified %s)", self.layout.mode.value, self.layout.devices_root,
                  self.layout.unified_root)
+        backend = next((c for c in self.collectors if isinstance(c, NvidiaBackend)), None)
+        if self._attributor is not None and backend is not None and self.settings.accounting_interval > 0:
+            self.ledger = Ledger(self._pid_cgroup, self._container_started, self._cgroup_alive)
+            backend.enable_accounting(self.settings.accounting_interval, self.ledger.add_rounds)
+
+    # -- host lookups for the accounting ledger (on the sampler's thread, or the collection's) -----
+    def _pid_cgroup(self, pid: int) -> str | None:
+        attributor = self._attributor
+        assert attributor is not None
+        found, _ = cgroup_of_pids((pid,), self.settings.proc_root, attributor.controller, attributor.namespace)
+        return found.get(pid)
+
+    def _cgroup_dir(self, cgroup: str) -> Path | None:
+        hierarchy = self._attributor.hierarchy if self._attributor is not None else None
+        return hierarchy / cgroup.lstrip("/") if hierarchy is not None else None
+
+    def _container_started(self, cgroup: str) -> float | None:
+        directory = self._cgroup_dir(cgroup)
+        return oldest_process_start(directory, self.settings.proc_root) if directory is not None else None
+
+    def _cgroup_alive(self, cgroup: str) -> bool:
+        directory = self._cgroup_dir(cgroup)
+        return directory is not None and directory.is_dir()
 
     def destroy(self, timeout: float = 5.0) -> None:
         """Shut NVML down once no collection is running (waits at most ``timeout`` seconds for one
@@ -255,6 +283,10 @@ class AcceleratorManager:
             collection = Collection(snapshot=snapshot, started=started)
             if self._attributor is not None:
                 snapshot.collector_results.append(self._attribute(collection, deadline_at))
+            if self.ledger is not None:
+                index = {d.uuid: str(d.index) for d in snapshot.devices}
+                collection.accounting = self.ledger.settle(collection.containers, catalog.identity_labels,
+                                                           lambda uuid: index.get(uuid, ""))
             collection.collector_last_success = dict(self._last_success)
             collection.cgroup_mode = self.layout.mode.value if self.layout else ""
             collection.devices_list_skipped_lines_total = self._skipped_lines

@@ -23,7 +23,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from collectors.deadline import DeadlineWorker
 from collectors.model import Device, DeviceSample, DeviceSnapshot, NoDataError, ProcessType, ProcessUsage
 from collectors.nvml_call import DeviceLostError, NvmlCaller, NvmlUnavailableError
 from collectors.pcie import PcieSampler
+from collectors.procsampler import ProcessRound, ProcessSampler
 from collectors.xid import XidWatcher
 
 log = logging.getLogger(__name__)
@@ -170,6 +171,7 @@ class NvidiaBackend:
         self.no_device = False  # the last setup found no NVIDIA PCI device (a GPU-less host, not a failure)
         # The first PCIe round is waited for during setup, within a third of the scrape's deadline.
         self.pcie: PcieSampler | None = None
+        self.accounting: ProcessSampler | None = None  # enable_accounting: per-process accounting reads
         if pcie_interval > 0:
             self.pcie = PcieSampler(self.call, nvml, pcie_interval, first_wait=min(0.5, deadline / 3))
 
@@ -209,7 +211,16 @@ class NvidiaBackend:
         self.xid_watcher.start()
         if self.pcie is not None:
             self.pcie.start(self._gpu_handles())
+        if self.accounting is not None:
+            self.accounting.start([(s.device, s.handle) for s in self._devices])
         return True
+
+    def enable_accounting(self, interval: float, sink: Callable[[list[ProcessRound]], None]) -> ProcessSampler:
+        """Read processes for GPU accounting every ``interval`` seconds from the next NVML setup on
+        (:mod:`collectors.procsampler`), handing each round to ``sink``; call before the first
+        collection. Returns the sampler (tests drive its rounds by hand)."""
+        self.accounting = ProcessSampler(self.call, interval, sink)
+        return self.accounting
 
     def _gpu_handles(self) -> dict[str, Any]:
         """``{uuid: handle}`` of the physical GPUs (MIG instances share their parent's link)."""
@@ -238,11 +249,13 @@ class NvidiaBackend:
         if self._worker.busy and threading.current_thread().name != self._worker.name:
             log.warning("NVML left initialised: a call has not returned")
             return
-        if self.pcie is not None:
-            self.pcie.stop()
-            if not self.pcie.wait_idle(0.1):  # a round ends after its current call (~21 ms)
-                log.warning("NVML left initialised: a PCIe throughput call has not returned")
-                self.pcie.resume()  # NVML stays up: so does the sampler (its stuck round is not doubled)
+        for sampler in (self.pcie, self.accounting):
+            if sampler is None:
+                continue
+            sampler.stop()
+            if not sampler.wait_idle(0.1):  # a round ends after its current call (~21 ms for PCIe)
+                log.warning("NVML left initialised: a %s call has not returned", sampler.what)
+                sampler.resume()  # NVML stays up: so does the sampler (its stuck round is not doubled)
                 return
         watcher, self.xid_watcher = self.xid_watcher, None
         self._devices = []
@@ -270,8 +283,9 @@ class NvidiaBackend:
         after this."""
         self.shutdown()
         self._worker.stop()
-        if self.pcie is not None:
-            self.pcie.close()
+        for sampler in (self.pcie, self.accounting):
+            if sampler is not None:
+                sampler.close()
 
     def _enumerate(self) -> Iterable[_DeviceState]:
         count = self.call("nvmlDeviceGetCount") or 0
@@ -467,6 +481,8 @@ class NvidiaBackend:
         self._devices = merged
         if self.pcie is not None:
             self.pcie.set_handles(self._gpu_handles())
+        if self.accounting is not None:
+            self.accounting.set_devices([(s.device, s.handle) for s in self._devices])
 
     def sample(self, state: _DeviceState) -> DeviceSample:
         """Read one device now. Raises DeviceLostError / NvmlUnavailableError (see nvml_call)."""

@@ -42,6 +42,12 @@ and MIG instances, and names the driver (:func:`load_scenario`)::
     pid = 4242                       # required
     used_memory_bytes = 1073741824   # optional (absent: usedGpuMemory None)
     sm_utilization_percent = 35      # optional: feeds nvmlDeviceGetProcessUtilization
+    start_s = 10                     # optional: listed from 10 s after the first nvmlInit (default 0)
+    end_s = 70                       # optional: and until 70 s (default: for ever)
+    [[gpu.process.step]]             # optional, in time order: from at_s on, these values
+    at_s = 30                        #   (seconds after the first nvmlInit)
+    sm_utilization_percent = 80      #   either key may be left out: unchanged
+    used_memory_bytes = 2147483648
     type = "compute"                 # "compute" (default) | "graphics" | "mps"
     name = "python"                  # optional
     [[gpu.mig]]                      # replaces the capture's MIG devices and enables MIG mode
@@ -157,6 +163,25 @@ class ProcessCapture:
     compute_instance_id: int | None = None
     sm_utilization_percent: int | None = None
     name: str = ""
+    start_s: float = 0.0
+    end_s: float | None = None
+    steps: tuple[tuple[float, int | None, int | None], ...] = ()
+    """Scenario timeline (seconds after the first ``nvmlInit``): the process is listed from ``start_s``
+    until ``end_s`` (None: for ever); from each step's ``at_s`` on, its SM utilisation (percent) and
+    used memory (bytes) are the step's (None in a step: unchanged). Captures have none."""
+
+    def at(self, seconds: float) -> tuple[int | None, int | None] | None:
+        """``(sm_utilization_percent, used_memory_bytes)`` ``seconds`` after the first ``nvmlInit``,
+        or None when the process is not running then."""
+        if seconds < self.start_s or (self.end_s is not None and seconds >= self.end_s):
+            return None
+        sm, used = self.sm_utilization_percent, self.used_memory_bytes
+        for at_s, step_sm, step_used in self.steps:
+            if at_s > seconds:
+                break
+            sm = step_sm if step_sm is not None else sm
+            used = step_used if step_used is not None else used
+        return sm, used
 
 
 @dataclass(frozen=True)
@@ -686,7 +711,8 @@ def mig_profile(parent: GpuCapture, mig: MigCapture) -> str:
 # -- scenarios ---------------------------------------------------------------------------------------
 MAX_HANG_SECONDS = 365 * 86400  # a year; time.sleep refuses from about 9.2e9 s (OverflowError / EINVAL)
 _GPU_KEYS = {"capture", "capture_index", "index", "minor", "uuid", "name", "pci_bus_id", "override", "process", "mig"}
-_PROCESS_KEYS = {"pid", "used_memory_bytes", "sm_utilization_percent", "type", "name"}
+_PROCESS_KEYS = {"pid", "used_memory_bytes", "sm_utilization_percent", "type", "name", "start_s", "end_s", "step"}
+_STEP_KEYS = {"at_s", "used_memory_bytes", "sm_utilization_percent"}
 _MIG_KEYS = {"gpu_instance_id", "compute_instance_id", "profile", "memory_total_bytes", "uuid", "process"}
 _OVERRIDABLE = {f.name: f.type for f in fields(GpuCapture) if f.type in ("int | None", "str | None")}
 
@@ -746,15 +772,36 @@ def _process(t: ScenarioTable, gi: int | None = None, ci: int | None = None) -> 
     kind = t.get("type", str, "compute")
     if kind not in ("compute", "graphics", "mps"):
         t.fail(f"expected 'compute', 'graphics' or 'mps', got {kind!r}", "type")
+    sm = _sm_percent(t)
+    used = _used_memory(t)
+    start = float(t.get("start_s", (int, float), 0.0))
+    end = t.get("end_s", (int, float))
+    if start < 0 or (end is not None and end <= start):
+        t.fail(f"need 0 <= start_s < end_s, got {start!r} and {end!r}", "end_s" if end is not None else "start_s")
+    steps: list[tuple[float, int | None, int | None]] = []
+    for step in t.tables("step", _STEP_KEYS):
+        at_s = float(step.get("at_s", (int, float), required=True))
+        if steps and at_s <= steps[-1][0]:
+            step.fail(f"steps must be in time order, got {at_s!r} after {steps[-1][0]!r}", "at_s")
+        steps.append((at_s, _sm_percent(step), _used_memory(step)))
+    return ProcessCapture(pid=t.uint("pid", required=True), types=frozenset({kind}),
+                          used_memory_bytes=used, gpu_instance_id=gi,
+                          compute_instance_id=ci, sm_utilization_percent=sm, name=t.get("name", str, ""),
+                          start_s=start, end_s=None if end is None else float(end), steps=tuple(steps))
+
+
+def _sm_percent(t: ScenarioTable) -> int | None:
     sm = t.get("sm_utilization_percent", int)
-    if sm is not None and sm > 100:
+    if sm is not None and not 0 <= sm <= 100:
         t.fail(f"must be 0-100, got {sm}", "sm_utilization_percent")
+    return sm  # type: ignore[no-any-return]
+
+
+def _used_memory(t: ScenarioTable) -> int | None:
     used = t.uint("used_memory_bytes", U64)
     if used == U64:
         t.fail(f"{U64} is NVML_VALUE_NOT_AVAILABLE; leave the key out for an unknown amount", "used_memory_bytes")
-    return ProcessCapture(pid=t.uint("pid", required=True), types=frozenset({kind}),
-                          used_memory_bytes=used, gpu_instance_id=gi,
-                          compute_instance_id=ci, sm_utilization_percent=sm, name=t.get("name", str, ""))
+    return used  # type: ignore[no-any-return]
 
 
 def _set_pci_bus_id(t: ScenarioTable, key: str, text: str, changes: dict[str, Any]) -> None:

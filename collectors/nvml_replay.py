@@ -632,24 +632,35 @@ class ReplayState:
         return int(self._need(g, ("pcie_tx_kbps", "pcie_rx_kbps")[counter]))
 
     # -- processes ------------------------------------------------------------------------------
+    def _since_init(self, us: int | None = None) -> float:
+        """Seconds from the first ``nvmlInit`` to ``us`` (µs on the replay's clock; default now):
+        the time scenario process timelines count in."""
+        now = self.clock() if us is None else us / 1_000_000
+        return now - (self.t_init if self.t_init is not None else now)
+
     def _processes(self, call: str, handle: Any) -> list[Any]:
         t = self._device(call, handle, mig=True)
         kind = _PROCESS_CALLS[call]
         out = []
+        elapsed = self._since_init()
         for p in t.gpu.processes:
             if kind not in p.types or (t.mig is not None and (p.gpu_instance_id, p.compute_instance_id)
                                        != (t.mig.gpu_instance_id, t.mig.compute_instance_id)):
                 continue
+            now = p.at(elapsed)
+            if now is None:
+                continue  # not running now (scenario timeline)
             out.append(pynvml.nvmlFriendlyObject({
-                "pid": p.pid, "usedGpuMemory": p.used_memory_bytes,
+                "pid": p.pid, "usedGpuMemory": now[1],
                 "gpuInstanceId": UINT_MAX if p.gpu_instance_id is None else p.gpu_instance_id,
                 "computeInstanceId": UINT_MAX if p.compute_instance_id is None else p.compute_instance_id}))
         return out
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
-        """``nvmlFriendlyObject`` per compute process (``<processes>`` type C, scenario "compute"):
-        ``.pid .usedGpuMemory`` (bytes, None when N/A) ``.gpuInstanceId .computeInstanceId``
-        (0xFFFFFFFF outside MIG). Parent handles list all instances' processes; MIG handles their own."""
+        """``nvmlFriendlyObject`` per compute process (``<processes>`` type C, scenario "compute")
+        running now (scenario ``start_s``/``end_s``): ``.pid .usedGpuMemory`` (bytes, None when N/A;
+        a scenario's ``step`` changes it) ``.gpuInstanceId .computeInstanceId`` (0xFFFFFFFF outside
+        MIG). Parent handles list all instances' processes; MIG handles their own."""
         return self._processes("nvmlDeviceGetComputeRunningProcesses", handle)
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> list[Any]:
@@ -661,16 +672,37 @@ class ReplayState:
         return self._processes("nvmlDeviceGetMPSComputeRunningProcesses", handle)
 
     def nvmlDeviceGetProcessUtilization(self, handle: Any, timeStamp: int) -> list[Any]:
-        """``c_nvmlProcessUtilizationSample_t`` (``.pid .timeStamp`` µs now ``.smUtil`` percent,
-        ``.memUtil .encUtil .decUtil`` 0) per process with a scenario ``sm_utilization_percent``.
-        NOT_FOUND when there is none or ``timeStamp`` is not older than now (as on the H200)."""
+        """One ``c_nvmlProcessUtilizationSample_t`` per process with SM samples newer than ``timeStamp``
+        (µs), as NVML documents it ("one utilization sample structure is returned per process running,
+        that had some non-zero utilization during the last sample period"; ``lastSeenTimeStamp``: "read
+        utilization since the previous query").
+
+        The replayed driver samples every process with a scenario ``sm_utilization_percent`` on a grid of
+        :data:`SAMPLE_PERIOD_US` from the first ``nvmlInit`` (at most :data:`SAMPLE_BUFFER` samples back),
+        each sample the process's value at that instant (its timeline's steps). The answer per process:
+        ``.timeStamp`` its newest sample, ``.smUtil`` the mean of its samples in the window rounded to a whole
+        percent (NVML's unsigned int), ``.pid``; ``.memUtil .encUtil .decUtil`` 0. A process whose samples in
+        the window are all 0 is left out; NOT_FOUND when no process is left (as on the H200).
+        """
         g = self._device("nvmlDeviceGetProcessUtilization", handle).gpu
         now = self._now_us()
-        busy = {p.pid: p.sm_utilization_percent for p in g.processes if p.sm_utilization_percent is not None}
-        if not busy or now <= timeStamp:
+        base = int(self.t_init * 1_000_000) if self.t_init is not None else now
+        newest = (now - base) // SAMPLE_PERIOD_US
+        after = int(timeStamp) - base
+        first = max(0, after // SAMPLE_PERIOD_US + 1 if after >= 0 else 0, newest - SAMPLE_BUFFER + 1)
+        out = []
+        for p in g.processes:
+            if p.sm_utilization_percent is None and not any(s[1] is not None for s in p.steps):
+                continue
+            values = [(k, got[0] or 0) for k in range(first, newest + 1)
+                      if (got := p.at(k * SAMPLE_PERIOD_US / 1_000_000)) is not None]
+            if values and any(v for _, v in values):
+                mean = sum(v for _, v in values) / len(values)
+                out.append(pynvml.c_nvmlProcessUtilizationSample_t(
+                    pid=p.pid, timeStamp=base + values[-1][0] * SAMPLE_PERIOD_US, smUtil=int(mean + 0.5)))
+        if not out:
             raise _err("NOT_FOUND")
-        return [pynvml.c_nvmlProcessUtilizationSample_t(pid=pid, timeStamp=now, smUtil=sm)
-                for pid, sm in busy.items()]
+        return out
 
     # -- MIG --------------------------------------------------------------------------------
     def nvmlDeviceGetMaxMigDeviceCount(self, device: Any) -> int:

@@ -15,13 +15,10 @@ copies); ``rx`` = NVML_PCIE_UTIL_RX_BYTES, bytes the GPU received (host to GPU).
 Threads, and why not the scrape's NVML worker: the scrape pass runs on the backend's
 :class:`~collectors.deadline.DeadlineWorker`, which starts no job while one runs. A round of PCIe
 reads on that worker would keep every scrape that arrives meanwhile from starting its pass (0.34 s
-per round on eight GPUs, forever if the call hangs), so the sampler has a worker of its own, and
-NVML allows that: "NVML is thread-safe so it is safe to make simultaneous NVML calls from multiple
-threads" (NVML API reference). Every call still goes through the backend's one wrapper
-(:class:`~collectors.nvml_call.NvmlCaller`: same error classes, same error counters). A timer
-thread starts one round per interval on the sampler's worker and never waits for it; a round still
-running when the next is due (a hung call: a GPU fell off the bus) is not doubled, so a hang costs
-one thread for as long as it lasts, and its GPU's reading ages out: a reading older than
+per round on eight GPUs, forever if the call hangs), so the sampler has a worker and timer of its
+own (:class:`collectors.rounds.BackgroundRounds`). Every call still goes through the backend's one
+wrapper (:class:`~collectors.nvml_call.NvmlCaller`: same error classes, same error counters). A
+round that hangs is not doubled, and its GPU's reading ages out: a reading older than
 :data:`STALE_INTERVALS` intervals is absent, never repeated forever. The first round (at
 :meth:`PcieSampler.start`, on NVML setup) is waited for at most ``first_wait`` seconds, so the first
 scrape has values without a hang there costing the scrape more than that.
@@ -30,13 +27,12 @@ scrape has values without a hang there costing the scrape more than that.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from collectors.deadline import DeadlineWorker
 from collectors.nvml_call import DeviceLostError, NvmlCaller, NvmlUnavailableError
+from collectors.rounds import BackgroundRounds
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +44,7 @@ STALE_INTERVALS = 3  # a reading older than this many intervals is absent
 Reading = tuple[tuple[str, float], ...]  # ((direction, bytes per second), ...)
 
 
-class PcieSampler:
+class PcieSampler(BackgroundRounds):
     """Reads PCIe throughput of every GPU every ``interval`` seconds in the background.
 
     ``call``: the backend's NVML wrapper; ``nvml``: pynvml or the replay (for the counter
@@ -62,53 +58,19 @@ class PcieSampler:
 
     def __init__(self, call: NvmlCaller, nvml: Any, interval: float, *, first_wait: float = 0.5,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        if not interval > 0:
-            raise ValueError(f"PCIe sampling interval must be > 0 seconds, got {interval!r}")
+        super().__init__("pcie", interval, first_wait=first_wait)
         self.call = call
         self.nvml = nvml
-        self.interval = interval
-        self.first_wait = first_wait
         self.clock = clock
-        self.rounds = 0  # rounds completed (tests and logs)
-        self._worker = DeadlineWorker("accelstats-pcie-nvml")
-        self._timer: threading.Thread | None = None
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
         self._handles: dict[str, Any] = {}
         self._readings: dict[str, tuple[float, Reading]] = {}
-        self._stuck_logged = False
-
-    @property
-    def busy(self) -> bool:
-        """True while a round (possibly stuck in a call) is running on the sampler's worker."""
-        return self._worker.busy
-
-    @property
-    def threads(self) -> tuple[threading.Thread, ...]:
-        """The sampler's threads that are alive: the timer and the NVML worker (for tests and logs)."""
-        return tuple(t for t in (self._timer, self._worker.thread) if t is not None and t.is_alive())
 
     def start(self, handles: Mapping[str, Any]) -> None:
         """Read ``handles`` (``{GPU UUID: NVML handle}``; no MIG handles: NVML measures the physical
         link) from now on: run a first round, waiting at most ``first_wait`` seconds for it, then
         start the timer thread if it is not running."""
         self.set_handles(handles)
-        self._stop.clear()
-        done = self._worker.start(self._round)
-        if done is None:
-            log.warning("PCIe throughput: a round started before has not returned (an NVML call hangs)")
-        elif not done.wait(self.first_wait):
-            log.info("PCIe throughput: the first round did not end within %gs; values follow when it does",
-                     self.first_wait)
-        self.resume()
-
-    def resume(self) -> None:
-        """Start the timer thread again after :meth:`stop` (no first round; the GPUs are kept)."""
-        with self._lock:
-            self._stop.clear()
-            if self._timer is None or not self._timer.is_alive():
-                self._timer = threading.Thread(target=self._loop, name="accelstats-pcie", daemon=True)
-                self._timer.start()
+        self._start_rounds()
 
     def set_handles(self, handles: Mapping[str, Any]) -> None:
         """Replace the GPUs read; readings of GPUs no longer listed are dropped."""
@@ -125,37 +87,11 @@ class PcieSampler:
             return ()
         return got[1]
 
-    def stop(self, timeout: float = 2.0) -> None:
-        """Stop the timer (joined: it never waits on NVML) and drop every reading; a running round
-        ends after its current call (see :meth:`wait_idle`)."""
-        self._stop.set()
-        with self._lock:
-            timer, self._timer = self._timer, None
-            self._readings = {}
-        if timer is not None and timer is not threading.current_thread():
-            timer.join(timeout)
+    def _stopped(self) -> None:
+        self._readings = {}  # every reading is dropped: NVML is about to shut down
 
-    def wait_idle(self, timeout: float) -> bool:
-        """Wait at most ``timeout`` seconds for a running round; True when no NVML call is running."""
-        return self._worker.wait_idle(timeout)
-
-    def close(self, timeout: float = 2.0) -> bool:
-        """:meth:`stop`, then end the worker thread; True when both threads have ended within
-        ``timeout`` seconds, False when a call is still stuck (its daemon thread ends when it returns)."""
-        self.stop(timeout)
-        self._worker.stop()
-        return self._worker.join(timeout)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            done = self._worker.start(self._round)
-            if done is None:
-                if not self._stuck_logged:
-                    log.warning("PCIe throughput: the previous round has not returned (an NVML call hangs); "
-                                "its GPUs' values go absent after %gs", STALE_INTERVALS * self.interval)
-                    self._stuck_logged = True
-            else:
-                self._stuck_logged = False
+    def _stuck_consequence(self) -> str:
+        return f"its GPUs' values go absent after {STALE_INTERVALS * self.interval:g}s"
 
     def _round(self) -> None:
         """Read both directions of every GPU (on the sampler's worker); ends early when stopped."""

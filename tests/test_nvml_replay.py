@@ -633,8 +633,8 @@ def test_process_utilization(tmp_path: Path) -> None:
     assert (sample.pid, sample.timeStamp, sample.smUtil, sample.memUtil) == (463, 2_000_000_000, 35, 0)
     with pytest.raises(pynvml.NVMLError_NotFound):  # no process ran since that timestamp
         nvml.nvmlDeviceGetProcessUtilization(h, sample.timeStamp)
-    clock.now += 1
-    assert nvml.nvmlDeviceGetProcessUtilization(h, sample.timeStamp)[0].timeStamp == 2_001_000_000
+    clock.now += 1  # six samples later (one per 1/6 s, on the µs grid from nvmlInit)
+    assert nvml.nvmlDeviceGetProcessUtilization(h, sample.timeStamp)[0].timeStamp == 2_000_000_000 + 6 * 166_666
     assert [p.pid for p in nvml.nvmlDeviceGetGraphicsRunningProcesses(h)] == [464]
     assert [p.usedGpuMemory for p in nvml.nvmlDeviceGetGraphicsRunningProcesses(h)] == [None]
 

@@ -1,0 +1,116 @@
+"""Background rounds of NVML calls, off the scrape path: the timer and worker both samplers share.
+
+:class:`BackgroundRounds` runs :meth:`BackgroundRounds._round` once per ``interval`` seconds on a
+:class:`~collectors.deadline.DeadlineWorker` of its own (NVML is thread-safe: "it is safe to make
+simultaneous NVML calls from multiple threads", NVML API reference), never on the backend's scrape
+worker, so a round cannot delay a scrape's pass. A timer thread starts one round per interval and
+never waits for it; a round still running when the next is due (a hung call: a GPU fell off the bus)
+is not doubled, so a hang costs one thread for as long as it lasts, logged once.
+
+Subclasses: :class:`collectors.pcie.PcieSampler` (PCIe throughput, ~21 ms per call) and
+:class:`collectors.procsampler.ProcessSampler` (per-process accounting reads).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from collectors.deadline import DeadlineWorker
+
+log = logging.getLogger(__name__)
+
+
+class BackgroundRounds:
+    """A timer thread that starts :meth:`_round` every ``interval`` seconds (> 0) on its own worker.
+
+    ``what`` names the rounds in thread names and log lines; ``first_wait``: seconds :meth:`start`
+    waits for the first round. Lifecycle: :meth:`start` → :meth:`stop` (:meth:`resume` may follow)
+    → :meth:`close`. Raises ValueError for an interval that is not > 0.
+    """
+
+    def __init__(self, what: str, interval: float, *, first_wait: float = 0.5) -> None:
+        if not interval > 0:
+            raise ValueError(f"{what} interval must be > 0 seconds, got {interval!r}")
+        self.what = what
+        self.interval = interval
+        self.first_wait = first_wait
+        self.rounds = 0  # rounds completed (tests and logs)
+        self._worker = DeadlineWorker(f"accelstats-{what}-nvml")
+        self._timer: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._stuck_logged = False
+
+    @property
+    def busy(self) -> bool:
+        """True while a round (possibly stuck in a call) is running on the worker."""
+        return self._worker.busy
+
+    @property
+    def threads(self) -> tuple[threading.Thread, ...]:
+        """The threads that are alive: the timer and the NVML worker (for tests and logs)."""
+        return tuple(t for t in (self._timer, self._worker.thread) if t is not None and t.is_alive())
+
+    def _start_rounds(self) -> None:
+        """Run a first round now, waiting at most ``first_wait`` seconds for it, then :meth:`resume`."""
+        self._stop.clear()
+        done = self._worker.start(self._round)
+        if done is None:
+            log.warning("%s: a round started before has not returned (an NVML call hangs)", self.what)
+        elif not done.wait(self.first_wait):
+            log.info("%s: the first round did not end within %gs; values follow when it does", self.what,
+                     self.first_wait)
+        self.resume()
+
+    def resume(self) -> None:
+        """Start the timer thread again after :meth:`stop` (no first round)."""
+        with self._lock:
+            self._stop.clear()
+            if self._timer is None or not self._timer.is_alive():
+                self._timer = threading.Thread(target=self._loop, name=f"accelstats-{self.what}", daemon=True)
+                self._timer.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Stop the timer (joined: it never waits on NVML) and call :meth:`_stopped`; a running round
+        ends after its current call (see :meth:`wait_idle`)."""
+        self._stop.set()
+        with self._lock:
+            timer, self._timer = self._timer, None
+            self._stopped()
+        if timer is not None and timer is not threading.current_thread():
+            timer.join(timeout)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait at most ``timeout`` seconds for a running round; True when no NVML call is running."""
+        return self._worker.wait_idle(timeout)
+
+    def close(self, timeout: float = 2.0) -> bool:
+        """:meth:`stop`, then end the worker thread; True when both threads have ended within
+        ``timeout`` seconds, False when a call is still stuck (its daemon thread ends when it returns)."""
+        self.stop(timeout)
+        self._worker.stop()
+        return self._worker.join(timeout)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            done = self._worker.start(self._round)
+            if done is None:
+                if not self._stuck_logged:
+                    log.warning("%s: the previous round has not returned (an NVML call hangs); %s", self.what,
+                                self._stuck_consequence())
+                    self._stuck_logged = True
+            else:
+                self._stuck_logged = False
+
+    # -- what a subclass provides ----------------------------------------------------------------
+    def _round(self) -> None:
+        """One round of reads (on the worker thread)."""
+        raise NotImplementedError
+
+    def _stopped(self) -> None:
+        """Called by :meth:`stop` under the lock: drop what must not outlive the NVML session."""
+
+    def _stuck_consequence(self) -> str:
+        """What a hung round means for the values (completes the log line)."""
+        return "values wait until it does"
