@@ -98,6 +98,7 @@ class Account:
     energy_joules: float = 0.0
     busy_seconds: float = 0.0  # allocated time in rounds with SM activity
     intervals: list[tuple[float, float | None]] = field(default_factory=list)
+    allocated_seconds: float = 0.0  # in a published copy: allocated seconds up to the view's as_of
     ended: bool = False
     has_sm: bool = False
 
@@ -221,6 +222,13 @@ class Ledger:
             e.window_sm = 0.0
         dev.window_unknown = False
 
+    def split_energy(self, uuid: str) -> float:
+        """Joules of every energy delta of device ``uuid`` split so far (containers' shares, idle and
+        unattributed add up to it: the conservation the tests check)."""
+        with self._lock:
+            dev = self._devices.get(uuid)
+            return dev.split_energy if dev is not None else 0.0
+
     # -- the collection's side ---------------------------------------------------------------------
     def settle(self, containers: Iterable[ContainerStats], labels: Callable[[ContainerStats], tuple[str, ...]],
                index_of: Callable[[str], str]) -> AccountingView:
@@ -329,11 +337,11 @@ def _container_of(cgroup: str | None, by_cgroup: dict[str, ContainerStats]) -> s
 
 
 def _frozen(a: Account, as_of: float) -> Account:
-    """A copy of ``a`` for publishing: its allocations as one closed interval of the same length."""
+    """A copy of ``a`` for publishing, with ``allocated_seconds`` up to ``as_of``."""
     allocated = a.allocated(as_of)
     return Account(labels=a.labels, sm_seconds=a.sm_seconds, memory_byte_seconds=a.memory_byte_seconds,
                    energy_joules=a.energy_joules, busy_seconds=min(a.busy_seconds, allocated),
-                   intervals=[(0.0, allocated)] if a.intervals else [], ended=a.ended, has_sm=a.has_sm)
+                   intervals=list(a.intervals), allocated_seconds=allocated, ended=a.ended, has_sm=a.has_sm)
 
 
 def oldest_process_start(directory: Path, proc_root: Path, clock: Callable[[], float] = time.monotonic) -> float | None:

@@ -397,11 +397,11 @@ def _gpu_energy(which: int) -> Reader:
 
 
 def _allocated(a: Account) -> float | None:
-    return a.allocated(0.0) if a.intervals else None
+    return a.allocated_seconds if a.intervals else None
 
 
 def _idle(a: Account) -> float | None:
-    return max(0.0, a.allocated(0.0) - a.busy_seconds) if a.intervals and a.has_sm else None
+    return max(0.0, a.allocated_seconds - a.busy_seconds) if a.intervals and a.has_sm else None
 
 
 ACCOUNT_SM = Family(

@@ -228,6 +228,40 @@ def test_metrics_listen_serves_the_same_snapshot(scenario: Path, unused_port: in
         assert 'source="replay"' in body
 
 
+def test_metrics_listen_accounts_per_allocation(tmp_path: Path, fixtures_dir: Path, unused_port: int) -> None:
+    """With ``metrics_listen`` the plugin publishes the accounting counters per allocation: the task's
+    cgroup (Nomad's ``<alloc>.<task>.scope``), with the allocation in ``accelstats_container_info``."""
+    alloc, task = "8f0a2c1e-7d4b-4a6e-9c3f-1b2d3e4f5a6b", "train"
+    cgroup = f"/nomad.slice/share.slice/{alloc}.{task}.scope"
+    scenario = tmp_path / "one.toml"
+    scenario.write_text(f'[[gpu]]\ncapture = "{fixtures_dir / "h200" / "nvidia-smi-q.xml"}"\n'
+                        '[[gpu.process]]\npid = 4242\nused_memory_bytes = 1048576\nsm_utilization_percent = 40\n')
+    devices = tmp_path / "cgroup" / "devices"
+    (devices / cgroup.lstrip("/")).mkdir(parents=True)
+    (devices / "devices.list").write_text("a *:* rwm\n")
+    (devices / cgroup.lstrip("/") / "devices.list").write_text("c 195:0 rw\n")
+    (tmp_path / "proc" / "4242").mkdir(parents=True)
+    (tmp_path / "proc" / "4242" / "cgroup").write_text(f"5:devices:{cgroup}\n0::{cgroup}\n")
+    with PluginProcess(binary()) as plugin:
+        plugin.set_config(encode_for_spec(plugin.config_schema().spec, config(
+            scenario, metrics_listen=f"127.0.0.1:{unused_port}", cgroup_root=str(tmp_path / "cgroup"),
+            proc_root=str(tmp_path / "proc"))))
+        plugin.fingerprint().read(timeout=10)
+        deadline, sm = time.monotonic() + 20, 0.0
+        while sm <= 0 and time.monotonic() < deadline:  # the sampler reads once a second
+            with urllib.request.urlopen(f"http://127.0.0.1:{unused_port}/metrics", timeout=10) as r:
+                body = r.read().decode()
+            sm = sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
+                     if line.startswith("accelstats_container_gpu_sm_seconds_total{") and f'id="{cgroup}"' in line)
+            time.sleep(0.2)
+    assert sm > 0
+    info = next(line for line in body.splitlines() if line.startswith("accelstats_container_info{"))
+    assert f'alloc_id="{alloc}"' in info and f'task="{task}"' in info and f'id="{cgroup}"' in info
+    allocated = next(line for line in body.splitlines()
+                     if line.startswith("accelstats_container_gpu_allocated_seconds_total{"))
+    assert f'id="{cgroup}"' in allocated and f'uuid="{H200}"' in allocated and float(allocated.rsplit(" ", 1)[1]) > 0
+
+
 @pytest.fixture
 def unused_port() -> int:
     import socket
