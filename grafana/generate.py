@@ -306,6 +306,114 @@ def containers() -> Dashboard:
                      ])
 
 
+# --- GPU accounting ------------------------------------------------------------------------------
+
+ACCOUNTED = f'{INSTANCE}, uuid=~"$gpu", namespace=~"$namespace", pod=~"$pod"'
+HOURS, KWH = 3600, 3.6e6  # seconds per hour, joules per kWh
+IN_PODS = ', pod!=""'
+
+
+def _over_range(metric: str, scale: float = 1, fn: str = "increase", window: str = "$__range",
+                extra: str = "") -> str:
+    """``fn(metric[window])`` of the selected containers (``extra``: more matchers, ``, pod!=""``),
+    divided by ``scale`` (hours, kWh)."""
+    expr = f"{fn}({metric}{{{ACCOUNTED}{extra}}}[{window}])"
+    return f"{expr} / {scale:g}" if scale != 1 else expr
+
+
+def _per_alloc(expr: str) -> str:
+    """``expr`` (per container series) with the Nomad allocation and task of the containers joined on
+    from ``accelstats_container_info`` over the range (a container that ended keeps its allocation)."""
+    return (f"({expr}) * on (instance, job, id) group_left (alloc_id, task) group by (instance, job, id, alloc_id, "
+            f'task) (max_over_time(accelstats_container_info{{{INSTANCE}, alloc_id=~"$alloc", alloc_id!=""}}'
+            "[$__range]))")
+
+
+def accounting() -> Dashboard:
+    """Chargeback: GPU-hours and kWh per namespace, pod, Nomad allocation and container over the range,
+    allocated against used, idle allocations (accelstats_container_gpu_*_total counters)."""
+    sm = "accelstats_container_gpu_sm_seconds_total"
+    allocated = "accelstats_container_gpu_allocated_seconds_total"
+    idle = "accelstats_container_gpu_idle_seconds_total"
+    energy = "accelstats_container_gpu_energy_joules_total"
+    memory = "accelstats_container_gpu_memory_byte_seconds_total"
+    gpu_energy = f'{INSTANCE}, uuid=~"$gpu"'
+    totals: Row = ("Totals over the dashboard's range", [
+        single("GPU-hours used", "SM-busy GPU-hours of the selected containers: every NVML per-process "
+               "utilisation sample integrated once (increase of accelstats_container_gpu_sm_seconds_total / 3600).",
+               "h", [query(f"sum({_over_range(sm, HOURS)})")], 4, 6),
+        single("GPU-hours allocated", "GPU-hours the selected containers' devices cgroups granted them "
+               "(accelstats_container_gpu_allocated_seconds_total / 3600).", "h",
+               [query(f"sum({_over_range(allocated, HOURS)})")], 4, 6),
+        single("GPU-hours allocated and idle", "Allocated GPU-hours in which none of the container's processes was "
+               "SM-busy (accelstats_container_gpu_idle_seconds_total / 3600).", "h",
+               [query(f"sum({_over_range(idle, HOURS)})")], 4, 6),
+        single("Energy of containers", "kWh of the selected containers: each GPU energy delta split by SM-busy "
+               "seconds (accelstats_container_gpu_energy_joules_total / 3.6e6).", "kwatth",
+               [query(f"sum({_over_range(energy, KWH)})")], 4, 6),
+        single("Idle GPU energy", "kWh the selected GPUs used while no process was SM-busy on them "
+               "(accelstats_gpu_idle_energy_joules_total / 3.6e6).", "kwatth",
+               [query(f"sum(increase(accelstats_gpu_idle_energy_joules_total{{{gpu_energy}}}[$__range])) / "
+                      f"{KWH:g}")], 4, 6),
+        single("Unattributed GPU energy", "kWh of busy processes outside containers, and of GPUs that report no "
+               "per-process utilisation (MIG mode) (accelstats_gpu_unattributed_energy_joules_total / 3.6e6).",
+               "kwatth", [query(f"sum(increase(accelstats_gpu_unattributed_energy_joules_total{{{gpu_energy}}}"
+                                f"[$__range])) / {KWH:g}")], 4, 6),
+    ])
+    by: Row = ("By namespace, pod, Nomad allocation and container", [
+        bars("GPU-hours used by namespace", "SM-busy GPU-hours per Kubernetes namespace over the range "
+             '(containers outside Kubernetes: namespace "").', "h",
+             [query(f"sort_desc(sum by (namespace) ({_over_range(sm, HOURS)}))", "{{namespace}}")], 8),
+        bars("Energy by namespace", "kWh per Kubernetes namespace over the range.", "kwatth",
+             [query(f"sort_desc(sum by (namespace) ({_over_range(energy, KWH)}))", "{{namespace}}")], 8),
+        bars("GPU-hours allocated by namespace", "Allocated GPU-hours per Kubernetes namespace over the range.", "h",
+             [query(f"sort_desc(sum by (namespace) ({_over_range(allocated, HOURS)}))", "{{namespace}}")], 8),
+        bars("Top $topn pods by GPU-hours used", "SM-busy GPU-hours per pod, all its containers and GPUs together.",
+             "h", [query(f"topk($topn, sum by (namespace, pod) ({_over_range(sm, HOURS, extra=IN_PODS)}))",
+                         "{{namespace}}/{{pod}}")], 8),
+        bars("Top $topn Nomad allocations by GPU-hours used", "SM-busy GPU-hours per Nomad allocation and task "
+             "(allocation from accelstats_container_info).", "h",
+             [query(f"topk($topn, sum by (alloc_id, task) ({_per_alloc(_over_range(sm, HOURS))}))",
+                    "{{alloc_id}} {{task}}")], 8),
+        bars("Top $topn containers by energy", "kWh per container (its name, or its cgroup when it has none).",
+             "kwatth", [query(f"topk($topn, sum by (instance, namespace, pod, container, name, id) "
+                              f"({_over_range(energy, KWH)}))", "{{instance}} {{namespace}}/{{pod}} {{container}} "
+                              "{{name}}")], 8),
+    ])
+    use: Row = ("Allocated against used", [
+        ts("GPUs allocated and used", "GPUs granted to the selected containers (rate of allocated seconds) against "
+           "GPUs kept SM-busy by them (rate of SM-busy seconds); the gap is paid for and unused.", "short",
+           [query(f"sum({_over_range(allocated, fn='rate', window='$__rate_interval')})", "allocated"),
+            query(f"sum({_over_range(sm, fn='rate', window='$__rate_interval')})", "used (SM-busy)")]).min(0),
+        ts("Power by namespace", "Watts of GPU energy each namespace's containers took (rate of their energy "
+           "shares), with the GPUs' idle and unattributed power.", "watt",
+           [query(f"sum by (namespace) ({_over_range(energy, fn='rate', window='$__rate_interval')})",
+                  "{{namespace}}"),
+            query(f"sum(rate(accelstats_gpu_idle_energy_joules_total{{{gpu_energy}}}[$__rate_interval]))", "idle"),
+            query(f"sum(rate(accelstats_gpu_unattributed_energy_joules_total{{{gpu_energy}}}[$__rate_interval]))",
+                  "unattributed")]).min(0),
+        grid("Top $topn idle allocations", "Containers with the most allocated GPU-hours in which they did nothing "
+             "(increase of accelstats_container_gpu_idle_seconds_total / 3600), with their allocated GPU-hours and "
+             "the device memory they held (GiB-hours).", "h",
+             [query(f"topk($topn, {_over_range(idle, HOURS)})"), query(_over_range(allocated, HOURS)),
+              query(_over_range(memory, HOURS * (1 << 30)))], 24, 8,
+             columns={"Value #A": "idle GPU-hours", "Value #B": "allocated GPU-hours", "Value #C": "GiB-hours"}),
+    ])
+    return dashboard(uid="accelstats-accounting", title="accelstats / GPU accounting",
+                     description="GPU-hours and energy per namespace, pod, Nomad allocation and container, for "
+                                 "chargeback (accelstats exporter's accounting counters).",
+                     tags=TAGS, rows=[totals, by, use], variables=[
+                         datasource_variable(), instance_variable(), gpu_variable(),
+                         query_variable("namespace", "Namespace", 'label_values(accelstats_container_gpu_'
+                                        'allocated_seconds_total{instance=~"$instance"}, namespace)'),
+                         query_variable("pod", "Pod", 'label_values(accelstats_container_gpu_allocated_seconds_total'
+                                        '{instance=~"$instance", namespace=~"$namespace"}, pod)'),
+                         query_variable("alloc", "Nomad allocation",
+                                        'label_values(accelstats_container_info{instance=~"$instance"}, alloc_id)'),
+                         custom_variable("topn", "Top N", ["5", "10", "20"]),
+                     ])
+
+
 # --- MPS and file devices --------------------------------------------------------------------------
 
 def mps_files() -> Dashboard:
@@ -365,7 +473,8 @@ def mps_files() -> Dashboard:
                      ])
 
 
-DASHBOARDS = {"gpu-fleet.json": fleet, "containers.json": containers, "mps-and-file-devices.json": mps_files}
+DASHBOARDS = {"gpu-fleet.json": fleet, "containers.json": containers, "mps-and-file-devices.json": mps_files,
+              "gpu-accounting.json": accounting}
 
 
 def render() -> dict[str, str]:

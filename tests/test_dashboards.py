@@ -44,11 +44,12 @@ FILES = sorted(DASHBOARD_DIR.glob("*.json"))
 
 #: Grafana unit ids used here (grafana-data ``valueFormats/categories.ts``); a new one must be a real id.
 KNOWN_UNITS = {"none", "short", "percent", "percentunit", "bytes", "Bps", "watt", "joule", "celsius", "hertz", "s",
-               "bool_yes_no"}
+               "bool_yes_no", "h", "kwatth"}  # h: hours (Time); kwatth: kilowatt-hour (Energy)
 REQUIRED_VARIABLES = {
     "gpu-fleet.json": {"datasource", "instance", "gpu"},
     "containers.json": {"datasource", "instance", "gpu", "namespace", "pod", "alloc"},
     "mps-and-file-devices.json": {"datasource", "instance", "gpu", "resource"},
+    "gpu-accounting.json": {"datasource", "instance", "gpu", "namespace", "pod", "alloc"},
 }
 FAMILIES = {f.name: f for f in catalog.ALL}
 #: Families of spec/metrics.md that a dashboard shows before the exporter publishes them. An entry
@@ -154,7 +155,7 @@ def test_selector_extraction(expr: str, expected: list[tuple[str, list[str]]]) -
 # --- the files ----------------------------------------------------------------------------------------
 
 
-def test_the_three_dashboards_are_there_and_up_to_date() -> None:
+def test_the_dashboards_are_there_and_up_to_date() -> None:
     rendered = load_generator().render()
     assert sorted(rendered) == sorted(REQUIRED_VARIABLES)
     assert [p.name for p in FILES] == sorted(rendered), "a JSON file in grafana/dashboards the generator does not write"
