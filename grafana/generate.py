@@ -404,10 +404,11 @@ def accounting() -> Dashboard:
                                  "chargeback (accelstats exporter's accounting counters).",
                      tags=TAGS, rows=[totals, by, use], variables=[
                          datasource_variable(), instance_variable(), gpu_variable(),
-                         query_variable("namespace", "Namespace", 'label_values(accelstats_container_gpu_'
-                                        'allocated_seconds_total{instance=~"$instance"}, namespace)'),
-                         query_variable("pod", "Pod", 'label_values(accelstats_container_gpu_allocated_seconds_total'
-                                        '{instance=~"$instance", namespace=~"$namespace"}, pod)'),
+                         # every accounted container has memory byte-seconds (granted or not)
+                         query_variable("namespace", "Namespace", 'label_values(accelstats_container_gpu_memory_'
+                                        'byte_seconds_total{instance=~"$instance"}, namespace)'),
+                         query_variable("pod", "Pod", 'label_values(accelstats_container_gpu_memory_byte_seconds_'
+                                        'total{instance=~"$instance", namespace=~"$namespace"}, pod)'),
                          query_variable("alloc", "Nomad allocation",
                                         'label_values(accelstats_container_info{instance=~"$instance"}, alloc_id)'),
                          custom_variable("topn", "Top N", ["5", "10", "20"]),
