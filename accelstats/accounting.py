@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from accelstats.cgroups import is_host_cgroup
 from accelstats.containers import ContainerStats
@@ -98,7 +99,6 @@ class Account:
     energy_joules: float = 0.0
     busy_seconds: float = 0.0  # allocated time in rounds with SM activity
     intervals: list[tuple[float, float | None]] = field(default_factory=list)
-    allocated_seconds: float = 0.0  # in a published copy: allocated seconds up to the view's as_of
     ended: bool = False
     has_sm: bool = False
 
@@ -122,12 +122,29 @@ class Account:
             self.intervals[-1] = (start, max(start, at))
 
 
+class Published(NamedTuple):
+    """One (container, device) as a collection publishes it (a copy: the sampler goes on meanwhile).
+    ``allocated_seconds`` up to the view's ``as_of``; ``was_allocated``: a devices-cgroup grant was
+    seen (else allocated and idle seconds are absent); ``has_sm``: the device reports per-process
+    utilisation (else SM-seconds, energy and idle seconds are absent)."""
+
+    labels: tuple[str, ...]
+    sm_seconds: float
+    memory_byte_seconds: float
+    energy_joules: float
+    allocated_seconds: float
+    busy_seconds: float
+    was_allocated: bool
+    has_sm: bool
+    ended: bool
+
+
 @dataclass(frozen=True)
 class AccountingView:
-    """What one collection publishes: per (container, device) :class:`Account` copies and, per device
+    """What one collection publishes: per (container, device) :class:`Published` and, per device
     UUID, ``(idle joules, unattributed joules)``; ``as_of``: monotonic time of the last round."""
 
-    accounts: tuple[Account, ...] = ()
+    accounts: tuple[Published, ...] = ()
     devices: tuple[tuple[str, float, float], ...] = ()
     as_of: float = 0.0
 
@@ -241,9 +258,17 @@ class Ledger:
                 return AccountingView()
             as_of = self._latest
             by_cgroup = {c.cgroup: c for c in containers}
+            named: dict[str, tuple[str, ...]] = {}
+
+            def once(container: ContainerStats) -> tuple[str, ...]:
+                got = named.get(container.cgroup)
+                if got is None:
+                    got = named[container.cgroup] = labels(container)
+                return got
+
             self._accounts = {k: a for k, a in self._accounts.items() if not a.ended}
-            self._allocate(by_cgroup, labels, index_of, as_of)
-            live = self._settle_pids(by_cgroup, labels, index_of)
+            self._allocate(by_cgroup, once, index_of, as_of)
+            live = self._settle_pids(by_cgroup, once, index_of)
             for (cgroup, _), account in self._accounts.items():
                 account.ended = cgroup not in by_cgroup and cgroup not in live
                 if account.ended:
@@ -336,12 +361,11 @@ def _container_of(cgroup: str | None, by_cgroup: dict[str, ContainerStats]) -> s
     return None
 
 
-def _frozen(a: Account, as_of: float) -> Account:
-    """A copy of ``a`` for publishing, with ``allocated_seconds`` up to ``as_of``."""
+def _frozen(a: Account, as_of: float) -> Published:
+    """What ``a`` publishes, allocated seconds up to ``as_of``."""
     allocated = a.allocated(as_of)
-    return Account(labels=a.labels, sm_seconds=a.sm_seconds, memory_byte_seconds=a.memory_byte_seconds,
-                   energy_joules=a.energy_joules, busy_seconds=min(a.busy_seconds, allocated),
-                   intervals=list(a.intervals), allocated_seconds=allocated, ended=a.ended, has_sm=a.has_sm)
+    return Published(a.labels, a.sm_seconds, a.memory_byte_seconds, a.energy_joules, allocated,
+                     min(a.busy_seconds, allocated), bool(a.intervals), a.has_sm, a.ended)
 
 
 def oldest_process_start(directory: Path, proc_root: Path, clock: Callable[[], float] = time.monotonic) -> float | None:

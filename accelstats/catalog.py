@@ -20,7 +20,7 @@ from accelstats import __version__
 from collectors.model import Device, DeviceSample, FileDevice, MpsDaemonReading
 
 if TYPE_CHECKING:
-    from accelstats.accounting import Account
+    from accelstats.accounting import Published
     from accelstats.containers import AcceleratorStats, ContainerStats
     from accelstats.manager import Collection
 
@@ -375,7 +375,7 @@ CONTAINER = (CONTAINER_INFO, CONTAINER_MEMORY, CONTAINER_SM, CONTAINER_PROCESSES
 ACCOUNTING_LABELS = CONTAINER_LABELS + ("uuid", "gpu")  # no attribution label: it may change mid-life
 
 
-def _accounts(value: Callable[[Account], float | None]) -> Reader:
+def _accounts(value: Callable[[Published], float | None]) -> Reader:
     def collect(c: Collection) -> Iterator[Reading]:
         if c.accounting is not None:
             for a in c.accounting.accounts:
@@ -396,12 +396,12 @@ def _gpu_energy(which: int) -> Reader:
     return collect
 
 
-def _allocated(a: Account) -> float | None:
-    return a.allocated_seconds if a.intervals else None
+def _allocated(a: Published) -> float | None:
+    return a.allocated_seconds if a.was_allocated else None
 
 
-def _idle(a: Account) -> float | None:
-    return max(0.0, a.allocated_seconds - a.busy_seconds) if a.intervals and a.has_sm else None
+def _idle(a: Published) -> float | None:
+    return max(0.0, a.allocated_seconds - a.busy_seconds) if a.was_allocated and a.has_sm else None
 
 
 ACCOUNT_SM = Family(

@@ -29,7 +29,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from accelstats import catalog
-from accelstats.accounting import Account, AccountingView, Ledger
+from accelstats.accounting import AccountingView, Ledger, Published
 from accelstats.catalog import identity_labels
 from accelstats.config import Settings
 from accelstats.containers import AcceleratorStats, ContainerStats
@@ -158,10 +158,10 @@ class Host:
             if r.energy_joules is not None:
                 self.energy.append(r.energy_joules)
 
-    def run(self, scrape_every: int, until: int = END) -> dict[str, Account]:
+    def run(self, scrape_every: int, until: int = END) -> dict[str, Published]:
         """One round per second from 0 to ``until``, a collection every ``scrape_every`` seconds and
         after the last round; the totals each container had when last published."""
-        seen: dict[str, Account] = {}
+        seen: dict[str, Published] = {}
         while True:
             self.round()
             if int(self.t) % scrape_every == 0 or self.t >= until:
@@ -286,7 +286,7 @@ def test_two_concurrent_scrapers_do_not_change_the_totals(scenario: Path) -> Non
             (want.sm_seconds, want.memory_byte_seconds, want.energy_joules), rel=1e-12), cgroup
 
 
-def monotonic(views: list[AccountingView], value: Callable[[Account], float]) -> bool:
+def monotonic(views: list[AccountingView], value: Callable[[Published], float]) -> bool:
     last: dict[str, float] = {}
     for view in views:
         for a in view.accounts:
