@@ -94,6 +94,7 @@ class Account:
     utilisation, so idle seconds are known."""
 
     labels: tuple[str, ...]
+    ident: tuple[str, ...] = ()  # the identity part of labels, as the attribution last gave it
     sm_seconds: float = 0.0
     memory_byte_seconds: float = 0.0
     energy_joules: float = 0.0
@@ -162,7 +163,7 @@ class Ledger:
         self.alive = alive
         self.started: float | None = None  # monotonic time of the first round
         self._lock = threading.Lock()
-        self._pids: dict[tuple[str, int], _Pid] = {}
+        self._pids: dict[str, dict[int, _Pid]] = {}  # device UUID -> PID -> its sums
         self._devices: dict[str, _Device] = {}
         self._accounts: dict[tuple[str, str], Account] = {}
         self._latest = 0.0
@@ -184,24 +185,23 @@ class Ledger:
         dev = self._devices.setdefault(r.uuid, _Device())
         dev.rounds += 1
         listed = dict(r.memory) if r.memory is not None else {}
-        for (uuid, pid), entry in self._pids.items():
-            if uuid != r.uuid:
-                continue
+        pids = self._pids.setdefault(r.uuid, {})
+        for pid, entry in pids.items():
             if r.elapsed > 0 and entry.used_now is not None:
                 entry.memory += entry.used_now * r.elapsed
             entry.listed = pid in listed
             entry.used_now = listed.get(pid)
         for pid, used in listed.items():
-            if (r.uuid, pid) not in self._pids:
-                self._pids[(r.uuid, pid)] = _Pid(cgroup=self.cgroup_of(pid), used_now=used)
+            if pid not in pids:
+                pids[pid] = _Pid(cgroup=self.cgroup_of(pid), used_now=used)
         if r.sm is None:
             dev.window_unknown = dev.window_unknown or r.elapsed > 0
         else:
             dev.has_sm = True
             for pid, seconds in r.sm:
-                found = self._pids.get((r.uuid, pid))
+                found = pids.get(pid)
                 if found is None:  # sampled, but not in the lists of this read (it just exited)
-                    found = self._pids[(r.uuid, pid)] = _Pid(cgroup=self.cgroup_of(pid), listed=False)
+                    found = pids[pid] = _Pid(cgroup=self.cgroup_of(pid), listed=False)
                 entry = found
                 entry.sm += seconds
                 entry.window_sm += seconds
@@ -215,7 +215,7 @@ class Ledger:
         """Split the energy delta since the previous reading over the PIDs by SM-busy seconds."""
         previous, previous_at = dev.energy_joules, dev.energy_at
         dev.energy_joules, dev.energy_at = joules, at
-        entries = [e for (u, _), e in self._pids.items() if u == uuid]
+        entries = list(self._pids.get(uuid, {}).values())
         if previous is None or previous_at is None or joules < previous:  # first reading, or the counter restarted
             for e in entries:
                 e.window_sm = 0.0
@@ -279,17 +279,20 @@ class Ledger:
                               if d.energy_joules is not None),  # GPUs whose energy counter answered
                 as_of=as_of)
 
-    def _account(self, cgroup: str, uuid: str, container: ContainerStats | None,
-                 labels: Callable[[ContainerStats], tuple[str, ...]], index_of: Callable[[str], str]) -> Account:
-        key = (cgroup, uuid)
-        account = self._accounts.get(key)
-        ident = labels(container) if container is not None else (cgroup, "", "", "", "", "")
+    def _account(self, cgroup: str, uuid: str, ident: tuple[str, ...] | None,
+                 index_of: Callable[[str], str]) -> Account:
+        """The account of (``cgroup``, ``uuid``), made on first use; ``ident``: the container's identity
+        labels (None: a cgroup no collection found, labelled by its path alone)."""
+        account = self._accounts.get((cgroup, uuid))
         if account is None:
-            account = self._accounts[key] = Account(labels=(*ident, uuid, index_of(uuid)))
-        elif container is not None:
-            account.labels = (*ident, uuid, index_of(uuid))  # names may be read later than the cgroup
-        dev = self._devices.get(uuid)
-        account.has_sm = account.has_sm or (dev is not None and dev.has_sm)
+            ident = ident or (cgroup, "", "", "", "", "")
+            account = self._accounts[(cgroup, uuid)] = Account(labels=(*ident, uuid, index_of(uuid)), ident=ident)
+        elif ident is not None and ident is not account.ident and ident != account.ident:
+            account.ident = ident  # names may be read later than the cgroup
+            account.labels = (*ident, uuid, index_of(uuid))
+        if not account.has_sm:
+            dev = self._devices.get(uuid)
+            account.has_sm = dev is not None and dev.has_sm
         return account
 
     def _allocate(self, by_cgroup: dict[str, ContainerStats], labels: Callable[[ContainerStats], tuple[str, ...]],
@@ -300,7 +303,7 @@ class Ledger:
             if key not in granted:
                 account.close(as_of)  # the grant went (docker update) or the container ended
         for cgroup, uuid in sorted(granted):
-            account = self._account(cgroup, uuid, by_cgroup[cgroup], labels, index_of)
+            account = self._account(cgroup, uuid, labels(by_cgroup[cgroup]), index_of)
             if not account.allocated_now and not self._vanished(account, cgroup):
                 assert self.started is not None
                 began = self.started_at(cgroup) if not account.intervals else None
@@ -320,27 +323,30 @@ class Ledger:
         """Move each PID's growth to its account; return the owners of PIDs still listed."""
         busy: dict[tuple[str, str], dict[int, tuple[float, float]]] = {}
         live: set[str] = set()
-        for key, entry in list(self._pids.items()):
-            uuid = key[0]
-            owner = _container_of(entry.cgroup, by_cgroup)
-            if owner is None and entry.cgroup is not None and not is_host_cgroup(entry.cgroup):
-                owner = entry.cgroup  # a container no collection saw (it ran between two scrapes)
-            d_sm, d_mem, d_energy = (entry.sm - entry.settled[0], entry.memory - entry.settled[1],
-                                     entry.energy - entry.settled[2])
-            entry.settled = (entry.sm, entry.memory, entry.energy)
-            if owner is None:
-                self._devices.setdefault(uuid, _Device()).unattributed_energy += d_energy
-            else:
-                account = self._account(owner, uuid, by_cgroup.get(owner), labels, index_of)
-                account.sm_seconds += d_sm
-                account.memory_byte_seconds += d_mem
-                account.energy_joules += d_energy
-                busy.setdefault((owner, uuid), {}).update(entry.busy_rounds)
-                if entry.listed:
-                    live.add(owner)
-            entry.busy_rounds = {}
-            if not entry.listed and entry.window_sm == 0.0:
-                del self._pids[key]  # exited, and its last energy window is split: nothing more to come
+        for uuid, pids in self._pids.items():
+            for pid, entry in list(pids.items()):
+                owner = _container_of(entry.cgroup, by_cgroup)
+                if owner is None and entry.cgroup is not None and not is_host_cgroup(entry.cgroup):
+                    owner = entry.cgroup  # a container no collection saw (it ran between two scrapes)
+                d_sm, d_mem, d_energy = (entry.sm - entry.settled[0], entry.memory - entry.settled[1],
+                                         entry.energy - entry.settled[2])
+                entry.settled = (entry.sm, entry.memory, entry.energy)
+                if owner is None:
+                    self._devices.setdefault(uuid, _Device()).unattributed_energy += d_energy
+                else:
+                    container = by_cgroup.get(owner)
+                    account = self._account(owner, uuid, labels(container) if container is not None else None,
+                                            index_of)
+                    account.sm_seconds += d_sm
+                    account.memory_byte_seconds += d_mem
+                    account.energy_joules += d_energy
+                    if entry.busy_rounds:
+                        busy.setdefault((owner, uuid), {}).update(entry.busy_rounds)
+                        entry.busy_rounds = {}
+                    if entry.listed:
+                        live.add(owner)
+                if not entry.listed and entry.window_sm == 0.0:
+                    del pids[pid]  # exited, and its last energy window is split: nothing more to come
         for owned, rounds in busy.items():
             account = self._accounts[owned]
             account.busy_seconds += sum(account.overlap(at - elapsed, at) for at, elapsed in rounds.values())

@@ -185,6 +185,10 @@ fi
 step "what nvmlDeviceGetProcessUtilization returns while a process keeps GPU 0 busy (per-container GPU-seconds need it)"
 timeout 120 $py scripts/process_samples_probe.py --seconds 4 >> "$OUT/gpu-check.md" 2> "$OUT/process-samples.err" || fail=1
 
+step "GPU accounting on live NVML: a busy process's SM-seconds, memory byte-seconds, energy conserved"
+timeout 120 $py scripts/accounting_check.py --seconds 12 >> "$OUT/gpu-check.md" 2> "$OUT/accounting-check.err" || fail=1
+tail -n 8 "$OUT/gpu-check.md"
+
 step "scrape cost on live NVML: accelstats vs the NVML floor vs nvidia-smi (target: accelstats / floor <= 2)"
 # 1 GPU x 10 synthetic containers; 100 interleaved rounds, 0.25 s apart (about a minute); exit 1 = target missed
 timeout 300 $py "$repo/benchmarks/cost.py" --live --rounds 100 > "$OUT/cost.txt" 2>&1 || fail=1
