@@ -432,8 +432,14 @@ GPU_UNATTRIBUTED_ENERGY = Family(
     "accelstats_gpu_unattributed_energy_joules_total", "counter",
     "Energy of SM-busy processes outside containers, and all energy while the GPU reports no per-process "
     "utilisation (MIG mode).", GPU_LABELS, _gpu_energy(1))
+ACCOUNTING_DISCARDED = Family(
+    "accelstats_accounting_discarded_total", "counter",
+    "Accounting readings left out, by reason: energy_jump (an energy delta above 10 kW), sample_from_future (a "
+    "sample stamped after the wall clock), clock_stepped_back (reads restarted), cgroup_unreadable (a process "
+    "whose cgroup could not be read).", ("reason",),
+    lambda c: [((reason,), float(n)) for reason, n in c.accounting.discarded] if c.accounting is not None else [])
 ACCOUNTING = (ACCOUNT_SM, ACCOUNT_MEMORY, ACCOUNT_ENERGY, ACCOUNT_ALLOCATED, ACCOUNT_IDLE, GPU_IDLE_ENERGY,
-              GPU_UNATTRIBUTED_ENERGY)
+              GPU_UNATTRIBUTED_ENERGY, ACCOUNTING_DISCARDED)
 
 # --- §4 file devices and the exporter itself -------------------------------------------------------
 

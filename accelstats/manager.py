@@ -285,8 +285,9 @@ class AcceleratorManager:
                 snapshot.collector_results.append(self._attribute(collection, deadline_at))
             if self.ledger is not None:
                 index = {d.uuid: str(d.index) for d in snapshot.devices}
-                collection.accounting = self.ledger.settle(collection.containers, catalog.identity_labels,
-                                                           lambda uuid: index.get(uuid, ""))
+                attributed = snapshot.collector_results[-1].success or collection.view is not None
+                collection.accounting = self.ledger.settle(collection.containers if attributed else None,
+                                                           catalog.identity_labels, lambda uuid: index.get(uuid, ""))
             collection.collector_last_success = dict(self._last_success)
             collection.cgroup_mode = self.layout.mode.value if self.layout else ""
             collection.devices_list_skipped_lines_total = self._skipped_lines

@@ -774,13 +774,14 @@ def _process(t: ScenarioTable, gi: int | None = None, ci: int | None = None) -> 
         t.fail(f"expected 'compute', 'graphics' or 'mps', got {kind!r}", "type")
     sm = _sm_percent(t)
     used = _used_memory(t)
-    start = float(t.get("start_s", (int, float), 0.0))
-    end = t.get("end_s", (int, float))
-    if start < 0 or (end is not None and end <= start):
-        t.fail(f"need 0 <= start_s < end_s, got {start!r} and {end!r}", "end_s" if end is not None else "start_s")
+    start = _seconds(t, "start_s", 0.0) or 0.0
+    end = _seconds(t, "end_s", None)
+    if end is not None and end <= start:
+        t.fail(f"need start_s < end_s, got {start!r} and {end!r}", "end_s")
     steps: list[tuple[float, int | None, int | None]] = []
     for step in t.tables("step", _STEP_KEYS):
-        at_s = float(step.get("at_s", (int, float), required=True))
+        at_s = _seconds(step, "at_s", None, required=True)
+        assert at_s is not None
         if steps and at_s <= steps[-1][0]:
             step.fail(f"steps must be in time order, got {at_s!r} after {steps[-1][0]!r}", "at_s")
         steps.append((at_s, _sm_percent(step), _used_memory(step)))
@@ -788,6 +789,19 @@ def _process(t: ScenarioTable, gi: int | None = None, ci: int | None = None) -> 
                           used_memory_bytes=used, gpu_instance_id=gi,
                           compute_instance_id=ci, sm_utilization_percent=sm, name=t.get("name", str, ""),
                           start_s=start, end_s=None if end is None else float(end), steps=tuple(steps))
+
+
+SCENARIO_SECONDS_MAX = 10 * 365 * 86400.0  # a timeline longer than ten years is a typo
+
+
+def _seconds(t: ScenarioTable, key: str, default: float | None, *, required: bool = False) -> float | None:
+    """A timeline key in seconds after nvmlInit: a finite number 0 .. :data:`SCENARIO_SECONDS_MAX`."""
+    value = t.get(key, (int, float), default, required=required)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not math.isfinite(value) or not 0 <= value <= SCENARIO_SECONDS_MAX:
+        t.fail(f"must be a number of seconds from 0 to {SCENARIO_SECONDS_MAX:g}, got {value!r}", key)
+    return float(value)
 
 
 def _sm_percent(t: ScenarioTable) -> int | None:
@@ -877,6 +891,10 @@ def _gpu(t: ScenarioTable, base: Path, captures: dict[Path, SystemCapture]) -> t
         changes.update(mig_current=1, mig_pending=1, migs=tuple(_mig(m, i) for i, m in enumerate(migs)))
         extra += [_process(p, m.data["gpu_instance_id"], m.data.get("compute_instance_id", 0))
                   for m in migs for p in m.tables("process", _PROCESS_KEYS)]
+    listed = [(p.pid, kind) for p in extra for kind in p.types]
+    twice = sorted({key for key in listed if listed.count(key) > 1})
+    if twice:  # the same PID in two lists ("C+G": compute and graphics) is one process; twice in one is not
+        t.fail(f"PID {twice[0][0]} is given twice as a {twice[0][1]} process on this GPU", "process")
     # a value the scenario sets (``migs``: all of them) is no longer the capture's deprecated or invalid
     # cell; scenario processes are added to the capture's, whose invalid cells stay listed
     changes.update({k: frozenset(n for n in getattr(gpu, k) if re.split(r"[\[.]", n)[0] not in changes)

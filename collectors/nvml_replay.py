@@ -682,9 +682,12 @@ class ReplayState:
         each sample the process's value at that instant (its timeline's steps). The answer per process:
         ``.timeStamp`` its newest sample, ``.smUtil`` the mean of its samples in the window rounded to a whole
         percent (NVML's unsigned int), ``.pid``; ``.memUtil .encUtil .decUtil`` 0. A process whose samples in
-        the window are all 0 is left out; NOT_FOUND when no process is left (as on the H200).
+        the window are all 0 is left out; NOT_FOUND when no process is left (as on the H200); NOT_SUPPORTED
+        on a GPU in MIG mode.
         """
         g = self._device("nvmlDeviceGetProcessUtilization", handle).gpu
+        if g.migs:  # MIG mode: per-process utilisation is not reported (nor for the instances)
+            raise _err("NOT_SUPPORTED")
         now = self._now_us()
         base = int(self.t_init * 1_000_000) if self.t_init is not None else now
         newest = (now - base) // SAMPLE_PERIOD_US

@@ -7,15 +7,18 @@ often anyone scrapes, so :class:`ProcessSampler` reads every device once per ``i
 
 Per device and round, one :class:`ProcessRound`:
 
-* the processes NVML lists now (MPS, compute, graphics lists; a PID once) with ``usedGpuMemory``;
+* the processes NVML lists now (MPS, compute, graphics lists; a PID once, a known ``usedGpuMemory``
+  winning over "not available"); a GPU in MIG mode lists its instances' processes too, which are left
+  to their instances (each instance is read as a device of its own);
 * SM-busy seconds per PID from ``nvmlDeviceGetProcessUtilization(lastSeenTimeStamp)``. NVML returns
   one sample per process that was busy since ``lastSeenTimeStamp`` ("one utilization sample
   structure is returned per process running, that had some non-zero utilization during the last
   sample period"; "set lastSeenTimeStamp to a timeStamp retrieved from a previous query to read
   utilization since the previous query", NVML API reference), with a CPU timestamp in µs. Each
   sample therefore covers ``(lastSeenTimeStamp, timeStamp]``, and the next read asks from the newest
-  timestamp seen: every driver sample is integrated once (:func:`busy_seconds`). GPUs only: NVML
-  gives no per-process utilisation for MIG instances (``sm`` is None there);
+  timestamp seen: every driver sample is integrated once (:func:`busy_seconds`). GPUs outside MIG mode
+  only: NVML gives no per-process utilisation for MIG instances (``sm`` is None there); a wall clock
+  that steps back (the timestamps are its µs) restarts every device's reads;
 * the GPU's total energy counter (``nvmlDeviceGetTotalEnergyConsumption``, mJ; ~3 ms on the H200)
   every :data:`ENERGY_EVERY` rounds.
 
@@ -24,6 +27,7 @@ The first round of a device primes it (``elapsed`` 0): accounting starts there.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -42,6 +46,7 @@ ENERGY_EVERY = 10
 PROCESS_LISTS = ("nvmlDeviceGetMPSComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses",
                  "nvmlDeviceGetGraphicsRunningProcesses")
 _NOT_AVAILABLE = (2**64 - 1, 2**32 - 1)  # NVML_VALUE_NOT_AVAILABLE as usedGpuMemory
+NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId of a process outside MIG instances
 
 
 @dataclass(frozen=True)
@@ -52,8 +57,9 @@ class ProcessRound:
     the first: nothing to integrate yet); ``memory``: ``(pid, usedGpuMemory bytes or None)`` of every
     process listed now, None when no list answered; ``sm``: ``(pid, SM-busy seconds)`` for the
     processes NVML sampled busy in this read, None when the device gives no per-process utilisation
-    (MIG instances, NOT_SUPPORTED, an error); ``energy_joules``: the GPU's total energy counter when
-    read in this round, else None.
+    (MIG instances and GPUs in MIG mode, NOT_SUPPORTED, an error); ``energy_joules``: the GPU's total
+    energy counter when read in this round, else None; ``discarded``: (reason, count) of what this read
+    left out (``sample_from_future``, ``clock_stepped_back``).
     """
 
     uuid: str
@@ -62,27 +68,52 @@ class ProcessRound:
     memory: tuple[tuple[int, int | None], ...] | None
     sm: tuple[tuple[int, float], ...] | None
     energy_joules: float | None = None
+    discarded: tuple[tuple[str, int], ...] = ()
 
 
-def busy_seconds(samples: Iterable[Any], last_seen_us: int, elapsed: float) -> tuple[dict[int, float], int]:
+FUTURE_SLACK_US = 600_000_000
+"""A sample stamped more than this (10 min) after the wall clock is left out: NVML's CPU timestamps
+are the wall clock's µs on the drivers seen, and one absurd stamp must not stall every later read."""
+STALE_SLACK = 1.0
+"""Seconds a sample may cover beyond the time since the previous read when that read advanced
+``lastSeenTimeStamp`` (the driver's newest sample lags the read by a varying part of a period)."""
+
+
+def busy_seconds(samples: Iterable[Any], last_seen_us: int, elapsed: float, *, advanced: bool = True,
+                 not_after_us: int | None = None) -> tuple[dict[int, float], int, int]:
     """SM-busy seconds per PID from ``nvmlProcessUtilizationSample_t`` ``samples`` (``.pid``,
     ``.timeStamp`` µs, ``.smUtil`` percent) read with ``lastSeenTimeStamp`` = ``last_seen_us``.
 
-    A sample covers ``(last_seen_us, timeStamp]`` (NVML: "utilization since the previous query"), at
-    most ``elapsed`` seconds (the time since the previous read: a ``last_seen_us`` that did not move
-    while NVML answered NOT_FOUND must not stretch one sample over an idle hour). Returns
-    ``({pid: smUtil / 100 x covered seconds}, the newest timestamp seen or last_seen_us)``; a PID
-    sampled twice adds both. smUtil above 100 (seen with zombie processes, nvtop #110) counts as 100.
+    A PID's sample covers the time since its previous sample in this answer, or since
+    ``last_seen_us`` for its first (NVML: "utilization since the previous query"; so one sample per PID,
+    as NVML documents, and every driver sample per PID, give the same integral). A PID's samples
+    together cover at most ``elapsed`` seconds (the time since the previous read) plus
+    :data:`STALE_SLACK` when the previous read ``advanced`` ``lastSeenTimeStamp``, and exactly at most
+    ``elapsed`` when it did not: a timestamp that stood still while NVML answered NOT_FOUND must not
+    stretch one sample over an idle hour. smUtil above 100 (seen with zombie processes, nvtop #110)
+    counts as 100; a sample stamped after ``not_after_us`` is left out. Returns ``({pid: seconds},
+    the newest timestamp used or last_seen_us, samples left out)``.
     """
-    out: dict[int, float] = {}
-    newest = last_seen_us
+    per_pid: dict[int, list[tuple[int, int]]] = {}
+    newest, future = last_seen_us, 0
     for s in samples:
         ts = int(s.timeStamp)
-        covered = min(max(0.0, (ts - last_seen_us) / 1e6), elapsed)
-        pid = int(s.pid)
-        out[pid] = out.get(pid, 0.0) + min(int(s.smUtil), 100) / 100.0 * covered
+        if not_after_us is not None and ts > not_after_us:
+            future += 1
+            continue
+        per_pid.setdefault(int(s.pid), []).append((ts, max(0, min(int(s.smUtil), 100))))
         newest = max(newest, ts)
-    return out, newest
+    cap = elapsed + STALE_SLACK if advanced else elapsed
+    out: dict[int, float] = {}
+    for pid, stamped in per_pid.items():
+        previous, busy, covered_total = last_seen_us, 0.0, 0.0
+        for ts, util in sorted(stamped):
+            covered = min(max(0.0, (ts - previous) / 1e6), max(0.0, cap - covered_total))
+            covered_total += covered
+            busy += util / 100.0 * covered
+            previous = max(previous, ts)
+        out[pid] = busy
+    return out, newest, future
 
 
 class _DeviceReads:
@@ -93,6 +124,7 @@ class _DeviceReads:
         self.handle = handle
         self.last_seen_us = 0
         self.previous_at: float | None = None
+        self.advanced = False  # the previous read moved last_seen_us
         self.rounds = 0
 
 
@@ -107,17 +139,23 @@ class ProcessSampler(BackgroundRounds):
     """
 
     def __init__(self, call: NvmlCaller, interval: float, sink: Callable[[list[ProcessRound]], None], *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         super().__init__("accounting", interval, first_wait=0.5)
         self.call = call
         self.sink = sink
         self.clock = clock
+        self.wall = wall
         self._devices: list[_DeviceReads] = []
+        self._wall_offset: float | None = None  # wall - monotonic at the previous round
 
     def start(self, devices: Sequence[tuple[Device, Any]]) -> None:
         """Read ``devices`` (``(Device, NVML handle)``: GPUs and MIG instances) from now on; the first
-        round primes them (waited for at most ``first_wait`` seconds), then the timer runs."""
+        round primes them (waited for at most ``first_wait`` seconds), then the timer runs. After a stop
+        (NVML shut down and set up again) the first read of each device starts afresh."""
         self.set_devices(devices)
+        with self._lock:
+            for reads in self._devices:
+                reads.previous_at = None
         self._start_rounds()
 
     def set_devices(self, devices: Sequence[tuple[Device, Any]]) -> None:
@@ -133,11 +171,6 @@ class ProcessSampler(BackgroundRounds):
                 fresh.append(reads)
             self._devices = fresh
 
-    def _stopped(self) -> None:
-        # NVML shuts down: timestamps stay (the same driver's clock), but the next read is a new start
-        for reads in self._devices:
-            reads.previous_at = None
-
     def _round(self) -> None:
         self.read_round()
 
@@ -147,6 +180,14 @@ class ProcessSampler(BackgroundRounds):
         the round early (the backend's pass re-initialises it)."""
         with self._lock:
             devices = list(self._devices)
+        discarded: list[tuple[str, int]] = []
+        offset = self.wall() - self.clock()
+        if self._wall_offset is not None and offset < self._wall_offset - 1.0:
+            # the wall clock stepped back: NVML's timestamps (wall-clock µs) restart below lastSeenTimeStamp
+            discarded.append(("clock_stepped_back", 1))
+            for reads in devices:
+                reads.last_seen_us, reads.previous_at = 0, None
+        self._wall_offset = offset
         out = []
         for reads in devices:
             if self._stop.is_set():
@@ -160,12 +201,16 @@ class ProcessSampler(BackgroundRounds):
                 for r in devices:
                     r.previous_at = None
                 break
+        if discarded and out:
+            out[0] = dataclasses.replace(out[0], discarded=(*out[0].discarded, *discarded))
         self.rounds += 1
         self.sink(out)
         return out
 
     def _read(self, reads: _DeviceReads) -> ProcessRound:
-        c, h = self.call, reads.handle
+        c, h, device = self.call, reads.handle, reads.device
+        # a GPU in MIG mode lists its instances' processes too: they are counted on their instances
+        own_only = device.kind == "gpu" and device.mig_mode == "enabled"
         memory: dict[int, int | None] = {}
         readable = False
         for call in PROCESS_LISTS:
@@ -175,20 +220,31 @@ class ProcessSampler(BackgroundRounds):
             if procs is not None:
                 readable = True
                 for p in procs:
+                    if own_only and getattr(p, "gpuInstanceId", NO_INSTANCE) != NO_INSTANCE:
+                        continue
                     used = getattr(p, "usedGpuMemory", None)
-                    memory.setdefault(int(p.pid), None if used is None or used in _NOT_AVAILABLE else int(used))
+                    known = None if used is None or used in _NOT_AVAILABLE else int(used)
+                    if memory.get(int(p.pid)) is None:  # listed twice (MPS and compute): a known amount wins
+                        memory[int(p.pid)] = known
         at = self.clock()
         elapsed = 0.0 if reads.previous_at is None else max(0.0, at - reads.previous_at)
         sm: tuple[tuple[int, float], ...] | None = None
         energy = None
-        if reads.device.kind == "gpu":
+        discarded: tuple[tuple[str, int], ...] = ()
+        if device.kind == "gpu" and not own_only:
             util = c("nvmlDeviceGetProcessUtilization", h, reads.last_seen_us, not_found=[])
             if util is not None:
-                busy, reads.last_seen_us = busy_seconds(util, reads.last_seen_us, elapsed)
+                before = reads.last_seen_us
+                busy, reads.last_seen_us, future = busy_seconds(
+                    util, before, elapsed, advanced=reads.advanced,
+                    not_after_us=int(self.wall() * 1e6) + FUTURE_SLACK_US)
+                reads.advanced = reads.last_seen_us > before
                 sm = tuple(busy.items())
-            if reads.rounds % ENERGY_EVERY == 0:
-                mj = c("nvmlDeviceGetTotalEnergyConsumption", h)
-                energy = None if mj is None else mj / 1000.0
+                discarded = (("sample_from_future", future),) if future else ()
+        if device.kind == "gpu" and reads.rounds % ENERGY_EVERY == 0:
+            mj = c("nvmlDeviceGetTotalEnergyConsumption", h)
+            energy = None if mj is None else mj / 1000.0
         reads.previous_at = at
         reads.rounds += 1
-        return ProcessRound(reads.device.uuid, at, elapsed, tuple(memory.items()) if readable else None, sm, energy)
+        return ProcessRound(device.uuid, at, elapsed, tuple(memory.items()) if readable else None, sm, energy,
+                            discarded)

@@ -13,9 +13,11 @@ Scenario (seconds after ``nvmlInit``):
 | 101 | container A (/docker/a…)  | 0 - 90   | 50, 100 from 30         | 1 GiB, 2 GiB from 30      |
 | 102 | container B (/docker/b…)  | 20 - 50  | 25                      | 512 MiB                   |
 | 103 | a login session (host)    | always   | 10                      | 256 MiB                   |
+| 104 | container D (/docker/f…)  | 60 - 75  | 60                      | 256 MiB                   |
 
 Containers: A's cgroup exists from -5 s, B's from 19.5 s to 80 s, C's (granted, never runs
-anything) always; each is granted the GPU by its devices cgroup.
+anything) always, D's from 59.5 s to 76 s (gone 1 s after its work, before its energy window
+closes); each is granted the GPU by its devices cgroup.
 """
 
 from __future__ import annotations
@@ -40,16 +42,16 @@ from collectors.nvidia import NvidiaBackend
 from collectors.nvml_call import NvmlCaller
 from collectors.nvml_lib import open_replay
 from collectors.nvml_replay import SAMPLE_PERIOD_US
-from collectors.procsampler import ProcessSampler, busy_seconds
+from collectors.procsampler import ProcessRound, ProcessSampler, busy_seconds
 
 UUID = "GPU-5f1c2a9e-0b7d-4c3e-9a61-2d8e4f7b9c10"
 T0 = 5_000.0  # fake clock at nvmlInit
 END = 120  # seconds simulated
 GIB = 1 << 30
-A, B, C = "/docker/" + "a" * 64, "/docker/" + "b" * 64, "/docker/" + "c" * 64
+A, B, C, D = ("/docker/" + ch * 64 for ch in "abcf")
 HOST = "/user.slice/user-0.slice/session-1.scope"
-CGROUP_OF_PID = {101: A, 102: B, 103: HOST}
-LIFE = {A: (-5.0, 1e9), B: (19.5, 80.0), C: (-100.0, 1e9)}  # container cgroups: (created, removed)
+CGROUP_OF_PID = {101: A, 102: B, 103: HOST, 104: D}
+LIFE = {A: (-5.0, 1e9), B: (19.5, 80.0), C: (-100.0, 1e9), D: (59.5, 76.0)}  # container cgroups: (created, removed)
 
 SCENARIO = """
 [[gpu]]
@@ -75,6 +77,12 @@ used_memory_bytes = 536870912
 pid = 103
 sm_utilization_percent = 10
 used_memory_bytes = 268435456
+[[gpu.process]]
+pid = 104
+start_s = 60
+end_s = 75
+sm_utilization_percent = 60
+used_memory_bytes = 268435456
 """
 
 
@@ -84,6 +92,8 @@ def sm_percent(pid: int, t: float) -> float | None:
         return None if t >= 90 else (100.0 if t >= 30 else 50.0)
     if pid == 102:
         return 25.0 if 20 <= t < 50 else None
+    if pid == 104:
+        return 60.0 if 60 <= t < 75 else None
     return 10.0
 
 
@@ -92,6 +102,8 @@ def memory(pid: int, t: float) -> float:
         return 0.0 if t >= 90 else (2.0 * GIB if t >= 30 else 1.0 * GIB)
     if pid == 102:
         return 512.0 * (1 << 20) if 20 <= t < 50 else 0.0
+    if pid == 104:
+        return 256.0 * (1 << 20) if 60 <= t < 75 else 0.0
     return 256.0 * (1 << 20)
 
 
@@ -127,7 +139,7 @@ class Host:
         nvml.nvmlInit()
         self.nvml = nvml
         self.ledger = Ledger(CGROUP_OF_PID.get, self.started_at, self.alive)
-        self.sampler = ProcessSampler(NvmlCaller(nvml), 1.0, self.ledger.add_rounds, clock=self.clock)
+        self.sampler = ProcessSampler(NvmlCaller(nvml), 1.0, self.ledger.add_rounds, clock=self.clock, wall=self.clock)
         self.sampler.set_devices([(Device(uuid=UUID, index=0, minor=0, name="NVIDIA H200"),
                                    nvml.nvmlDeviceGetHandleByIndex(0))])
         self.energy: list[float] = []
@@ -178,32 +190,49 @@ def scenario(tmp_path: Path, fixtures_dir: Path) -> Path:
     return path
 
 
+class Sample:
+    """An ``nvmlProcessUtilizationSample_t`` as the sampler reads it."""
+
+    def __init__(self, pid: int, ts: int, sm: int) -> None:
+        self.pid, self.timeStamp, self.smUtil = pid, ts, sm
+
+
 @pytest.mark.parametrize(
-    ("samples", "last_seen_us", "elapsed", "busy", "newest"),
+    ("samples", "last_seen_us", "elapsed", "advanced", "busy", "newest"),
     [
         # (pid, timeStamp µs, smUtil %): one sample covers (lastSeenTimeStamp, timeStamp]
-        ([(7, 2_000_000, 50)], 1_000_000, 1.0, {7: 0.5}, 2_000_000),
-        ([(7, 2_000_000, 50)], 1_000_000, 0.25, {7: 0.125}, 2_000_000),  # at most the time since the last read
-        ([(7, 1_500_000, 40), (8, 2_000_000, 100)], 1_000_000, 1.0, {7: 0.2, 8: 1.0}, 2_000_000),
-        ([(7, 2_000_000, 250)], 1_000_000, 1.0, {7: 1.0}, 2_000_000),  # > 100 % (zombies): 100 %
-        ([(7, 900_000, 50)], 1_000_000, 1.0, {7: 0.0}, 1_000_000),  # not newer: covers nothing
-        ([], 1_000_000, 1.0, {}, 1_000_000),
+        ([(7, 2_000_000, 50)], 1_000_000, 1.0, True, {7: 0.5}, 2_000_000),
+        ([(7, 1_500_000, 40), (8, 2_000_000, 100)], 1_000_000, 1.0, True, {7: 0.2, 8: 1.0}, 2_000_000),
+        # every driver sample of a PID (six per second): each covers the time since the PID's previous one
+        ([(7, 1_000_000 + k * 166_667, 100) for k in range(1, 7)], 1_000_000, 1.0, True, {7: 1.000002}, 2_000_002),
+        ([(7, 2_000_000, 100), (7, 1_500_000, 0)], 1_000_000, 1.0, True, {7: 0.5}, 2_000_000),  # any order
+        # the driver's newest sample lags the read: up to STALE_SLACK more after a read that advanced ...
+        ([(7, 2_050_000, 100)], 1_000_000, 1.0, True, {7: 1.05}, 2_050_000),
+        # ... but after NOT_FOUND (lastSeenTimeStamp stood still) at most the time since the last read
+        ([(7, 2_000_000, 50)], 1_000_000, 0.25, False, {7: 0.125}, 2_000_000),
+        ([(7, 3_601_000_000, 50)], 1_000_000, 1.0, False, {7: 0.5}, 3_601_000_000),  # an idle hour: one second
+        ([(7, 2_000_000, 250)], 1_000_000, 1.0, True, {7: 1.0}, 2_000_000),  # > 100 % (zombies): 100 %
+        ([(7, 900_000, 50)], 1_000_000, 1.0, True, {7: 0.0}, 1_000_000),  # not newer: covers nothing
+        ([], 1_000_000, 1.0, True, {}, 1_000_000),
     ],
 )
-def test_busy_seconds(samples: list[tuple[int, int, int]], last_seen_us: int, elapsed: float,
+def test_busy_seconds(samples: list[tuple[int, int, int]], last_seen_us: int, elapsed: float, advanced: bool,
                       busy: dict[int, float], newest: int) -> None:
-    class S:
-        def __init__(self, pid: int, ts: int, sm: int) -> None:
-            self.pid, self.timeStamp, self.smUtil = pid, ts, sm
+    got, seen, future = busy_seconds([Sample(*s) for s in samples], last_seen_us, elapsed, advanced=advanced)
+    assert got == pytest.approx(busy) and seen == newest and future == 0
 
-    got, seen = busy_seconds([S(*s) for s in samples], last_seen_us, elapsed)
-    assert got == pytest.approx(busy) and seen == newest
+
+def test_a_sample_from_the_future_is_left_out_and_does_not_stall_later_reads() -> None:
+    got, seen, future = busy_seconds([Sample(7, 2**63, 100), Sample(8, 2_000_000, 100)], 1_000_000, 1.0,
+                                     not_after_us=10_000_000)
+    assert (got, seen, future) == ({8: 1.0}, 2_000_000, 1)
 
 
 def test_sm_seconds_integrate_every_driver_sample_once(scenario: Path) -> None:
     totals = Host(scenario).run(scrape_every=1)
     assert totals[A].sm_seconds == pytest.approx(expected_sm_seconds(101), rel=1e-12)
     assert totals[B].sm_seconds == pytest.approx(expected_sm_seconds(102), rel=1e-12)
+    assert totals[D].sm_seconds == pytest.approx(expected_sm_seconds(104), rel=1e-12)
     assert totals[C].sm_seconds == 0.0
     # 30 s at 50 % + 60 s at 100 %, less the last sample before each whole second's read boundary drift
     assert totals[A].sm_seconds == pytest.approx(75.0, abs=0.01)
@@ -246,13 +275,15 @@ def test_allocated_and_idle_seconds(scenario: Path) -> None:
     assert totals[B].allocated_seconds == 80.0 - 19.5  # from its oldest process to the removal of its cgroup
     assert totals[B].busy_seconds == 30.0  # reads at 21 … 50 s saw it busy
     assert totals[A].busy_seconds == 90.0
+    assert (totals[D].allocated_seconds, totals[D].busy_seconds) == (76.0 - 59.5, 15.0)
+    assert totals[D].ended and totals[D].energy_joules > 0
 
 
 @pytest.mark.parametrize("scrape_every", [7, 60])
 def test_the_scrape_interval_does_not_change_the_totals(scenario: Path, scrape_every: int) -> None:
     every_second = Host(scenario).run(scrape_every=1)
     sparse = Host(scenario).run(scrape_every=scrape_every)
-    assert set(sparse) == set(every_second) == {A, B, C}
+    assert set(sparse) == set(every_second) == {A, B, C, D}
     for cgroup, want in every_second.items():
         got = sparse[cgroup]
         assert (got.sm_seconds, got.memory_byte_seconds, got.allocated_seconds, got.busy_seconds) == pytest.approx(
@@ -261,39 +292,64 @@ def test_the_scrape_interval_does_not_change_the_totals(scenario: Path, scrape_e
 
 
 def test_two_concurrent_scrapers_do_not_change_the_totals(scenario: Path) -> None:
+    """Two threads collect as fast as they can while the rounds go on (and a third collects every 5 s):
+    every counter only grows in every thread's views, and the final totals are those of one scraper.
+    A collection's attribution and settlement go together, as under the manager's collection lock."""
     alone = Host(scenario).run(scrape_every=1)
     host = Host(scenario)
     stop = threading.Event()
-    seen: list[AccountingView] = []
+    views: dict[int, list[AccountingView]] = {0: [], 1: []}
+    collecting = threading.Lock()  # AcceleratorManager.collect: one collection at a time
+    plain = host.collect
 
-    def scraper() -> None:
+    def collect() -> AccountingView:
+        with collecting:
+            return plain()
+
+    host.collect = collect  # type: ignore[method-assign]
+
+    def scraper(n: int) -> None:
         while not stop.is_set():
-            seen.append(host.collect())
+            views[n].append(host.collect())
 
-    threads = [threading.Thread(target=scraper) for _ in range(2)]
+    threads = [threading.Thread(target=scraper, args=(n,)) for n in views]
     for t in threads:
         t.start()
     try:
-        totals = host.run(scrape_every=5)
+        third = host.run(scrape_every=5)  # its last view of each container
     finally:
         stop.set()
         for t in threads:
             t.join()
-    assert len(seen) > 10
+    assert all(len(v) > 10 for v in views.values())
+    final: dict[str, Published] = dict(third)
+    for mine in views.values():
+        for value in COUNTERS:
+            assert monotonic(mine, value)
+        for view in mine:
+            for a in view.accounts:
+                final[a.labels[0]] = max(final.get(a.labels[0], a), a,
+                                         key=lambda x: (x.sm_seconds, x.allocated_seconds))
     for cgroup, want in alone.items():
-        got = totals[cgroup]
-        assert (got.sm_seconds, got.memory_byte_seconds, got.energy_joules) == pytest.approx(
-            (want.sm_seconds, want.memory_byte_seconds, want.energy_joules), rel=1e-12), cgroup
+        got = final[cgroup]
+        assert (got.sm_seconds, got.memory_byte_seconds, got.energy_joules, got.allocated_seconds,
+                got.busy_seconds) == pytest.approx((want.sm_seconds, want.memory_byte_seconds, want.energy_joules,
+                                                    want.allocated_seconds, want.busy_seconds), rel=1e-12), cgroup
 
 
 def monotonic(views: list[AccountingView], value: Callable[[Published], float]) -> bool:
     last: dict[str, float] = {}
     for view in views:
         for a in view.accounts:
-            if value(a) < last.get(a.labels[0], 0.0):
+            if value(a) < last.get(a.labels[0], 0.0) - 1e-9:
                 return False
             last[a.labels[0]] = value(a)
     return True
+
+
+COUNTERS: tuple[Callable[[Published], float], ...] = (
+    lambda a: a.sm_seconds, lambda a: a.memory_byte_seconds, lambda a: a.energy_joules,
+    lambda a: a.allocated_seconds, lambda a: a.allocated_seconds - a.busy_seconds)
 
 
 def test_counters_only_grow_and_an_ended_container_is_published_once_more(scenario: Path) -> None:
@@ -303,8 +359,7 @@ def test_counters_only_grow_and_an_ended_container_is_published_once_more(scenar
         host.round()
         views.append((host.t, host.collect()))
         host.clock.now += 1.0
-    for value in (lambda a: a.sm_seconds, lambda a: a.memory_byte_seconds, lambda a: a.energy_joules,
-                  lambda a: a.allocated_seconds, lambda a: a.allocated_seconds - a.busy_seconds):
+    for value in COUNTERS:
         assert monotonic([v for _, v in views], value)
     with_b = [t for t, v in views if any(a.labels[0] == B for a in v.accounts)]
     assert (with_b[0], with_b[-1]) == (20.0, 80.0)  # seen at 20 s; at 80 s its cgroup is gone: final totals
@@ -314,39 +369,46 @@ def test_counters_only_grow_and_an_ended_container_is_published_once_more(scenar
 
 def test_mig_instances_are_devices_of_their_own_without_sm_or_energy(tmp_path: Path, fixtures_dir: Path) -> None:
     """NVML gives no per-process utilisation for MIG instances: memory and allocation are counted per
-    instance; SM-seconds, energy and idle seconds are absent (never 0)."""
+    instance, once (the parent GPU lists the instance's process too: it is left to the instance);
+    SM-seconds, energy and idle seconds are absent (never 0); the parent's energy is unattributed."""
     path = tmp_path / "mig.toml"
-    path.write_text(f'[[gpu]]\ncapture = "{fixtures_dir / "public" / "a100-sxm4-v12.xml"}"\n[[gpu.mig]]\n'
-                    'gpu_instance_id = 7\nprofile = "1g.10gb"\nmemory_total_bytes = 10737418240\n'
-                    f'uuid = "MIG-00000000-0000-4000-8000-000000000007"\n[[gpu.mig.process]]\npid = 101\n'
+    path.write_text(f'[[gpu]]\ncapture = "{fixtures_dir / "public" / "a100-sxm4-v12.xml"}"\n'
+                    'uuid = "GPU-00000000-0000-4000-8000-0000000000a1"\n[gpu.override]\npower_usage_mw = 100000\n'
+                    '[[gpu.mig]]\ngpu_instance_id = 7\nprofile = "1g.10gb"\nmemory_total_bytes = 10737418240\n'
+                    'uuid = "MIG-00000000-0000-4000-8000-000000000007"\n[[gpu.mig.process]]\npid = 101\n'
                     f'used_memory_bytes = {GIB}\nsm_utilization_percent = 30\n')
     clock = Clock()
     nvml = open_replay(path, clock=clock)
     nvml.nvmlInit()
-    mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(nvml.nvmlDeviceGetHandleByIndex(0), 0)
-    uuid = "MIG-00000000-0000-4000-8000-000000000007"
+    parent = nvml.nvmlDeviceGetHandleByIndex(0)
+    mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, 0)
+    gpu, uuid = "GPU-00000000-0000-4000-8000-0000000000a1", "MIG-00000000-0000-4000-8000-000000000007"
     ledger = Ledger(CGROUP_OF_PID.get, lambda cgroup: T0, lambda cgroup: True)
-    sampler = ProcessSampler(NvmlCaller(nvml), 1.0, ledger.add_rounds, clock=clock)
-    sampler.set_devices([(Device(uuid=uuid, index=0, minor=None, name="A100 MIG 1g.10gb", kind="mig"), mig)])
+    sampler = ProcessSampler(NvmlCaller(nvml), 1.0, ledger.add_rounds, clock=clock, wall=clock)
+    sampler.set_devices([(Device(uuid=gpu, index=0, minor=0, name="A100", mig_mode="enabled"), parent),
+                         (Device(uuid=uuid, index=0, minor=None, name="A100 MIG 1g.10gb", kind="mig"), mig)])
     for _ in range(11):
-        (r,) = sampler.read_round()
-        assert r.sm is None and r.memory == ((101, GIB),)
+        whole, instance = sampler.read_round()
+        assert whole.sm is None and whole.memory == ()  # its instance's process is the instance's
+        assert instance.sm is None and instance.memory == ((101, GIB),)
         clock.now += 1.0
     container = ContainerStats(cgroup=A, identity=None, accelerators=[AcceleratorStats(
         make="nvidia", model="A100 MIG", id=uuid, minor=None, index=0, attribution="devices_cgroup",
         memory_total_bytes=None, memory_used_bytes=None, duty_cycle=None, container_memory_used_bytes=None,
         container_sm_utilization_ratio=None, container_processes=None)])
     view = ledger.settle([container], identity_labels, lambda u: "0")
-    collection = Collection(snapshot=DeviceSnapshot(), accounting=view)
+    collection = Collection(snapshot=DeviceSnapshot(devices=[Device(uuid=gpu, index=0, minor=0, name="A100")]),
+                            accounting=view)
     published = {f.name: [v for _, v in f.read(collection)] for f in catalog.ACCOUNTING if f.read is not None}
     assert published == {
         "accelstats_container_gpu_sm_seconds_total": [],
-        "accelstats_container_gpu_memory_byte_seconds_total": [10.0 * GIB],
+        "accelstats_container_gpu_memory_byte_seconds_total": [10.0 * GIB],  # once: on the instance
         "accelstats_container_gpu_energy_joules_total": [],
         "accelstats_container_gpu_allocated_seconds_total": [10.0],
         "accelstats_container_gpu_idle_seconds_total": [],
-        "accelstats_gpu_idle_energy_joules_total": [],  # no energy counter read for an instance
-        "accelstats_gpu_unattributed_energy_joules_total": [],
+        "accelstats_gpu_idle_energy_joules_total": [0.0],
+        "accelstats_gpu_unattributed_energy_joules_total": [pytest.approx(100.0 * 10)],  # 100 W, 10 s
+        "accelstats_accounting_discarded_total": [0.0, 0.0, 0.0, 0.0],
     }
 
 
@@ -394,3 +456,144 @@ def test_the_exporter_publishes_the_counters_from_its_own_sampler(tmp_path: Path
     unattributed = values("accelstats_gpu_unattributed_energy_joules")[UUID]
     assert sum(energy.values()) + gpu_idle + unattributed == pytest.approx(ledger_split, rel=1e-9)
     assert energy[A] > 0 and energy.get(C, 0.0) == 0.0
+
+
+# --- the ledger against odd input (each a finding of an attack on it) --------------------------------
+
+X, Y = "/docker/" + "d" * 64, "/docker/" + "e" * 64
+
+
+def granted(*cgroups: str, uuid: str = UUID) -> list[ContainerStats]:
+    return [ContainerStats(cgroup=c, identity=None, accelerators=[AcceleratorStats(
+        make="nvidia", model="", id=uuid, minor=0, index=0, attribution="devices_cgroup", memory_total_bytes=None,
+        memory_used_bytes=None, duty_cycle=None, container_memory_used_bytes=None, container_sm_utilization_ratio=None,
+        container_processes=None)]) for c in cgroups]
+
+
+class Feed:
+    """A ledger fed rounds by hand: one device, one round per second."""
+
+    def __init__(self, cgroups: dict[int, str | None], alive: Callable[[str], bool] = lambda c: True) -> None:
+        self.t = 0.0
+        self.cgroups = cgroups
+        self.ledger = Ledger(lambda pid: self.cgroups.get(pid), lambda c: None, alive)
+
+    def round(self, memory: dict[int, int | None] | None, sm: dict[int, float] | None,
+              energy: float | None = None, uuid: str = UUID, also: tuple[ProcessRound, ...] = ()) -> None:
+        elapsed = 1.0 if self.t > 0 else 0.0
+        self.ledger.add_rounds([ProcessRound(uuid, self.t, elapsed, None if memory is None else tuple(memory.items()),
+                                             None if sm is None else tuple(sm.items()), energy), *also])
+        self.t += 1.0
+
+    def settle(self, containers: list[ContainerStats] | None) -> dict[str, Published]:
+        return {a.labels[0]: a for a in self.ledger.settle(containers, identity_labels, lambda u: "0").accounts}
+
+
+def test_a_container_that_ends_right_after_its_work_is_published_once_with_its_final_energy() -> None:
+    """Its last PID exits and its cgroup goes in the same second, before the energy window closes: it
+    stays published until its energy share is split, then once more with the final totals, then never
+    again (no series coming back at 0)."""
+    feed = Feed({7: X})
+    history = []
+    for t in range(21):
+        running = 1 <= t <= 4
+        feed.round({7: GIB} if running else {}, {7: 1.0} if 2 <= t <= 5 else {}, energy=100.0 * t if t % 10 == 0
+                   else None)
+        history.append(feed.settle(granted(X) if t <= 4 else []))
+    with_x = [t for t, seen in enumerate(history) if X in seen]
+    assert with_x == list(range(11))  # until the energy read at 10 s split its share, then gone
+    final = history[10][X]
+    assert final.ended and final.sm_seconds == 4.0 and final.memory_byte_seconds == 4.0 * GIB
+    assert final.energy_joules == pytest.approx(1000.0 * 4.0 / 10.0)
+
+
+def test_without_an_energy_counter_or_collections_the_pid_table_stays_small() -> None:
+    feed = Feed({})
+    for n in range(5000):  # a one-second job every second, in the same cgroup, nobody scrapes
+        feed.cgroups[10_000 + n] = X
+        feed.round({10_000 + n: GIB}, {10_000 + n: 0.5})
+    assert feed.ledger.pids_held <= 3  # the running PID and its cgroup's exited sums
+    seen = feed.settle(granted(X))
+    assert seen[X].sm_seconds == pytest.approx(0.5 * 5000) and seen[X].memory_byte_seconds == 4999 * GIB
+
+
+def test_a_host_process_busy_for_ever_holds_no_growing_history() -> None:
+    feed = Feed({7: HOST})
+    for _ in range(2000):
+        feed.round({7: GIB}, {7: 1.0})
+        if int(feed.t) % 100 == 0:
+            feed.settle([])
+    (entry,) = feed.ledger._pids[UUID].values()
+    assert len(entry.busy_rounds) < 100
+
+
+def test_allocated_seconds_never_decrease_when_a_grant_comes_and_goes() -> None:
+    feed = Feed({})
+    values = []
+    for t in range(100):
+        feed.round({}, {})
+        values.append(feed.settle(granted(X) if t % 2 == 0 else [granted(X)[0].__class__(cgroup=X, identity=None)])
+                      [X].allocated_seconds)
+    assert values == sorted(values) and values[-1] == pytest.approx(50.0)
+
+
+def test_a_reused_pid_is_charged_to_its_new_container() -> None:
+    feed = Feed({7: X})
+    for _ in range(5):
+        feed.round({7: GIB}, {7: 1.0})
+    feed.round({}, {})  # PID 7 exits ...
+    feed.cgroups[7] = Y  # ... and the kernel gives its number to a process of another container
+    for _ in range(5):
+        feed.round({7: GIB}, {7: 1.0})
+    seen = feed.settle(granted(X, Y))
+    assert (seen[X].sm_seconds, seen[Y].sm_seconds) == (5.0, 5.0)
+
+
+def test_a_short_job_in_a_systemd_docker_scope_counts_as_that_container() -> None:
+    scope = "/system.slice/docker-" + "f" * 64 + ".scope"
+    feed = Feed({7: scope})
+    for t in range(25):
+        feed.round({7: GIB} if t < 20 else {}, {7: 1.0} if 1 <= t < 20 else {})
+    seen = feed.settle([])  # the collection never saw the container: it ran between two scrapes
+    assert seen[scope].sm_seconds == 19.0 and seen[scope].ended
+
+
+def test_a_device_no_longer_read_ends_the_containers_on_it() -> None:
+    feed = Feed({7: X}, alive=lambda c: False)
+    for _ in range(3):
+        feed.round({7: GIB}, {7: 1.0})
+    assert X in feed.settle([])
+    other = "GPU-00000000-0000-4000-8000-00000000000b"
+    feed.round({}, {}, uuid=other)  # re-enumerated: the old device is no longer read
+    assert feed.settle([])[X].ended
+    assert X not in feed.settle([])
+
+
+def test_an_energy_jump_is_left_out_and_counted() -> None:
+    feed = Feed({7: X})
+    for joules in (0.0, 700.0, 2.0**40, 2.0**40 + 700.0):
+        feed.round({7: GIB}, {7: 1.0}, energy=joules)
+    view = feed.ledger.settle(granted(X), identity_labels, lambda u: "0")
+    (account,) = view.accounts
+    assert account.energy_joules == pytest.approx(1400.0)  # the two plausible seconds; the jump left out
+    assert dict(view.discarded)["energy_jump"] == 1
+
+
+def test_a_failed_attribution_changes_no_allocation() -> None:
+    feed = Feed({})
+    for t in range(10):
+        feed.round({}, {})
+        seen = feed.settle(None if 3 <= t <= 5 else granted(X))  # the attribution failed at 3-5 s
+    assert seen[X].allocated_seconds == 9.0 and not seen[X].ended
+
+
+def test_the_wall_clock_stepping_back_restarts_the_reads(scenario: Path) -> None:
+    host = Host(scenario)
+    wall = {"offset": 0.0}
+    host.sampler.wall = lambda: host.clock.now + wall["offset"]
+    for _ in range(3):
+        host.round()
+        host.clock.now += 1.0
+    wall["offset"] = -3600.0  # NTP steps the clock back an hour
+    (r,) = host.sampler.read_round()
+    assert r.elapsed == 0.0 and dict(r.discarded)["clock_stepped_back"] == 1

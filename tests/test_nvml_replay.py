@@ -925,6 +925,18 @@ def test_doctype_is_never_fetched(tmp_path: Path) -> None:
      r"noerr\.toml: fault\[0\]\.error: a fault needs `error`, `hang_seconds` or both"),
     ("neg.toml", '[[gpu]]\ncapture = "@H200"\n[[fault]]\ncall = "nvmlInit"\nerror = "UNKNOWN"\nafter_calls = -1\n',
      r"neg\.toml: fault\[0\]\.after_calls: must not be negative"),
+    # process timelines (accounting scenarios)
+    ("nan.toml", '[[gpu]]\ncapture = "@H200"\n[[gpu.process]]\npid = 1\n[[gpu.process.step]]\nat_s = nan\n',
+     r"nan\.toml: gpu\[0\]\.process\[0\]\.step\[0\]\.at_s: must be a number of seconds from 0 to .*, got nan"),
+    ("inf.toml", '[[gpu]]\ncapture = "@H200"\n[[gpu.process]]\npid = 1\nend_s = inf\n',
+     r"inf\.toml: gpu\[0\]\.process\[0\]\.end_s: must be a number of seconds"),
+    ("ends.toml", '[[gpu]]\ncapture = "@H200"\n[[gpu.process]]\npid = 1\nstart_s = 5\nend_s = 2\n',
+     r"ends\.toml: gpu\[0\]\.process\[0\]\.end_s: need start_s < end_s, got 5\.0 and 2\.0"),
+    ("order.toml", '[[gpu]]\ncapture = "@H200"\n[[gpu.process]]\npid = 1\n[[gpu.process.step]]\nat_s = 5\n'
+     '[[gpu.process.step]]\nat_s = 2\n',
+     r"order\.toml: gpu\[0\]\.process\[0\]\.step\[1\]\.at_s: steps must be in time order, got 2\.0 after 5\.0"),
+    ("twice.toml", '[[gpu]]\ncapture = "@H200"\n[[gpu.process]]\npid = 1\n[[gpu.process]]\npid = 1\n',
+     r"twice\.toml: gpu\[0\]\.process: PID 1 is given twice as a compute process on this GPU"),
 ])
 def test_bad_input(tmp_path: Path, name: str, text: str, message: str) -> None:
     with pytest.raises(ReplayError, match=message) as exc:
@@ -1595,7 +1607,9 @@ toml_value = st.one_of(st.integers(min_value=-(1 << 70), max_value=1 << 70).map(
                        st.sampled_from(['"N/A"', '""', '"x"', "true", "[]", "{}"]))
 KEYS = [("[gpu.override]", k) for k in ("temp_gpu_c", "memory_total_bytes", "memory_free_bytes", "minor", "uuid",
                                         "clock_reasons", "pci_bus_id", "power_usage_mw")] + \
-       [("[[gpu.process]]\npid = 7", k) for k in ("used_memory_bytes", "sm_utilization_percent")] + \
+       [("[[gpu.process]]\npid = 7", k)
+        for k in ("used_memory_bytes", "sm_utilization_percent", "start_s", "end_s")] + \
+       [("[[gpu.process]]\npid = 7\n[[gpu.process.step]]", k) for k in ("at_s", "sm_utilization_percent")] + \
        [('[[fault]]\ncall = "*"\ngpu = 0\nerror = "UNKNOWN"', k) for k in ("hang_seconds", "after_calls", "times")] + \
        [("[[event]]\ngpu = 0\nxid = 79", k) for k in ("after_seconds", "gpu_instance_id", "type")] + \
        [("[[event]]\ngpu = 0", "xid"), ("[[event]]\nxid = 79", "gpu")]

@@ -1,0 +1,292 @@
+"""The accounting ledger: integrates the sampler's rounds per (device, PID), hands them to containers
+at each collection (the package docstring and docs/accounting.md say what and why)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+
+from accelstats.accounting.records import (
+    Account,
+    AccountingView,
+    BusyRounds,
+    DeviceSums,
+    PidSums,
+    container_of,
+    published,
+    unseen_container,
+)
+from accelstats.containers import ContainerStats
+from collectors.procsampler import ProcessRound
+
+log = logging.getLogger(__name__)
+
+CgroupOf = Callable[[int], "str | None"]
+"""PID -> its cgroup path as the kernel names it (``/proc/<pid>/cgroup``), None when unreadable."""
+StartedAt = Callable[[str], "float | None"]
+"""Container cgroup path -> monotonic seconds its oldest process started, None when unknown."""
+Alive = Callable[[str], bool]
+"""Container cgroup path -> whether the cgroup directory still exists."""
+Labels = Callable[[ContainerStats], tuple[str, ...]]
+
+MAX_WATTS = 10_000.0
+"""An energy-counter delta faster than this per GPU is a glitch, not a GPU (an H200 is capped at 700 W):
+left out and counted (``energy_jump``)."""
+CGROUP_LOOKUPS = 3
+"""Rounds a PID's unreadable ``/proc/<pid>/cgroup`` is read again before its usage is left out."""
+DISCARD_REASONS = ("energy_jump", "sample_from_future", "clock_stepped_back", "cgroup_unreadable")
+
+
+class Ledger:
+    """The accounting state of one exporter. Thread-safe: the sampler's thread calls
+    :meth:`add_rounds`, collections call :meth:`settle`, under one lock.
+
+    ``cgroup_of``, ``started_at``, ``alive``: the host lookups (injectable: the manager passes ones that
+    read ``/proc`` and the cgroup hierarchy). ``discarded`` counts readings left out, by reason
+    (:data:`DISCARD_REASONS`).
+    """
+
+    def __init__(self, cgroup_of: CgroupOf, started_at: StartedAt, alive: Alive) -> None:
+        self.cgroup_of = cgroup_of
+        self.started_at = started_at
+        self.alive = alive
+        self.started: float | None = None  # monotonic time of the first round
+        self.discarded: Counter[str] = Counter({r: 0 for r in DISCARD_REASONS})
+        self._lock = threading.Lock()
+        self._pids: dict[str, dict[int, PidSums]] = {}  # device UUID -> PID -> its sums
+        self._exited: dict[tuple[str, str | None], PidSums] = {}  # (UUID, cgroup) -> exited PIDs' sums
+        self._devices: dict[str, DeviceSums] = {}
+        self._accounts: dict[tuple[str, str], Account] = {}
+        self._containers: dict[str, ContainerStats] = {}  # the last attribution's, by cgroup path
+        self._latest = 0.0
+        self._logged: set[str] = set()
+
+    # -- the sampler's side ------------------------------------------------------------------------
+    def add_rounds(self, rounds: Sequence[ProcessRound]) -> None:
+        """Integrate one sampler round (each device read once). A device the round did not read has
+        its PIDs marked gone; PIDs gone and settled into their energy window are folded into their
+        cgroup's exited sums (so the table holds the running PIDs, whatever the churn)."""
+        with self._lock:
+            seen = set()
+            for r in rounds:
+                self._add(r)
+                seen.add(r.uuid)
+                self._latest = max(self._latest, r.at)
+                for reason, n in r.discarded:
+                    self._discard(reason, n)
+            if rounds and self.started is None:
+                self.started = min(r.at for r in rounds)
+            for uuid, pids in self._pids.items():
+                dev = self._devices[uuid]
+                for pid, entry in list(pids.items()):
+                    if uuid not in seen:
+                        entry.listed = False
+                    if not entry.listed and (entry.window_sm == 0.0 or dev.energy_joules is None or uuid not in seen):
+                        self._retire(uuid, entry)
+                        del pids[pid]
+            for (cgroup, _), account in self._accounts.items():
+                if account.allocated_now and not self.alive(cgroup):
+                    account.close(self._latest)  # the container ended: its allocation ends with it
+
+    def _discard(self, reason: str, n: int = 1) -> None:
+        self.discarded[reason] += n
+        if reason not in self._logged:
+            self._logged.add(reason)
+            log.warning("GPU accounting: readings left out (%s); counted in accelstats_accounting_discarded_total",
+                        reason)
+
+    def _retire(self, uuid: str, entry: PidSums) -> None:
+        self._exited.setdefault((uuid, entry.cgroup), PidSums(cgroup=entry.cgroup, listed=False)).fold(entry)
+
+    def _lookup(self, pid: int, entry: PidSums | None = None) -> str | None:
+        cgroup = self.cgroup_of(pid)
+        if cgroup is None and entry is not None and entry.lookups >= CGROUP_LOOKUPS:
+            self._discard("cgroup_unreadable")
+        return cgroup
+
+    def _add(self, r: ProcessRound) -> None:
+        dev = self._devices.setdefault(r.uuid, DeviceSums())
+        dev.rounds += 1
+        listed = dict(r.memory) if r.memory is not None else {}
+        pids = self._pids.setdefault(r.uuid, {})
+        for pid, entry in list(pids.items()):
+            if r.elapsed > 0 and entry.used_now is not None:
+                entry.memory += entry.used_now * r.elapsed
+            now_listed = pid in listed
+            if now_listed and not entry.listed:  # gone, then back: maybe another process with a reused PID
+                self._retire(r.uuid, entry)
+                del pids[pid]
+                continue
+            entry.listed, entry.used_now = now_listed, listed.get(pid)
+            if now_listed and entry.cgroup is None and entry.lookups < CGROUP_LOOKUPS:
+                entry.lookups += 1
+                entry.cgroup = self._lookup(pid, entry)
+        for pid, used in listed.items():
+            if pid not in pids:
+                pids[pid] = PidSums(cgroup=self._lookup(pid), used_now=used)
+        if r.sm is None:
+            dev.window_unknown = dev.window_unknown or r.elapsed > 0
+        else:
+            dev.has_sm = True
+            for pid, seconds in r.sm:
+                sampled = pids.get(pid)
+                if sampled is None:  # sampled, but not in this read's lists (it just exited)
+                    sampled = pids[pid] = PidSums(cgroup=self._lookup(pid), listed=False)
+                entry = sampled
+                entry.sm += seconds
+                entry.window_sm += seconds
+                if seconds > 0:
+                    entry.mark_busy(dev.rounds, r.at, r.elapsed)
+        if r.energy_joules is not None:
+            self._split_energy(r.uuid, dev, r.at, r.energy_joules)
+
+    def _split_energy(self, uuid: str, dev: DeviceSums, at: float, joules: float) -> None:
+        """Split the energy delta since the previous reading over the PIDs by SM-busy seconds."""
+        previous, previous_at = dev.energy_joules, dev.energy_at
+        dev.energy_joules, dev.energy_at = joules, at
+        entries = list(self._pids.get(uuid, {}).values())
+        window = max(0.0, at - previous_at) if previous_at is not None else 0.0
+        usable = previous is not None and joules >= previous  # else the first reading, or the counter restarted
+        if usable and previous is not None and joules - previous > MAX_WATTS * window + 1.0:
+            self._discard("energy_jump")
+            usable = False
+        if usable and previous is not None:
+            delta = joules - previous
+            dev.split_energy += delta
+            if dev.window_unknown:
+                dev.unattributed_energy += delta
+            else:
+                denominator = max(window, sum(e.window_sm for e in entries))
+                given = 0.0
+                if denominator > 0:
+                    for e in entries:
+                        share = delta * e.window_sm / denominator
+                        e.energy += share
+                        given += share
+                dev.idle_energy += delta - given
+        for e in entries:
+            e.window_sm = 0.0
+        dev.window_unknown = False
+
+    def split_energy(self, uuid: str) -> float:
+        """Joules of every energy delta of device ``uuid`` split so far (containers' shares, idle and
+        unattributed add up to it: the conservation the tests check)."""
+        with self._lock:
+            dev = self._devices.get(uuid)
+            return dev.split_energy if dev is not None else 0.0
+
+    @property
+    def pids_held(self) -> int:
+        """PID entries and exited-cgroup sums held (tests and benchmarks: bounded by running PIDs)."""
+        with self._lock:
+            return sum(len(p) for p in self._pids.values()) + len(self._exited)
+
+    # -- the collection's side ---------------------------------------------------------------------
+    def settle(self, containers: Iterable[ContainerStats] | None, labels: Labels,
+               index_of: Callable[[str], str]) -> AccountingView:
+        """Hand every PID's growth since the last settlement to its container, update allocations from
+        this collection's ``containers`` (None: the attribution failed; the last one's containers are
+        used and no allocation changes), and return the view to publish (``labels``: a container's
+        identity label values; ``index_of``: UUID -> ``gpu`` label). Accounts published as ended by the
+        previous settlement are dropped first."""
+        with self._lock:
+            if self.started is None:
+                return AccountingView()
+            as_of = self._latest
+            if containers is not None:
+                self._containers = {c.cgroup: c for c in containers}
+            by_cgroup = self._containers
+            named: dict[str, tuple[str, ...]] = {}
+
+            def once(container: ContainerStats) -> tuple[str, ...]:
+                got = named.get(container.cgroup)
+                if got is None:
+                    got = named[container.cgroup] = labels(container)
+                return got
+
+            self._accounts = {k: a for k, a in self._accounts.items() if not a.ended}
+            if containers is not None:
+                self._allocate(by_cgroup, once, index_of, as_of)
+            live = self._settle_pids(by_cgroup, once, index_of)
+            for (cgroup, _), account in self._accounts.items():
+                # gone from the attribution, no PID of it held, its allocation closed by a round
+                account.ended = cgroup not in by_cgroup and cgroup not in live and not account.allocated_now
+            return AccountingView(
+                accounts=tuple(published(a, as_of) for a in self._accounts.values()),
+                devices=tuple((u, d.idle_energy, d.unattributed_energy) for u, d in sorted(self._devices.items())
+                              if d.energy_joules is not None),  # GPUs whose energy counter answered
+                discarded=tuple(sorted(self.discarded.items())), as_of=as_of)
+
+    def _account(self, cgroup: str, uuid: str, ident: tuple[str, ...] | None,
+                 index_of: Callable[[str], str]) -> Account:
+        """The account of (``cgroup``, ``uuid``), made on first use; ``ident``: the container's identity
+        labels (None: a cgroup no collection found, labelled by its path alone)."""
+        account = self._accounts.get((cgroup, uuid))
+        if account is None:
+            ident = ident or (cgroup, "", "", "", "", "")
+            account = self._accounts[(cgroup, uuid)] = Account(labels=(*ident, uuid, index_of(uuid)), ident=ident)
+        elif ident is not None and ident is not account.ident and ident != account.ident:
+            account.ident = ident  # names may be read later than the cgroup
+            account.labels = (*ident, uuid, index_of(uuid))
+        if not account.has_sm:
+            dev = self._devices.get(uuid)
+            account.has_sm = dev is not None and dev.has_sm
+        return account
+
+    def _allocate(self, by_cgroup: dict[str, ContainerStats], labels: Labels, index_of: Callable[[str], str],
+                  as_of: float) -> None:
+        granted = {(c.cgroup, a.id) for c in by_cgroup.values() for a in c.accelerators
+                   if a.attribution == "devices_cgroup"}
+        for key, account in self._accounts.items():
+            if key in granted or not account.allocated_now:
+                continue
+            if key[0] not in by_cgroup and not self.alive(key[0]):
+                continue  # the container ended: the sampler's next round closes it when it sees the cgroup gone
+            account.close(as_of)  # the grant went (docker update), seen by this collection
+        for cgroup, uuid in sorted(granted):
+            account = self._accounts.get((cgroup, uuid))
+            if account is not None and account.allocated_now:
+                continue
+            if not self.alive(cgroup):
+                continue  # its cgroup is gone already: this attribution raced the container's end
+            account = self._account(cgroup, uuid, labels(by_cgroup[cgroup]), index_of)
+            assert self.started is not None
+            began = self.started_at(cgroup) if not account.was_allocated else None
+            # back-dated to the container's oldest process (a grant is set when the container is
+            # created), never before accounting started; without a start time, from the latest round
+            account.open(max(self.started, began if began is not None else as_of))
+
+    def _settle_pids(self, by_cgroup: dict[str, ContainerStats], labels: Labels,
+                     index_of: Callable[[str], str]) -> set[str]:
+        """Move each PID's (and each exited cgroup's) growth to its account; return the owners of PIDs
+        still held (running, or waiting for their last energy share)."""
+        busy: dict[tuple[str, str], BusyRounds] = {}
+        live: set[str] = set()
+        held = [(uuid, entry, True) for uuid, pids in self._pids.items() for entry in pids.values()]
+        held += [(uuid, entry, False) for (uuid, _), entry in self._exited.items()]
+        for uuid, entry, still_held in held:
+            owner = container_of(entry.cgroup, by_cgroup)
+            if owner is None and entry.cgroup is not None and unseen_container(entry.cgroup):
+                owner = entry.cgroup  # a container no collection saw (it ran between two scrapes)
+            sm, memory, energy, rounds = entry.take()
+            if owner is None:
+                self._devices.setdefault(uuid, DeviceSums()).unattributed_energy += energy
+                continue
+            if still_held:
+                live.add(owner)
+            if (owner, uuid) not in self._accounts and not (sm or memory or energy or rounds):
+                continue  # nothing to say: no series for it (yet)
+            container = by_cgroup.get(owner)
+            account = self._account(owner, uuid, labels(container) if container is not None else None, index_of)
+            account.sm_seconds += sm
+            account.memory_byte_seconds += memory
+            account.energy_joules += energy
+            if rounds:
+                busy.setdefault((owner, uuid), {}).update(rounds)
+        self._exited.clear()
+        for owned, rounds in busy.items():
+            account = self._accounts[owned]
+            account.busy_seconds += sum(account.overlap(at - elapsed, at) for at, elapsed in rounds.values())
+        return live

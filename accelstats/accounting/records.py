@@ -1,0 +1,187 @@
+"""The records of the accounting ledger: per-PID sums, per-device energy state, per-(container,
+device) accounts, and what a collection publishes. Plain data and pure helpers; the ledger
+(:mod:`accelstats.accounting.ledger`) owns and locks them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from accelstats.cgroups import identify, is_host_cgroup
+
+BUSY_ROUNDS_KEPT = 4096
+"""Busy rounds one PID (or one cgroup's exited PIDs) keeps until a collection counts them: over an hour
+at the default 1 s interval. Without a collection for longer, the oldest are dropped (their time then
+counts as idle)."""
+INTERVALS_KEPT = 16
+"""Allocations an account keeps as intervals (grants that come and go); older ones are summed."""
+
+BusyRounds = dict[int, tuple[float, float]]
+"""Device round number -> (monotonic end of the round, seconds it covered) for rounds with SM activity."""
+
+
+@dataclass
+class PidSums:
+    """One PID on one device (or, in the ledger's exited table, every exited PID of one cgroup): what it
+    accumulated since the last collection (SM-busy seconds, byte-seconds, joules), and what the sampler
+    needs between rounds. ``cgroup``: from ``/proc/<pid>/cgroup`` when first listed (None: unreadable,
+    ``lookups`` times tried)."""
+
+    cgroup: str | None
+    sm: float = 0.0
+    memory: float = 0.0
+    energy: float = 0.0
+    used_now: int | None = None  # usedGpuMemory of the last read, held until the next
+    window_sm: float = 0.0  # SM-busy seconds in the GPU's current energy window
+    listed: bool = True
+    lookups: int = 1
+    busy_rounds: BusyRounds = field(default_factory=dict)
+
+    def mark_busy(self, round_no: int, at: float, elapsed: float) -> None:
+        """Remember a round with SM activity (bounded: :data:`BUSY_ROUNDS_KEPT`)."""
+        self.busy_rounds[round_no] = (at, elapsed)
+        if len(self.busy_rounds) > BUSY_ROUNDS_KEPT:
+            del self.busy_rounds[next(iter(self.busy_rounds))]
+
+    def fold(self, other: PidSums) -> None:
+        """Add ``other``'s unsettled sums and busy rounds to these (an exited PID into its cgroup's)."""
+        self.sm += other.sm
+        self.memory += other.memory
+        self.energy += other.energy
+        for round_no, (at, elapsed) in other.busy_rounds.items():
+            self.mark_busy(round_no, at, elapsed)
+
+    def take(self) -> tuple[float, float, float, BusyRounds]:
+        """The unsettled sums and busy rounds, zeroed here."""
+        out = (self.sm, self.memory, self.energy, self.busy_rounds)
+        self.sm = self.memory = self.energy = 0.0
+        self.busy_rounds = {}
+        return out
+
+
+@dataclass
+class DeviceSums:
+    """One device: its energy window and the energy that belongs to no container."""
+
+    energy_at: float | None = None  # monotonic time of the last energy reading
+    energy_joules: float | None = None  # that reading
+    window_unknown: bool = False  # a round in this window had no per-process utilisation
+    idle_energy: float = 0.0
+    unattributed_energy: float = 0.0
+    split_energy: float = 0.0  # every delta split so far (conservation checks)
+    rounds: int = 0
+    has_sm: bool = False  # a round answered per-process utilisation
+
+
+@dataclass
+class Account:
+    """One (container, device): the published counters (seconds, byte-seconds, joules).
+
+    ``labels``: the container's identity labels (``id``, ``name``, ``image``, ``container``, ``pod``,
+    ``namespace``) and ``uuid``, ``gpu`` (NVML index); ``intervals``: its recent allocations as monotonic
+    ``(start, end)`` (end None: allocated now), older ones summed in ``closed_seconds``; ``ended``: the
+    container is gone, and this collection publishes its final totals; ``has_sm``: its device reports
+    per-process utilisation, so SM-seconds, energy and idle seconds are known."""
+
+    labels: tuple[str, ...]
+    ident: tuple[str, ...] = ()  # the identity part of labels, as the attribution last gave it
+    sm_seconds: float = 0.0
+    memory_byte_seconds: float = 0.0
+    energy_joules: float = 0.0
+    busy_seconds: float = 0.0  # allocated time in rounds with SM activity
+    intervals: list[tuple[float, float | None]] = field(default_factory=list)
+    closed_seconds: float = 0.0
+    ended: bool = False
+    has_sm: bool = False
+
+    @property
+    def allocated_now(self) -> bool:
+        """True while an allocation is open."""
+        return bool(self.intervals) and self.intervals[-1][1] is None
+
+    @property
+    def was_allocated(self) -> bool:
+        """True once a devices-cgroup grant was seen."""
+        return bool(self.intervals) or self.closed_seconds > 0
+
+    def allocated(self, now: float) -> float:
+        """Allocated seconds up to ``now`` (monotonic)."""
+        return self.closed_seconds + sum(max(0.0, (now if end is None else min(end, now)) - start)
+                                         for start, end in self.intervals)
+
+    def overlap(self, begin: float, end: float) -> float:
+        """Seconds of ``(begin, end]`` in a kept allocation interval."""
+        return sum(max(0.0, min(end, e if e is not None else end) - max(begin, s)) for s, e in self.intervals)
+
+    def open(self, start: float) -> None:
+        """Start an allocation at ``start``; intervals beyond :data:`INTERVALS_KEPT` are summed."""
+        self.intervals.append((start, None))
+        while len(self.intervals) > INTERVALS_KEPT:
+            s, e = self.intervals.pop(0)
+            self.closed_seconds += max(0.0, (e if e is not None else s) - s)
+
+    def close(self, at: float) -> None:
+        """End the open allocation at ``at`` (nothing when none is open)."""
+        if self.allocated_now:
+            start = self.intervals[-1][0]
+            self.intervals[-1] = (start, max(start, at))
+
+
+class Published(NamedTuple):
+    """One (container, device) as a collection publishes it (a copy: the sampler goes on meanwhile).
+    ``allocated_seconds`` up to the view's ``as_of``; ``was_allocated``: a devices-cgroup grant was
+    seen (else allocated and idle seconds are absent); ``has_sm``: the device reports per-process
+    utilisation (else SM-seconds, energy and idle seconds are absent)."""
+
+    labels: tuple[str, ...]
+    sm_seconds: float
+    memory_byte_seconds: float
+    energy_joules: float
+    allocated_seconds: float
+    busy_seconds: float
+    was_allocated: bool
+    has_sm: bool
+    ended: bool
+
+
+@dataclass(frozen=True)
+class AccountingView:
+    """What one collection publishes: per (container, device) :class:`Published`; per device UUID
+    ``(idle joules, unattributed joules)``; ``discarded``: (reason, count) of readings left out;
+    ``as_of``: monotonic time of the last round."""
+
+    accounts: tuple[Published, ...] = ()
+    devices: tuple[tuple[str, float, float], ...] = ()
+    discarded: tuple[tuple[str, int], ...] = ()
+    as_of: float = 0.0
+
+
+def published(a: Account, as_of: float) -> Published:
+    """What ``a`` publishes, allocated seconds up to ``as_of``."""
+    allocated = a.allocated(as_of)
+    return Published(a.labels, a.sm_seconds, a.memory_byte_seconds, a.energy_joules, allocated,
+                     min(a.busy_seconds, allocated), a.was_allocated, a.has_sm, a.ended)
+
+
+def container_of(cgroup: str | None, containers: Mapping[str, object]) -> str | None:
+    """The cgroup of ``containers`` (keyed by cgroup path) that is ``cgroup`` or holds it, else None;
+    podman/crun keep the payload in a ``container`` child, which counts for its parent too."""
+    path = cgroup
+    while path:
+        if path in containers:
+            return path
+        if path + "/container" in containers:
+            return path + "/container"
+        if path == "/":
+            return None
+        path = path.rsplit("/", 1)[0] or "/"
+    return None
+
+
+def unseen_container(cgroup: str) -> bool:
+    """True when ``cgroup`` is a container's (a path rule or the runtime's naming recognises it, or it
+    is no host cgroup): a PID there whose container no collection found still counts as a container's
+    (one that ran between two scrapes). ``identify`` first: a docker or CRI-O scope under
+    ``system.slice`` is a container, whatever ``is_host_cgroup`` says of transient scopes."""
+    return identify(cgroup) is not None or not is_host_cgroup(cgroup)
