@@ -246,8 +246,8 @@ class Ledger:
                 continue  # the container ended: the sampler's next round closes it when it sees the cgroup gone
             account.close(as_of)  # the grant went (docker update), seen by this collection
         for cgroup, uuid in sorted(granted):
-            account = self._accounts.get((cgroup, uuid))
-            if account is not None and account.allocated_now:
+            known = self._accounts.get((cgroup, uuid))
+            if known is not None and known.allocated_now:
                 continue
             if not self.alive(cgroup):
                 continue  # its cgroup is gone already: this attribution raced the container's end
