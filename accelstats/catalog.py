@@ -166,7 +166,7 @@ def identity_labels(c: ContainerStats) -> tuple[str, ...]:
 _last_holders: tuple[Collection, list[tuple[ContainerStats, tuple[str, ...]]]] | None = None
 
 
-def _holders(c: Collection) -> list[tuple[ContainerStats, tuple[str, ...]]]:
+def holders(c: Collection) -> list[tuple[ContainerStats, tuple[str, ...]]]:
     """Containers holding a device, with their identity labels (only those appear in /metrics);
     computed once per collection for the nine container families (the last one is kept, with a
     reference to it, so its ``id`` cannot be reused while cached)."""
@@ -180,7 +180,7 @@ def _holders(c: Collection) -> list[tuple[ContainerStats, tuple[str, ...]]]:
 
 
 def _container_info(c: Collection) -> Iterator[Reading]:
-    for container, ident in _holders(c):
+    for container, ident in holders(c):
         i = container.identity
         info = (i.runtime, i.id, i.pod_uid, i.alloc_id, i.task) if i is not None else ("unknown", "", "", "", "")
         yield ident + tuple(utf8(v) for v in info), 1.0
@@ -191,7 +191,7 @@ def _per_accelerator(value: Callable[[AcceleratorStats], float | int | bool | No
     (identity, make, model, acc_id) or accelstats' (identity, uuid, gpu, attribution)."""
     def collect(c: Collection) -> Iterator[Reading]:
         index = {d.uuid: d.index for d in c.snapshot.devices}
-        for container, ident in _holders(c):
+        for container, ident in holders(c):
             for a in container.accelerators:
                 v = value(a)
                 if v is None:
@@ -375,13 +375,15 @@ CONTAINER = (CONTAINER_INFO, CONTAINER_MEMORY, CONTAINER_SM, CONTAINER_PROCESSES
 ACCOUNTING_LABELS = CONTAINER_LABELS + ("uuid", "gpu")  # no attribution label: it may change mid-life
 
 
-def _accounts(value: Callable[[Published], float | None]) -> Reader:
+def _accounts(value: Callable[[Published], float | None], digits: int) -> Reader:
+    """An accounting family: ``value`` of each (container, device), rounded to ``digits`` decimals
+    (µs, mJ, byte-seconds: what a counter of a month needs, in fewer bytes; rounding keeps it monotonic)."""
     def collect(c: Collection) -> Iterator[Reading]:
         if c.accounting is not None:
             for a in c.accounting.accounts:
                 v = value(a)
                 if v is not None:
-                    yield a.labels, v
+                    yield a.labels, round(v, digits)
     return collect
 
 
@@ -408,22 +410,22 @@ ACCOUNT_SM = Family(
     "accelstats_container_gpu_sm_seconds_total", "counter",
     "SM-busy seconds of the container's processes on the device: every NVML per-process utilisation sample "
     "integrated once over the time it covers.", ACCOUNTING_LABELS,
-    _accounts(lambda a: a.sm_seconds if a.has_sm else None))
+    _accounts(lambda a: a.sm_seconds if a.has_sm else None, 6))
 ACCOUNT_MEMORY = Family(
     "accelstats_container_gpu_memory_byte_seconds_total", "counter",
     "Device memory used by the container's processes (NVML usedGpuMemory) integrated over time.", ACCOUNTING_LABELS,
-    _accounts(lambda a: a.memory_byte_seconds))
+    _accounts(lambda a: a.memory_byte_seconds, 0))
 ACCOUNT_ENERGY = Family(
     "accelstats_container_gpu_energy_joules_total", "counter",
     "The container's share of the GPU's energy: each energy counter delta split by SM-busy seconds.",
-    ACCOUNTING_LABELS, _accounts(lambda a: a.energy_joules if a.has_sm else None))
+    ACCOUNTING_LABELS, _accounts(lambda a: a.energy_joules if a.has_sm else None, 3))
 ACCOUNT_ALLOCATED = Family(
     "accelstats_container_gpu_allocated_seconds_total", "counter",
-    "Seconds the container's devices cgroup granted it the device.", ACCOUNTING_LABELS, _accounts(_allocated))
+    "Seconds the container's devices cgroup granted it the device.", ACCOUNTING_LABELS, _accounts(_allocated, 6))
 ACCOUNT_IDLE = Family(
     "accelstats_container_gpu_idle_seconds_total", "counter",
     "Allocated seconds in which none of the container's processes was SM-busy on the device.", ACCOUNTING_LABELS,
-    _accounts(_idle))
+    _accounts(_idle, 6))
 GPU_IDLE_ENERGY = Family(
     "accelstats_gpu_idle_energy_joules_total", "counter",
     "Energy the GPU used while no process was SM-busy on it (the part of each delta no process's share took).",

@@ -159,7 +159,13 @@ class AccountingView:
 
 def published(a: Account, as_of: float) -> Published:
     """What ``a`` publishes, allocated seconds up to ``as_of``."""
-    allocated = a.allocated(as_of)
+    if not a.intervals:
+        allocated = a.closed_seconds
+    elif len(a.intervals) == 1:  # the usual case, without a generator
+        start, end = a.intervals[0]
+        allocated = a.closed_seconds + max(0.0, (as_of if end is None else min(end, as_of)) - start)
+    else:
+        allocated = a.allocated(as_of)
     return Published(a.labels, a.sm_seconds, a.memory_byte_seconds, a.energy_joules, allocated,
                      min(a.busy_seconds, allocated), a.was_allocated, a.has_sm, a.ended)
 
