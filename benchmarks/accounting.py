@@ -8,7 +8,8 @@ makes it for Prometheus (``SharedExposition`` with the fast encoder, OpenMetrics
 rendering + encoding):
 
 * ``off``: ``accounting_interval = 0`` (no sampler, no ledger, no accounting families);
-* ``on``: ``accounting_interval = 1`` after 3 sampler rounds, so the ledger holds every PID.
+* ``on``: ``accounting_interval = 1``, with ``--between`` sampler rounds (untimed, on this thread)
+  before each scrape, so each settlement hands over what a 15 s scrape interval would.
 
 and prints the medians, their ratio and the median of the scrape-by-scrape ratios (steadier on a
 noisy machine), the samples added, and the median of one sampler round (every
@@ -68,6 +69,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scrapes", type=int, default=60)
     parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--between", type=int, default=15,
+                        help="sampler rounds before each scrape (15: a 15 s scrape interval at the 1 s default)")
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--containers", type=int, default=1000)
     args = parser.parse_args()
@@ -100,6 +103,8 @@ def main() -> None:
         times: dict[str, list[float]] = {"off": [], "on": []}
         sizes = {name: len(s.body(PROMETHEUS_ACCEPT, "")[0]) for name, s in shared.items()}
         for _ in range(args.scrapes):
+            for _ in range(args.between):  # what the sampler integrated since the previous scrape
+                sampler.read_round()
             for name in ("off", "on"):
                 times[name].append(cpu_ms(lambda s=shared[name]: s.body(PROMETHEUS_ACCEPT, "gzip")))
         collection = on.collect()

@@ -328,8 +328,8 @@ def test_two_concurrent_scrapers_do_not_change_the_totals(scenario: Path) -> Non
             assert monotonic(mine, value)
         for view in mine:
             for a in view.accounts:
-                final[a.labels[0]] = max(final.get(a.labels[0], a), a,
-                                         key=lambda x: (x.sm_seconds, x.allocated_seconds))
+                final[a.labels[0]] = max(final.get(a.labels[0], a), a, key=lambda x: (  # counters only grow
+                    x.sm_seconds, x.memory_byte_seconds, x.energy_joules, x.allocated_seconds, x.busy_seconds))
     for cgroup, want in alone.items():
         got = final[cgroup]
         assert (got.sm_seconds, got.memory_byte_seconds, got.energy_joules, got.allocated_seconds,
@@ -525,7 +525,7 @@ def test_a_host_process_busy_for_ever_holds_no_growing_history() -> None:
         if int(feed.t) % 100 == 0:
             feed.settle([])
     (entry,) = feed.ledger._pids[UUID].values()
-    assert len(entry.busy_rounds) < 100
+    assert len(entry.busy) <= 1  # one span: busy round after round
 
 
 def test_allocated_seconds_never_decrease_when_a_grant_comes_and_goes() -> None:

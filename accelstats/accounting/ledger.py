@@ -11,10 +11,11 @@ from collections.abc import Callable, Iterable, Sequence
 from accelstats.accounting.records import (
     Account,
     AccountingView,
-    BusyRounds,
     DeviceSums,
     PidSums,
+    Spans,
     container_of,
+    merge_spans,
     published,
     unseen_container,
 )
@@ -138,7 +139,7 @@ class Ledger:
                 entry.sm += seconds
                 entry.window_sm += seconds
                 if seconds > 0:
-                    entry.mark_busy(dev.rounds, r.at, r.elapsed)
+                    entry.mark_busy(r.at - r.elapsed, r.at)
         if r.energy_joules is not None:
             self._split_energy(r.uuid, dev, r.at, r.energy_joules)
 
@@ -262,7 +263,7 @@ class Ledger:
                      index_of: Callable[[str], str]) -> set[str]:
         """Move each PID's (and each exited cgroup's) growth to its account; return the owners of PIDs
         still held (running, or waiting for their last energy share)."""
-        busy: dict[tuple[str, str], BusyRounds] = {}
+        busy: dict[tuple[str, str], Spans] = {}
         live: set[str] = set()
         held = [(uuid, entry, True) for uuid, pids in self._pids.items() for entry in pids.values()]
         held += [(uuid, entry, False) for (uuid, _), entry in self._exited.items()]
@@ -270,23 +271,23 @@ class Ledger:
             owner = container_of(entry.cgroup, by_cgroup)
             if owner is None and entry.cgroup is not None and unseen_container(entry.cgroup):
                 owner = entry.cgroup  # a container no collection saw (it ran between two scrapes)
-            sm, memory, energy, rounds = entry.take()
+            sm, memory, energy, spans = entry.take()
             if owner is None:
                 self._devices.setdefault(uuid, DeviceSums()).unattributed_energy += energy
                 continue
             if still_held:
                 live.add(owner)
-            if (owner, uuid) not in self._accounts and not (sm or memory or energy or rounds):
+            if (owner, uuid) not in self._accounts and not (sm or memory or energy or spans):
                 continue  # nothing to say: no series for it (yet)
             container = by_cgroup.get(owner)
             account = self._account(owner, uuid, labels(container) if container is not None else None, index_of)
             account.sm_seconds += sm
             account.memory_byte_seconds += memory
             account.energy_joules += energy
-            if rounds:
-                busy.setdefault((owner, uuid), {}).update(rounds)
+            if spans:
+                busy.setdefault((owner, uuid), []).extend(spans)
         self._exited.clear()
-        for owned, rounds in busy.items():
+        for owned, spans in busy.items():  # the union of its PIDs' spans, within its allocations
             account = self._accounts[owned]
-            account.busy_seconds += sum(account.overlap(at - elapsed, at) for at, elapsed in rounds.values())
+            account.busy_seconds += sum(account.overlap(begin, end) for begin, end in merge_spans(spans))
         return live

@@ -10,15 +10,15 @@ from typing import NamedTuple
 
 from accelstats.cgroups import identify, is_host_cgroup
 
-BUSY_ROUNDS_KEPT = 4096
-"""Busy rounds one PID (or one cgroup's exited PIDs) keeps until a collection counts them: over an hour
-at the default 1 s interval. Without a collection for longer, the oldest are dropped (their time then
-counts as idle)."""
+BUSY_SPANS_KEPT = 4096
+"""Spans of SM activity one PID (or one cgroup's exited PIDs) keeps until a collection counts them
+(contiguous busy rounds make one span). Beyond that, without a collection, the oldest are dropped
+(their time then counts as idle)."""
 INTERVALS_KEPT = 16
 """Allocations an account keeps as intervals (grants that come and go); older ones are summed."""
 
-BusyRounds = dict[int, tuple[float, float]]
-"""Device round number -> (monotonic end of the round, seconds it covered) for rounds with SM activity."""
+Spans = list[tuple[float, float]]
+"""Monotonic ``(begin, end)`` spans with SM activity, in time order (contiguous rounds merged)."""
 
 
 @dataclass
@@ -36,28 +36,43 @@ class PidSums:
     window_sm: float = 0.0  # SM-busy seconds in the GPU's current energy window
     listed: bool = True
     lookups: int = 1
-    busy_rounds: BusyRounds = field(default_factory=dict)
+    busy: Spans = field(default_factory=list)
 
-    def mark_busy(self, round_no: int, at: float, elapsed: float) -> None:
-        """Remember a round with SM activity (bounded: :data:`BUSY_ROUNDS_KEPT`)."""
-        self.busy_rounds[round_no] = (at, elapsed)
-        if len(self.busy_rounds) > BUSY_ROUNDS_KEPT:
-            del self.busy_rounds[next(iter(self.busy_rounds))]
+    def mark_busy(self, begin: float, end: float) -> None:
+        """Remember ``(begin, end]`` with SM activity: it extends the last span when it starts where
+        that one ends (a PID busy round after round keeps one span); bounded by :data:`BUSY_SPANS_KEPT`."""
+        if self.busy and begin <= self.busy[-1][1] + 1e-9 and end >= self.busy[-1][0]:
+            first, last = self.busy[-1]
+            self.busy[-1] = (min(first, begin), max(last, end))
+            return
+        self.busy.append((begin, end))
+        if len(self.busy) > BUSY_SPANS_KEPT:
+            del self.busy[0]
 
     def fold(self, other: PidSums) -> None:
-        """Add ``other``'s unsettled sums and busy rounds to these (an exited PID into its cgroup's)."""
+        """Add ``other``'s unsettled sums and busy spans to these (an exited PID into its cgroup's)."""
         self.sm += other.sm
         self.memory += other.memory
         self.energy += other.energy
-        for round_no, (at, elapsed) in other.busy_rounds.items():
-            self.mark_busy(round_no, at, elapsed)
+        self.busy = merge_spans(self.busy + other.busy)[-BUSY_SPANS_KEPT:]
 
-    def take(self) -> tuple[float, float, float, BusyRounds]:
-        """The unsettled sums and busy rounds, zeroed here."""
-        out = (self.sm, self.memory, self.energy, self.busy_rounds)
+    def take(self) -> tuple[float, float, float, Spans]:
+        """The unsettled sums and busy spans, zeroed here."""
+        out = (self.sm, self.memory, self.energy, self.busy)
         self.sm = self.memory = self.energy = 0.0
-        self.busy_rounds = {}
+        self.busy = []
         return out
+
+
+def merge_spans(spans: Spans) -> Spans:
+    """``spans`` sorted and merged where they overlap or touch: their union."""
+    out: Spans = []
+    for begin, end in sorted(spans):
+        if out and begin <= out[-1][1] + 1e-9:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((begin, end))
+    return out
 
 
 @dataclass
