@@ -375,15 +375,14 @@ CONTAINER = (CONTAINER_INFO, CONTAINER_MEMORY, CONTAINER_SM, CONTAINER_PROCESSES
 ACCOUNTING_LABELS = CONTAINER_LABELS + ("uuid", "gpu")  # no attribution label: it may change mid-life
 
 
-def _accounts(value: Callable[[Published], float | None], digits: int) -> Reader:
-    """An accounting family: ``value`` of each (container, device), rounded to ``digits`` decimals
-    (µs, mJ, byte-seconds: what a counter of a month needs, in fewer bytes; rounding keeps it monotonic)."""
+def _accounts(value: Callable[[Published], float | None]) -> Reader:
+    """An accounting family: ``value`` of each (container, device), None for none."""
     def collect(c: Collection) -> Iterator[Reading]:
         if c.accounting is not None:
             for a in c.accounting.accounts:
                 v = value(a)
                 if v is not None:
-                    yield a.labels, round(v, digits)
+                    yield a.labels, v
     return collect
 
 
@@ -410,22 +409,22 @@ ACCOUNT_SM = Family(
     "accelstats_container_gpu_sm_seconds_total", "counter",
     "SM-busy seconds of the container's processes on the device: every NVML per-process utilisation sample "
     "integrated once over the time it covers.", ACCOUNTING_LABELS,
-    _accounts(lambda a: a.sm_seconds if a.has_sm else None, 6))
+    _accounts(lambda a: a.sm_seconds if a.has_sm else None))
 ACCOUNT_MEMORY = Family(
     "accelstats_container_gpu_memory_byte_seconds_total", "counter",
     "Device memory used by the container's processes (NVML usedGpuMemory) integrated over time.", ACCOUNTING_LABELS,
-    _accounts(lambda a: a.memory_byte_seconds, 0))
+    _accounts(lambda a: a.memory_byte_seconds))
 ACCOUNT_ENERGY = Family(
     "accelstats_container_gpu_energy_joules_total", "counter",
     "The container's share of the GPU's energy: each energy counter delta split by SM-busy seconds.",
-    ACCOUNTING_LABELS, _accounts(lambda a: a.energy_joules if a.has_sm else None, 3))
+    ACCOUNTING_LABELS, _accounts(lambda a: a.energy_joules if a.has_sm else None))
 ACCOUNT_ALLOCATED = Family(
     "accelstats_container_gpu_allocated_seconds_total", "counter",
-    "Seconds the container's devices cgroup granted it the device.", ACCOUNTING_LABELS, _accounts(_allocated, 6))
+    "Seconds the container's devices cgroup granted it the device.", ACCOUNTING_LABELS, _accounts(_allocated))
 ACCOUNT_IDLE = Family(
     "accelstats_container_gpu_idle_seconds_total", "counter",
     "Allocated seconds in which none of the container's processes was SM-busy on the device.", ACCOUNTING_LABELS,
-    _accounts(_idle, 6))
+    _accounts(_idle))
 GPU_IDLE_ENERGY = Family(
     "accelstats_gpu_idle_energy_joules_total", "counter",
     "Energy the GPU used while no process was SM-busy on it (the part of each delta no process's share took).",

@@ -454,8 +454,7 @@ def test_the_exporter_publishes_the_counters_from_its_own_sampler(tmp_path: Path
     energy = values("accelstats_container_gpu_energy_joules")
     gpu_idle = values("accelstats_gpu_idle_energy_joules")[UUID]
     unattributed = values("accelstats_gpu_unattributed_energy_joules")[UUID]
-    # /metrics rounds joules to the mJ: each published value within 0.5 mJ
-    assert sum(energy.values()) + gpu_idle + unattributed == pytest.approx(ledger_split, abs=5e-4 * (len(energy) + 2))
+    assert sum(energy.values()) + gpu_idle + unattributed == pytest.approx(ledger_split, rel=1e-9)
     assert energy[A] > 0 and energy.get(C, 0.0) == 0.0
 
 
