@@ -122,6 +122,13 @@ def expected_byte_seconds(pid: int, until: int = END) -> float:
     return sum(memory(pid, t) for t in range(until))
 
 
+def granted(*cgroups: str, uuid: str = UUID) -> list[ContainerStats]:
+    return [ContainerStats(cgroup=c, identity=None, accelerators=[AcceleratorStats(
+        make="nvidia", model="", id=uuid, minor=0, index=0, attribution="devices_cgroup", memory_total_bytes=None,
+        memory_used_bytes=None, duty_cycle=None, container_memory_used_bytes=None, container_sm_utilization_ratio=None,
+        container_processes=None)]) for c in cgroups]
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = T0
@@ -157,10 +164,7 @@ class Host:
 
     def containers(self) -> list[ContainerStats]:
         """What the attribution finds now: every container whose cgroup exists, granted the GPU."""
-        return [ContainerStats(cgroup=c, identity=None, accelerators=[AcceleratorStats(
-            make="nvidia", model="NVIDIA H200", id=UUID, minor=0, index=0, attribution="devices_cgroup",
-            memory_total_bytes=None, memory_used_bytes=None, duty_cycle=None, container_memory_used_bytes=None,
-            container_sm_utilization_ratio=None, container_processes=None)]) for c in LIFE if self.alive(c)]
+        return granted(*(c for c in LIFE if self.alive(c)))
 
     def collect(self) -> AccountingView:
         return self.ledger.settle(self.containers(), identity_labels, lambda uuid: "0")
@@ -392,11 +396,7 @@ def test_mig_instances_are_devices_of_their_own_without_sm_or_energy(tmp_path: P
         assert whole.sm is None and whole.memory == ()  # its instance's process is the instance's
         assert instance.sm is None and instance.memory == ((101, GIB),)
         clock.now += 1.0
-    container = ContainerStats(cgroup=A, identity=None, accelerators=[AcceleratorStats(
-        make="nvidia", model="A100 MIG", id=uuid, minor=None, index=0, attribution="devices_cgroup",
-        memory_total_bytes=None, memory_used_bytes=None, duty_cycle=None, container_memory_used_bytes=None,
-        container_sm_utilization_ratio=None, container_processes=None)])
-    view = ledger.settle([container], identity_labels, lambda u: "0")
+    view = ledger.settle(granted(A, uuid=uuid), identity_labels, lambda u: "0")
     collection = Collection(snapshot=DeviceSnapshot(devices=[Device(uuid=gpu, index=0, minor=0, name="A100")]),
                             accounting=view)
     published = {f.name: [v for _, v in f.read(collection)] for f in catalog.ACCOUNTING if f.read is not None}
@@ -463,13 +463,6 @@ def test_the_exporter_publishes_the_counters_from_its_own_sampler(tmp_path: Path
 X, Y = "/docker/" + "d" * 64, "/docker/" + "e" * 64
 
 
-def granted(*cgroups: str, uuid: str = UUID) -> list[ContainerStats]:
-    return [ContainerStats(cgroup=c, identity=None, accelerators=[AcceleratorStats(
-        make="nvidia", model="", id=uuid, minor=0, index=0, attribution="devices_cgroup", memory_total_bytes=None,
-        memory_used_bytes=None, duty_cycle=None, container_memory_used_bytes=None, container_sm_utilization_ratio=None,
-        container_processes=None)]) for c in cgroups]
-
-
 class Feed:
     """A ledger fed rounds by hand: one device, one round per second."""
 
@@ -532,7 +525,7 @@ def test_allocated_seconds_never_decrease_when_a_grant_comes_and_goes() -> None:
     values = []
     for t in range(100):
         feed.round({}, {})
-        values.append(feed.settle(granted(X) if t % 2 == 0 else [granted(X)[0].__class__(cgroup=X, identity=None)])
+        values.append(feed.settle(granted(X) if t % 2 == 0 else [ContainerStats(cgroup=X, identity=None)])
                       [X].allocated_seconds)
     assert values == sorted(values) and values[-1] == pytest.approx(50.0)
 
