@@ -435,9 +435,10 @@ GPU_UNATTRIBUTED_ENERGY = Family(
     "utilisation (MIG mode).", GPU_LABELS, _gpu_energy(1))
 ACCOUNTING_DISCARDED = Family(
     "accelstats_accounting_discarded_total", "counter",
-    "Accounting readings left out, by reason: energy_jump (an energy delta above 10 kW), sample_from_future (a "
-    "sample stamped after the wall clock), clock_stepped_back (reads restarted), cgroup_unreadable (a process "
-    "whose cgroup could not be read).", ("reason",),
+    "Accounting readings left out or not attributed, by reason: energy_jump (an energy delta above 10 kW), "
+    "sample_from_future (a sample stamped after the wall clock), clock_stepped_back (reads restarted), "
+    "cgroup_unknown (a process whose /proc/<pid>/cgroup could not be read: its energy goes unattributed), "
+    "ledger_full (over 10000 ended containers waiting for a scrape).", ("reason",),
     lambda c: [((reason,), float(n)) for reason, n in c.accounting.discarded] if c.accounting is not None else [])
 ACCOUNTING = (ACCOUNT_SM, ACCOUNT_MEMORY, ACCOUNT_ENERGY, ACCOUNT_ALLOCATED, ACCOUNT_IDLE, GPU_IDLE_ENERGY,
               GPU_UNATTRIBUTED_ENERGY, ACCOUNTING_DISCARDED)

@@ -16,7 +16,7 @@ settings as the command line::
     nvml_deadline = 1.5                # seconds a collection waits for NVML before marking a GPU down
     collection_deadline = 4.0          # seconds a whole collection may take; late parts are served as of their last run
     nvml_pcie_interval = 10.0          # seconds between background PCIe throughput reads; 0 = off
-    accounting_interval = 1.0          # seconds between per-process accounting reads (docs/accounting.md); 0 = off
+    accounting_interval = 1.0          # seconds between per-process accounting reads (>= 0.1); 0 = off
     collectors = ["nvidia", "files"]   # enabled collectors (default: those enabled by default)
     web_config = ""                    # exporter-toolkit web config (TLS, basic auth); "" = plain HTTP
 
@@ -67,6 +67,11 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 
 class ConfigError(ValueError):
     """A setting that cannot be used; the message names the file (if any), the key and the reason."""
+
+
+ACCOUNTING_INTERVAL_MIN = 0.1
+"""Seconds: a shorter accounting interval reads NVML faster than its drivers sample (1/6 s at best)
+and costs a core for nothing (docs/accounting.md)."""
 
 
 @dataclass(frozen=True)
@@ -237,8 +242,11 @@ def load_config(path: Path, base: Settings | None = None) -> Settings:
             changes[key] = seconds
         elif key in ("nvml_pcie_interval", "accounting_interval"):
             seconds = float(_expect(where, key, value, (int, float)))
-            if not math.isfinite(seconds) or seconds < 0:
-                raise ConfigError(f"{where}: key {key!r}: must be a finite number >= 0 (0 = off), got {value!r}")
+            least = ACCOUNTING_INTERVAL_MIN if key == "accounting_interval" else 0.0
+            if not math.isfinite(seconds) or seconds < 0 or 0 < seconds < least:
+                at_least = f" and at least {least:g} when on" if least else ""
+                raise ConfigError(f"{where}: key {key!r}: must be a finite number >= 0 (0 = off){at_least}, "
+                                  f"got {value!r}")
             changes[key] = seconds
         elif key == "collectors":
             items = _expect(where, key, value, list)

@@ -74,25 +74,26 @@ class ProcessRound:
 FUTURE_SLACK_US = 600_000_000
 """A sample stamped more than this (10 min) after the wall clock is left out: NVML's CPU timestamps
 are the wall clock's µs on the drivers seen, and one absurd stamp must not stall every later read."""
-STALE_SLACK = 1.0
-"""Seconds a sample may cover beyond the time since the previous read when that read advanced
-``lastSeenTimeStamp`` (the driver's newest sample lags the read by a varying part of a period)."""
+DRIVER_LAG = 1.0
+"""Seconds a sample may cover beyond the time since the previous read: the driver samples every 1/6 s
+to 1 s (nvidia-smi(1), "sample period"), so its newest sample, and what the previous read could see,
+lag the reads by up to one period."""
 
 
-def busy_seconds(samples: Iterable[Any], last_seen_us: int, elapsed: float, *, advanced: bool = True,
+def busy_seconds(samples: Iterable[Any], last_seen_us: int, elapsed: float, *,
                  not_after_us: int | None = None) -> tuple[dict[int, float], int, int]:
     """SM-busy seconds per PID from ``nvmlProcessUtilizationSample_t`` ``samples`` (``.pid``,
     ``.timeStamp`` µs, ``.smUtil`` percent) read with ``lastSeenTimeStamp`` = ``last_seen_us``.
 
-    A PID's sample covers the time since its previous sample in this answer, or since
-    ``last_seen_us`` for its first (NVML: "utilization since the previous query"; so one sample per PID,
-    as NVML documents, and every driver sample per PID, give the same integral). A PID's samples
-    together cover at most ``elapsed`` seconds (the time since the previous read) plus
-    :data:`STALE_SLACK` when the previous read ``advanced`` ``lastSeenTimeStamp``, and exactly at most
-    ``elapsed`` when it did not: a timestamp that stood still while NVML answered NOT_FOUND must not
-    stretch one sample over an idle hour. smUtil above 100 (seen with zombie processes, nvtop #110)
-    counts as 100; a sample stamped after ``not_after_us`` is left out. Returns ``({pid: seconds},
-    the newest timestamp used or last_seen_us, samples left out)``.
+    A PID's sample covers the time since its previous sample in this answer, or since ``last_seen_us`` for its
+    first (NVML: "utilization since the previous query"; so one sample per PID, as NVML documents, and every
+    driver sample per PID, give the same integral). A PID's samples together cover at most ``elapsed`` seconds
+    (the time since the previous read) plus :data:`DRIVER_LAG` (nothing at all at the first read, ``elapsed``
+    0): a ``lastSeenTimeStamp`` that stood still while NVML answered NOT_FOUND (no process busy) must not
+    stretch one sample over an idle hour, while reads faster than the driver samples (most answer NOT_FOUND)
+    lose nothing. smUtil above 100 (seen with zombie processes, nvtop #110) counts as 100; a sample stamped
+    after ``not_after_us`` is left out. Returns ``({pid: seconds}, the newest timestamp used or last_seen_us,
+    samples left out)``.
     """
     per_pid: dict[int, list[tuple[int, int]]] = {}
     newest, future = last_seen_us, 0
@@ -103,7 +104,7 @@ def busy_seconds(samples: Iterable[Any], last_seen_us: int, elapsed: float, *, a
             continue
         per_pid.setdefault(int(s.pid), []).append((ts, max(0, min(int(s.smUtil), 100))))
         newest = max(newest, ts)
-    cap = elapsed + STALE_SLACK if advanced else elapsed
+    cap = elapsed + DRIVER_LAG if elapsed > 0 else 0.0  # the first read primes: nothing to integrate
     out: dict[int, float] = {}
     for pid, stamped in per_pid.items():
         previous, busy, covered_total = last_seen_us, 0.0, 0.0
@@ -124,7 +125,6 @@ class _DeviceReads:
         self.handle = handle
         self.last_seen_us = 0
         self.previous_at: float | None = None
-        self.advanced = False  # the previous read moved last_seen_us
         self.rounds = 0
 
 
@@ -173,6 +173,9 @@ class ProcessSampler(BackgroundRounds):
 
     def _round(self) -> None:
         self.read_round()
+
+    def _stuck_consequence(self) -> str:
+        return "accounting waits for it (or rounds take longer than accounting_interval)"
 
     def read_round(self) -> list[ProcessRound]:
         """Read every device once, hand the rounds to the sink and return them. A device that is lost
@@ -234,11 +237,8 @@ class ProcessSampler(BackgroundRounds):
         if device.kind == "gpu" and not own_only:
             util = c("nvmlDeviceGetProcessUtilization", h, reads.last_seen_us, not_found=[])
             if util is not None:
-                before = reads.last_seen_us
                 busy, reads.last_seen_us, future = busy_seconds(
-                    util, before, elapsed, advanced=reads.advanced,
-                    not_after_us=int(self.wall() * 1e6) + FUTURE_SLACK_US)
-                reads.advanced = reads.last_seen_us > before
+                    util, reads.last_seen_us, elapsed, not_after_us=int(self.wall() * 1e6) + FUTURE_SLACK_US)
                 sm = tuple(busy.items())
                 discarded = (("sample_from_future", future),) if future else ()
         if device.kind == "gpu" and reads.rounds % ENERGY_EVERY == 0:

@@ -97,8 +97,8 @@ class BackgroundRounds:
             done = self._worker.start(self._round)
             if done is None:
                 if not self._stuck_logged:
-                    log.warning("%s: the previous round has not returned (an NVML call hangs); %s", self.what,
-                                self._stuck_consequence())
+                    log.warning("%s: the previous round has not returned when the next is due (an NVML call "
+                                "hangs); %s", self.what, self._stuck_consequence())
                     self._stuck_logged = True
             else:
                 self._stuck_logged = False

@@ -23,7 +23,8 @@ was SM-busy. Scrapes only read: how often or how concurrently anyone scrapes cha
 
 Series end as cAdvisor's do: once a container is gone and its last PID's last energy share is split,
 the next collection publishes its final totals, then no more. Counters restart at 0 when the exporter
-restarts. Everything is in memory, bounded by the running PIDs and the containers holding GPUs.
+restarts. Everything is in memory: the running PIDs, the accounts of containers that hold GPUs, and
+the sums of ended containers until the next collection (at most 10 000).
 
 Modules: :mod:`.records` (the data), :mod:`.ledger` (the integration), :mod:`.host` (file lookups).
 """

@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 
 from accelstats.accounting.records import (
+    BUSY_SPANS_KEPT,
     Account,
     AccountingView,
     DeviceSums,
@@ -20,7 +21,7 @@ from accelstats.accounting.records import (
     unseen_container,
 )
 from accelstats.containers import ContainerStats
-from collectors.procsampler import ProcessRound
+from collectors.procsampler import ENERGY_EVERY, ProcessRound
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +37,13 @@ MAX_WATTS = 10_000.0
 """An energy-counter delta faster than this per GPU is a glitch, not a GPU (an H200 is capped at 700 W):
 left out and counted (``energy_jump``)."""
 CGROUP_LOOKUPS = 3
-"""Rounds a PID's unreadable ``/proc/<pid>/cgroup`` is read again before its usage is left out."""
-DISCARD_REASONS = ("energy_jump", "sample_from_future", "clock_stepped_back", "cgroup_unreadable")
+"""Times in all a PID's ``/proc/<pid>/cgroup`` is read while it cannot be (no host PID namespace, the
+process gone, a replayed PID); then its energy share goes unattributed, its SM and memory to no container
+(``cgroup_unknown``)."""
+EXITED_KEPT = 10_000
+"""Cgroups whose exited PIDs' sums wait for a collection; beyond (no scrape while more than this many
+short-lived containers came and went) they go to one bucket per device (``ledger_full``)."""
+DISCARD_REASONS = ("energy_jump", "sample_from_future", "clock_stepped_back", "cgroup_unknown", "ledger_full")
 
 
 class Ledger:
@@ -67,8 +73,9 @@ class Ledger:
     # -- the sampler's side ------------------------------------------------------------------------
     def add_rounds(self, rounds: Sequence[ProcessRound]) -> None:
         """Integrate one sampler round (each device read once). A device the round did not read has
-        its PIDs marked gone; PIDs gone and settled into their energy window are folded into their
-        cgroup's exited sums (so the table holds the running PIDs, whatever the churn)."""
+        its PIDs marked gone; PIDs gone are folded into their cgroup's exited sums (so the PID table
+        holds the running ones, whatever the churn), which wait for their last energy share unless the
+        energy counter stopped answering."""
         with self._lock:
             seen = set()
             for r in rounds:
@@ -81,12 +88,18 @@ class Ledger:
                 self.started = min(r.at for r in rounds)
             for uuid, pids in self._pids.items():
                 dev = self._devices[uuid]
+                no_split = uuid not in seen or dev.energy_joules is None or \
+                    dev.rounds - dev.energy_round > 2 * ENERGY_EVERY  # no energy share will come
                 for pid, entry in list(pids.items()):
                     if uuid not in seen:
                         entry.listed = False
-                    if not entry.listed and (entry.window_sm == 0.0 or dev.energy_joules is None or uuid not in seen):
+                    if not entry.listed:
                         self._retire(uuid, entry)
                         del pids[pid]
+                if no_split:
+                    for (u, _), exited in self._exited.items():
+                        if u == uuid:
+                            exited.window_sm = 0.0
             for (cgroup, _), account in self._accounts.items():
                 if account.allocated_now and not self.alive(cgroup):
                     account.close(self._latest)  # the container ended: its allocation ends with it
@@ -95,23 +108,30 @@ class Ledger:
         self.discarded[reason] += n
         if reason not in self._logged:
             self._logged.add(reason)
-            log.warning("GPU accounting: readings left out (%s); counted in accelstats_accounting_discarded_total",
-                        reason)
+            log.warning("GPU accounting: readings left out or not attributed (%s); counted in "
+                        "accelstats_accounting_discarded_total", reason)
 
     def _retire(self, uuid: str, entry: PidSums) -> None:
-        self._exited.setdefault((uuid, entry.cgroup), PidSums(cgroup=entry.cgroup, listed=False)).fold(entry)
+        """Fold an exited PID into its cgroup's exited sums (past :data:`EXITED_KEPT` cgroups without a
+        collection, into one bucket of the device whose sums go unattributed, counted)."""
+        key = (uuid, entry.cgroup)
+        if key not in self._exited and len(self._exited) >= EXITED_KEPT:
+            self._discard("ledger_full")
+            key = (uuid, None)
+        self._exited.setdefault(key, PidSums(cgroup=key[1], listed=False)).fold(entry)
 
     def _lookup(self, pid: int, entry: PidSums | None = None) -> str | None:
         cgroup = self.cgroup_of(pid)
         if cgroup is None and entry is not None and entry.lookups >= CGROUP_LOOKUPS:
-            self._discard("cgroup_unreadable")
+            self._discard("cgroup_unknown")
         return cgroup
 
     def _add(self, r: ProcessRound) -> None:
         dev = self._devices.setdefault(r.uuid, DeviceSums())
         dev.rounds += 1
-        listed = dict(r.memory) if r.memory is not None else {}
         pids = self._pids.setdefault(r.uuid, {})
+        # no list answered (r.memory None): what runs is unknown, the last reading holds
+        listed = dict(r.memory) if r.memory is not None else {p: e.used_now for p, e in pids.items() if e.listed}
         for pid, entry in list(pids.items()):
             if r.elapsed > 0 and entry.used_now is not None:
                 entry.memory += entry.used_now * r.elapsed
@@ -146,8 +166,8 @@ class Ledger:
     def _split_energy(self, uuid: str, dev: DeviceSums, at: float, joules: float) -> None:
         """Split the energy delta since the previous reading over the PIDs by SM-busy seconds."""
         previous, previous_at = dev.energy_joules, dev.energy_at
-        dev.energy_joules, dev.energy_at = joules, at
-        entries = list(self._pids.get(uuid, {}).values())
+        dev.energy_joules, dev.energy_at, dev.energy_round = joules, at, dev.rounds
+        entries = [*self._pids.get(uuid, {}).values(), *(e for (u, _), e in self._exited.items() if u == uuid)]
         window = max(0.0, at - previous_at) if previous_at is not None else 0.0
         usable = previous is not None and joules >= previous  # else the first reading, or the counter restarted
         if usable and previous is not None and joules - previous > MAX_WATTS * window + 1.0:
@@ -211,9 +231,13 @@ class Ledger:
             if containers is not None:
                 self._allocate(by_cgroup, once, index_of, as_of)
             live = self._settle_pids(by_cgroup, once, index_of)
-            for (cgroup, _), account in self._accounts.items():
-                # gone from the attribution, no PID of it held, its allocation closed by a round
-                account.ended = cgroup not in by_cgroup and cgroup not in live and not account.allocated_now
+            for (cgroup, uuid), account in self._accounts.items():
+                if not account.has_sm:
+                    dev = self._devices.get(uuid)
+                    account.has_sm = dev is not None and dev.has_sm
+                # gone from the attribution, no PID of it held, its allocation closed, its cgroup removed
+                account.ended = (cgroup not in by_cgroup and cgroup not in live and not account.allocated_now
+                                 and not self.alive(cgroup))
             return AccountingView(
                 accounts=tuple(published(a, as_of) for a in self._accounts.values()),
                 devices=tuple((u, d.idle_energy, d.unattributed_energy) for u, d in sorted(self._devices.items())
@@ -266,7 +290,7 @@ class Ledger:
         busy: dict[tuple[str, str], Spans] = {}
         live: set[str] = set()
         held = [(uuid, entry, True) for uuid, pids in self._pids.items() for entry in pids.values()]
-        held += [(uuid, entry, False) for (uuid, _), entry in self._exited.items()]
+        held += [(uuid, entry, entry.window_sm > 0) for (uuid, _), entry in self._exited.items()]
         for uuid, entry, still_held in held:
             owner = container_of(entry.cgroup, by_cgroup)
             if owner is None and entry.cgroup is not None and unseen_container(entry.cgroup):
@@ -286,8 +310,11 @@ class Ledger:
             account.energy_joules += energy
             if spans:
                 busy.setdefault((owner, uuid), []).extend(spans)
-        self._exited.clear()
+        self._exited = {k: e for k, e in self._exited.items() if e.window_sm > 0}  # the rest is handed over
         for owned, spans in busy.items():  # the union of its PIDs' spans, within its allocations
             account = self._accounts[owned]
-            account.busy_seconds += sum(account.overlap(begin, end) for begin, end in merge_spans(spans))
+            if account.was_allocated:
+                account.busy_seconds += sum(account.overlap(begin, end) for begin, end in merge_spans(spans))
+            else:  # kept for an allocation back-dated over them (bounded)
+                account.busy_before = merge_spans(account.busy_before + spans)[-BUSY_SPANS_KEPT:]
         return live

@@ -50,10 +50,12 @@ class PidSums:
             del self.busy[0]
 
     def fold(self, other: PidSums) -> None:
-        """Add ``other``'s unsettled sums and busy spans to these (an exited PID into its cgroup's)."""
+        """Add ``other``'s unsettled sums, busy spans and SM-seconds of the open energy window to these
+        (an exited PID into its cgroup's: the window's energy is still split to it)."""
         self.sm += other.sm
         self.memory += other.memory
         self.energy += other.energy
+        self.window_sm += other.window_sm
         self.busy = merge_spans(self.busy + other.busy)[-BUSY_SPANS_KEPT:]
 
     def take(self) -> tuple[float, float, float, Spans]:
@@ -86,6 +88,7 @@ class DeviceSums:
     unattributed_energy: float = 0.0
     split_energy: float = 0.0  # every delta split so far (conservation checks)
     rounds: int = 0
+    energy_round: int = 0  # the round of the last energy reading
     has_sm: bool = False  # a round answered per-process utilisation
 
 
@@ -109,6 +112,7 @@ class Account:
     closed_seconds: float = 0.0
     ended: bool = False
     has_sm: bool = False
+    busy_before: Spans = field(default_factory=list)  # busy before any allocation: counted by the first
 
     @property
     def allocated_now(self) -> bool:
@@ -130,8 +134,13 @@ class Account:
         return sum(max(0.0, min(end, e if e is not None else end) - max(begin, s)) for s, e in self.intervals)
 
     def open(self, start: float) -> None:
-        """Start an allocation at ``start``; intervals beyond :data:`INTERVALS_KEPT` are summed."""
+        """Start an allocation at ``start`` (busy spans seen before the first one count in it, so a
+        back-dated allocation is busy where its processes were); intervals beyond
+        :data:`INTERVALS_KEPT` are summed."""
         self.intervals.append((start, None))
+        if self.busy_before:
+            self.busy_seconds += sum(self.overlap(b, e) for b, e in merge_spans(self.busy_before))
+            self.busy_before = []
         while len(self.intervals) > INTERVALS_KEPT:
             s, e = self.intervals.pop(0)
             self.closed_seconds += max(0.0, (e if e is not None else s) - s)
