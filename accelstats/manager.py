@@ -286,10 +286,9 @@ class AcceleratorManager:
             if self.ledger is not None:
                 index = {d.uuid: str(d.index) for d in snapshot.devices}
                 attributed = snapshot.collector_results[-1].success or collection.view is not None
-                holders = catalog.holders(collection)  # identity labels computed once for every family
-                idents = {c.cgroup: ident for c, ident in holders}
-                collection.accounting = self.ledger.settle([c for c, _ in holders] if attributed else None,
-                                                           lambda c: idents[c.cgroup], lambda uuid: index.get(uuid, ""))
+                holders = [c for c in collection.containers if c.accelerators]
+                collection.accounting = self.ledger.settle(holders if attributed else None, catalog.identity_labels,
+                                                           lambda uuid: index.get(uuid, ""))
             collection.collector_last_success = dict(self._last_success)
             collection.cgroup_mode = self.layout.mode.value if self.layout else ""
             collection.devices_list_skipped_lines_total = self._skipped_lines
