@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -187,8 +188,9 @@ class AcceleratorManager:
         return oldest_process_start(directory, self.settings.proc_root) if directory is not None else None
 
     def _cgroup_alive(self, cgroup: str) -> bool:
-        directory = self._cgroup_dir(cgroup)
-        return directory is not None and directory.is_dir()
+        # once per round per allocated container: plain strings, no Path objects
+        hierarchy = self._attributor.hierarchy if self._attributor is not None else None
+        return hierarchy is not None and os.path.isdir(os.path.join(hierarchy, cgroup.lstrip("/")))
 
     def destroy(self, timeout: float = 5.0) -> None:
         """Shut NVML down once no collection is running (waits at most ``timeout`` seconds for one

@@ -100,9 +100,13 @@ class Ledger:
                     for (u, _), exited in self._exited.items():
                         if u == uuid:
                             exited.window_sm = 0.0
+            alive: dict[str, bool] = {}  # one look per container, however many GPUs it holds
             for (cgroup, _), account in self._accounts.items():
-                if account.allocated_now and not self.alive(cgroup):
-                    account.close(self._latest)  # the container ended: its allocation ends with it
+                if account.allocated_now:
+                    if cgroup not in alive:
+                        alive[cgroup] = self.alive(cgroup)
+                    if not alive[cgroup]:
+                        account.close(self._latest)  # the container ended: its allocation ends with it
 
     def _discard(self, reason: str, n: int = 1) -> None:
         self.discarded[reason] += n
