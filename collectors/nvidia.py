@@ -32,6 +32,7 @@ from collectors.deadline import DeadlineWorker
 from collectors.model import Device, DeviceSample, DeviceSnapshot, NoDataError, ProcessType, ProcessUsage
 from collectors.nvml_call import DeviceLostError, NvmlCaller, NvmlUnavailableError
 from collectors.pcie import PcieSampler
+from collectors.processes import running_processes
 from collectors.procsampler import ProcessRound, ProcessSampler
 from collectors.xid import XidWatcher
 
@@ -51,16 +52,8 @@ CLOCK_EVENT_REASONS = (
 COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
 ARCHITECTURES = {2: "kepler", 3: "maxwell", 4: "pascal", 5: "volta", 6: "turing", 7: "ampere",
                  8: "ada", 9: "hopper", 10: "blackwell"}
-# MPS first: NVML lists an MPS client in both the MPS and the compute list (docs/mps.md, measured
-# on the H200), and the first list naming a PID gives its type; the MPS server is only in the
-# compute list. Compute before graphics: a "C+G" process counts as compute.
 _UNSUPPORTED: Any = object()
 NVML_STATES = ("ready", "no_device", "unavailable")  # DeviceSnapshot.nvml_state, accelstats_nvml_state{state}
-PROCESS_CALLS: tuple[tuple[ProcessType, str], ...] = (
-    ("mps", "nvmlDeviceGetMPSComputeRunningProcesses"),
-    ("compute", "nvmlDeviceGetComputeRunningProcesses"),
-    ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
-)
 
 
 def nvidia_pci_devices(sysfs_root: Path) -> list[str]:
@@ -599,23 +592,15 @@ class NvidiaBackend:
 
         Returns (processes, the types whose list NVML answered); processes is None when no list was
         readable. A PID NVML lists more than once (a "C+G" process is in both the compute and the
-        graphics list) is one process, of the first type listed, so its memory is counted once.
+        graphics list) is one process, of the first type listed, so its memory is counted once
+        (:func:`collectors.processes.running_processes`).
         """
         c, h = self.call, state.handle
-        raw: dict[int, tuple[ProcessType, Any]] = {}
-        readable: list[ProcessType] = []
-        for ptype, call in PROCESS_CALLS:
-            procs = c(call, h)
-            if procs is None and c.missing(call):  # pynvml calls the _v3 symbol, new in R510: try _v2
-                procs = c(f"{call}_v2", h)
-            if procs is not None:
-                readable.append(ptype)
-                for p in procs:
-                    raw.setdefault(int(p.pid), (ptype, p))
+        listed, readable = running_processes(c, h)
         if not readable:
             return None, ()
         sm: dict[int, float] | None = None
-        if raw and state.device.kind == "gpu":
+        if listed and state.device.kind == "gpu":
             util = c("nvmlDeviceGetProcessUtilization", h, state.last_proc_util_ts, not_found=[])
             if util is not None:
                 per_pid: dict[int, list[float]] = {}
@@ -624,19 +609,13 @@ class NvidiaBackend:
                     state.last_proc_util_ts = max(state.last_proc_util_ts, int(s.timeStamp))
                 sm = {pid: sum(v) / len(v) for pid, v in per_pid.items()}
         return tuple(
-            ProcessUsage(pid=pid, type=ptype, used_memory_bytes=_used_memory(p),
+            ProcessUsage(pid=pid, type=p.type, used_memory_bytes=p.used_memory_bytes,
                          sm_utilization_ratio=(sm.get(pid, 0.0) if sm is not None else None))
-            for pid, (ptype, p) in raw.items()
-        ), tuple(readable)
+            for pid, p in listed.items()
+        ), readable
 
 
 def _pstate(value: Any) -> int | None:
     """NVML P-state 0-15; 32 is NVML_PSTATE_UNKNOWN (absent)."""
     return int(value) if value is not None and 0 <= int(value) <= 15 else None
 
-
-def _used_memory(proc: Any) -> int | None:
-    value = getattr(proc, "usedGpuMemory", None)
-    if value is None or value in (2**64 - 1, 2**32 - 1):
-        return None
-    return int(value)

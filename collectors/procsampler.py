@@ -7,8 +7,8 @@ often anyone scrapes, so :class:`ProcessSampler` reads every device once per ``i
 
 Per device and round, one :class:`ProcessRound`:
 
-* the processes NVML lists now (MPS, compute, graphics lists; a PID once, a known ``usedGpuMemory``
-  winning over "not available"); a GPU in MIG mode lists its instances' processes too, which are left
+* the processes NVML lists now (:func:`collectors.processes.running_processes`: a PID once, a known
+  ``usedGpuMemory`` winning over "not available"); a GPU in MIG mode lists its instances' processes too, which are left
   to their instances (each instance is read as a device of its own);
 * SM-busy seconds per PID from ``nvmlDeviceGetProcessUtilization(lastSeenTimeStamp)``. NVML returns
   one sample per process that was busy since ``lastSeenTimeStamp`` ("one utilization sample
@@ -28,7 +28,6 @@ The first round of a device primes it (``elapsed`` 0): accounting starts there.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -36,17 +35,12 @@ from typing import Any
 
 from collectors.model import Device
 from collectors.nvml_call import DeviceLostError, NvmlCaller, NvmlUnavailableError
+from collectors.processes import NO_INSTANCE, running_processes
 from collectors.rounds import BackgroundRounds
-
-log = logging.getLogger(__name__)
 
 ENERGY_EVERY = 10
 """Rounds between two energy reads of a GPU (10 s at the default 1 s interval): the call costs ~3 ms."""
 
-PROCESS_LISTS = ("nvmlDeviceGetMPSComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses",
-                 "nvmlDeviceGetGraphicsRunningProcesses")
-_NOT_AVAILABLE = (2**64 - 1, 2**32 - 1)  # NVML_VALUE_NOT_AVAILABLE as usedGpuMemory
-NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId of a process outside MIG instances
 
 
 @dataclass(frozen=True)
@@ -131,11 +125,12 @@ class _DeviceReads:
 class ProcessSampler(BackgroundRounds):
     """Reads processes, per-process SM samples and energy of every device every ``interval`` seconds.
 
-    ``call``: the backend's NVML wrapper; ``sink``: called with each round's :class:`ProcessRound`
-    list (on the sampler's worker thread; it must not raise); ``clock``: monotonic seconds
-    (injectable). :meth:`read_round` runs one round on the caller's thread (tests drive a fake clock
-    with it). Lifecycle as :class:`collectors.rounds.BackgroundRounds`; :meth:`set_devices` after a
-    re-enumeration (devices that stay keep their state).
+    ``call``: the backend's NVML wrapper; ``sink``: called with each round's :class:`ProcessRound` list (on the
+    sampler's worker thread; it must not raise); ``clock``: monotonic seconds, ``wall``: Unix seconds (both
+    injectable; the wall clock judges NVML's timestamps and sees it step back). :meth:`read_round` runs one
+    round on the caller's thread (tests drive a fake clock with it). Lifecycle as
+    :class:`collectors.rounds.BackgroundRounds`; :meth:`set_devices` after a re-enumeration (devices that stay
+    keep their state).
     """
 
     def __init__(self, call: NvmlCaller, interval: float, sink: Callable[[list[ProcessRound]], None], *,
@@ -214,21 +209,9 @@ class ProcessSampler(BackgroundRounds):
         c, h, device = self.call, reads.handle, reads.device
         # a GPU in MIG mode lists its instances' processes too: they are counted on their instances
         own_only = device.kind == "gpu" and device.mig_mode == "enabled"
-        memory: dict[int, int | None] = {}
-        readable = False
-        for call in PROCESS_LISTS:
-            procs = c(call, h)
-            if procs is None and c.missing(call):  # pynvml calls the _v3 symbol, new in R510: try _v2
-                procs = c(f"{call}_v2", h)
-            if procs is not None:
-                readable = True
-                for p in procs:
-                    if own_only and getattr(p, "gpuInstanceId", NO_INSTANCE) != NO_INSTANCE:
-                        continue
-                    used = getattr(p, "usedGpuMemory", None)
-                    known = None if used is None or used in _NOT_AVAILABLE else int(used)
-                    if memory.get(int(p.pid)) is None:  # listed twice (MPS and compute): a known amount wins
-                        memory[int(p.pid)] = known
+        listed, readable = running_processes(c, h)
+        memory = {pid: p.used_memory_bytes for pid, p in listed.items()
+                  if not (own_only and p.gpu_instance_id != NO_INSTANCE)}
         at = self.clock()
         elapsed = 0.0 if reads.previous_at is None else max(0.0, at - reads.previous_at)
         sm: tuple[tuple[int, float], ...] | None = None

@@ -277,6 +277,27 @@ type = "graphics"
     assert [(p.pid, p.type, p.used_memory_bytes) for p in s.processes or ()] == [(77, "compute", 1048576)]
 
 
+def test_a_process_in_two_lists_takes_its_type_from_the_first_and_a_known_amount_from_either(
+        tmp_path: Path, h200: Path) -> None:
+    """An MPS client is in the MPS list (its type) and the compute list; where one list says "not
+    available", the amount the other knows counts (collection and accounting read the lists alike)."""
+    scenario = write_scenario(tmp_path, h200, """
+[[gpu]]
+capture = "CAPTURE"
+[[gpu.process]]
+pid = 78
+type = "mps"
+[[gpu.process]]
+pid = 78
+used_memory_bytes = 1048576
+type = "compute"
+""")
+    b = backend(scenario)
+    b.setup()
+    s = snapshot(b).samples[H200_UUID]
+    assert [(p.pid, p.type, p.used_memory_bytes) for p in s.processes or ()] == [(78, "mps", 1048576)]
+
+
 def test_a_process_list_nvml_does_not_support_stays_absent(tmp_path: Path, h200: Path) -> None:
     scenario = write_scenario(tmp_path, h200, """
 [[gpu]]
