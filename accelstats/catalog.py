@@ -166,7 +166,7 @@ def identity_labels(c: ContainerStats) -> tuple[str, ...]:
 _last_holders: tuple[Collection, list[tuple[ContainerStats, tuple[str, ...]]]] | None = None
 
 
-def holders(c: Collection) -> list[tuple[ContainerStats, tuple[str, ...]]]:
+def _holders(c: Collection) -> list[tuple[ContainerStats, tuple[str, ...]]]:
     """Containers holding a device, with their identity labels (only those appear in /metrics);
     computed once per collection for the nine container families (the last one is kept, with a
     reference to it, so its ``id`` cannot be reused while cached)."""
@@ -180,7 +180,7 @@ def holders(c: Collection) -> list[tuple[ContainerStats, tuple[str, ...]]]:
 
 
 def _container_info(c: Collection) -> Iterator[Reading]:
-    for container, ident in holders(c):
+    for container, ident in _holders(c):
         i = container.identity
         info = (i.runtime, i.id, i.pod_uid, i.alloc_id, i.task) if i is not None else ("unknown", "", "", "", "")
         yield ident + tuple(utf8(v) for v in info), 1.0
@@ -191,7 +191,7 @@ def _per_accelerator(value: Callable[[AcceleratorStats], float | int | bool | No
     (identity, make, model, acc_id) or accelstats' (identity, uuid, gpu, attribution)."""
     def collect(c: Collection) -> Iterator[Reading]:
         index = {d.uuid: d.index for d in c.snapshot.devices}
-        for container, ident in holders(c):
+        for container, ident in _holders(c):
             for a in container.accelerators:
                 v = value(a)
                 if v is None:
@@ -371,7 +371,7 @@ CONTAINER_DEVICE_OPEN = Family(
     _per_accelerator(lambda a: a.device_open, False))
 CONTAINER = (CONTAINER_INFO, CONTAINER_MEMORY, CONTAINER_SM, CONTAINER_PROCESSES, CONTAINER_DEVICE_OPEN)
 
-# --- §3a GPU accounting: counters integrated by the background sampler (accelstats/accounting.py) -----
+# --- §3a GPU accounting: counters integrated by the background sampler (accelstats/accounting/) ------
 ACCOUNTING_LABELS = CONTAINER_LABELS + ("uuid", "gpu")  # no attribution label: it may change mid-life
 
 
@@ -431,8 +431,9 @@ GPU_IDLE_ENERGY = Family(
     GPU_LABELS, _gpu_energy(0))
 GPU_UNATTRIBUTED_ENERGY = Family(
     "accelstats_gpu_unattributed_energy_joules_total", "counter",
-    "Energy of SM-busy processes outside containers, and all energy while the GPU reports no per-process "
-    "utilisation (MIG mode).", GPU_LABELS, _gpu_energy(1))
+    "Energy shares of SM-busy processes outside containers or whose cgroup could not be read, and all energy "
+    "of windows in which the GPU gave no per-process utilisation (MIG mode, a failed read).", GPU_LABELS,
+    _gpu_energy(1))
 ACCOUNTING_DISCARDED = Family(
     "accelstats_accounting_discarded_total", "counter",
     "Accounting readings left out or not attributed, by reason: energy_jump (an energy delta above 10 kW), "

@@ -156,7 +156,7 @@ class Settings:
     nvml_deadline: float = 1.5
     collection_deadline: float = 4.0  # a collection answers by then; a late part serves its last result
     nvml_pcie_interval: float = 10.0  # 0: PCIe throughput not read (collectors/pcie.py)
-    accounting_interval: float = 1.0  # 0: no GPU accounting counters (accelstats/accounting.py)
+    accounting_interval: float = 1.0  # 0: no GPU accounting counters (accelstats/accounting/)
     collectors: tuple[str, ...] | None = None  # None: each collector's default
     file_devices: FileDevicesSettings = field(default_factory=FileDevicesSettings)
     mps: MpsSettings = field(default_factory=MpsSettings)

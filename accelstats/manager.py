@@ -136,7 +136,7 @@ class AcceleratorManager:
         self._last_success: dict[str, float] = {}  # name -> Unix time of its last success
         self._attributed: _Attributed | None = None  # the last complete attribution
         self._late_logged: set[str] = set()
-        self.ledger: Ledger | None = None  # GPU accounting (accelstats/accounting.py), with attribution only
+        self.ledger: Ledger | None = None  # GPU accounting (accelstats/accounting/), with attribution only
 
     # -- seed interface ---------------------------------------------------------------------------
     def setup(self) -> None:
