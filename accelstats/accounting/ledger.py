@@ -136,14 +136,12 @@ class Ledger:
         pids = self._pids.setdefault(r.uuid, {})
         # no list answered (r.memory None): what runs is unknown, the last reading holds
         listed = dict(r.memory) if r.memory is not None else {p: e.used_now for p, e in pids.items() if e.listed}
-        for pid, entry in list(pids.items()):
+        # every entry here was listed by the previous round (add_rounds retires the others, so a PID
+        # the kernel reuses after an exit starts a new entry, with its own cgroup)
+        for pid, entry in pids.items():
             if r.elapsed > 0 and entry.used_now is not None:
                 entry.memory += entry.used_now * r.elapsed
             now_listed = pid in listed
-            if now_listed and not entry.listed:  # gone, then back: maybe another process with a reused PID
-                self._retire(r.uuid, entry)
-                del pids[pid]
-                continue
             entry.listed, entry.used_now = now_listed, listed.get(pid)
             if now_listed and entry.cgroup is None and entry.lookups < CGROUP_LOOKUPS:
                 entry.lookups += 1
