@@ -632,10 +632,10 @@ class ReplayState:
         return int(self._need(g, ("pcie_tx_kbps", "pcie_rx_kbps")[counter]))
 
     # -- processes ------------------------------------------------------------------------------
-    def _since_init(self, us: int | None = None) -> float:
-        """Seconds from the first ``nvmlInit`` to ``us`` (µs on the replay's clock; default now):
-        the time scenario process timelines count in."""
-        now = self.clock() if us is None else us / 1_000_000
+    def _since_init(self) -> float:
+        """Seconds from the first ``nvmlInit`` to now on the replay's clock: the time scenario process
+        timelines count in."""
+        now = self.clock()
         return now - (self.t_init if self.t_init is not None else now)
 
     def _processes(self, call: str, handle: Any) -> list[Any]:
