@@ -2,8 +2,8 @@
 
 Each :class:`Family` is one row: the exposition name, type, unit, HELP text, label names, and how to
 read its samples from a :class:`accelstats.manager.Collection` (``read``: label values and value per
-sample). The ``/metrics`` renderers (:mod:`accelstats.exporter` for prometheus_client's families,
-:mod:`accelstats.exposition` for the fast encoder) only walk this table; the Nomad plugin's Stats
+sample). The ``/metrics`` renderers (:mod:`accelstats.web.exposition`: prometheus_client's families and
+the fast encoder) only walk this table; the Nomad plugin's Stats
 come from :data:`NOMAD_STATS` below. ``tests/test_catalog.py`` checks it against the metrics contract.
 Absent values (``None``) produce no sample ("absent, never 0"). Families of the HTTP server
 (:data:`SERVER`) have no ``read``: the server's own collector fills them.
@@ -17,11 +17,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from accelstats import __version__
+from accelstats.attribution.labels import identity_labels, utf8
 from collectors.model import Device, DeviceSample, FileDevice, MpsDaemonReading
 
 if TYPE_CHECKING:
     from accelstats.accounting import Published
-    from accelstats.containers import AcceleratorStats, ContainerStats
+    from accelstats.attribution.containers import AcceleratorStats, ContainerStats
     from accelstats.manager import Collection
 
 FamilyType = Literal["gauge", "counter"]
@@ -141,26 +142,6 @@ def _gpu_last_success(c: Collection) -> Iterator[Reading]:
     for d in c.snapshot.devices:
         if d.uuid in c.snapshot.last_success:
             yield _gpu_base(d), c.snapshot.last_success[d.uuid]
-
-
-def utf8(value: str) -> str:
-    """A label value safe to encode: names read from the filesystem may carry undecodable bytes
-    (``os.fsdecode`` surrogates), which would make the whole exposition fail. Each such byte becomes
-    ``\\xNN`` (its hex value), so two names that differ only in undecodable bytes stay two series
-    (a single replacement character for every byte made them one, and Prometheus dropped one)."""
-    if value.isascii():
-        return value
-    try:
-        raw = value.encode("utf-8", "surrogateescape")  # the bytes os.fsdecode could not decode
-    except UnicodeEncodeError:  # another lone surrogate (not from a file name): its 3-byte form
-        raw = value.encode("utf-8", "surrogatepass")
-    return raw.decode("utf-8", "backslashreplace")
-
-
-def identity_labels(c: ContainerStats) -> tuple[str, ...]:
-    """cAdvisor's container labels: id (cgroup path), name, image, container, pod, namespace."""
-    m = c.metadata
-    return tuple(utf8(v) for v in (c.cgroup, m.name, m.image, m.container, m.pod, m.namespace))
 
 
 _last_holders: tuple[Collection, list[tuple[ContainerStats, tuple[str, ...]]]] | None = None

@@ -21,19 +21,10 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from accelstats import __version__, sdnotify
-from accelstats.config import (
-    DEFAULT_CONFIG,
-    DEFAULT_PORT,
-    LOG_FORMATS,
-    LOG_LEVELS,
-    ConfigError,
-    Settings,
-    configure_logging,
-    load_config,
-    parse_listen,
-)
+from accelstats.config import DEFAULT_CONFIG, configure_logging, load_config, parse_listen
 from accelstats.manager import AcceleratorManager, Collection
 from accelstats.registry import COLLECTORS
+from accelstats.settings import DEFAULT_PORT, LOG_FORMATS, LOG_LEVELS, ConfigError, Settings
 from collectors.files import FileDevicesError
 
 log = logging.getLogger("accelstats")
@@ -142,8 +133,8 @@ def make_manager(settings: Settings) -> AcceleratorManager:
     a replay file that cannot be read or a file-devices directory that does not exist."""
     nvml: Any = None
     if settings.nvml_replay is not None:
-        from collectors.nvml_lib import open_replay
-        from collectors.nvml_replay import ReplayError
+        from collectors.replay.lib import open_replay
+        from collectors.replay.state import ReplayError
 
         try:
             nvml = open_replay(settings.nvml_replay)
@@ -200,9 +191,9 @@ def main() -> None:
 @source_options
 def serve(listen: str | None, collectors: tuple[str, ...], web_config: str | None, **opts: Any) -> None:
     """Serve /metrics, /healthz and / until SIGTERM or SIGINT."""
-    from accelstats.httpserver import serve as start_server
-    from accelstats.webconfig import WebConfigError
-    from accelstats.websource import WebConfigSource
+    from accelstats.web.config import WebConfigError
+    from accelstats.web.server import serve as start_server
+    from accelstats.web.source import WebConfigSource
 
     settings = build_settings(listen=listen, collectors=collectors, **opts)
     if web_config is not None:
@@ -251,7 +242,7 @@ def serve(listen: str | None, collectors: tuple[str, ...], web_config: str | Non
 @source_options
 def dump(**opts: Any) -> None:
     """One collection, as Prometheus exposition text on stdout."""
-    from accelstats.exporter import exposition
+    from accelstats.web.exposition import exposition
 
     manager = make_manager(replace(build_settings(**opts), nvml_retry_interval=0.0))  # one shot: no retry
     try:
@@ -375,8 +366,8 @@ def _mps_manager(opts: dict[str, Any], strict: bool = True) -> tuple[Any, Settin
     """(Manager, settings, {resource: why its devices are not resolved}). ``strict`` (start): NVML must
     answer and every device resolve. Not strict (stop, status): the daemons are reached through the
     pipe directories alone, so a GPU that fell off the bus or a driver that is down blocks neither."""
-    from accelstats.mpsctl import gpus_of, lenient_manager, manager
-    from collectors.mps import MpsError
+    from accelstats.mps.daemon import MpsError
+    from accelstats.mps.host import gpus_of, lenient_manager, manager
 
     settings = build_settings(**opts)
     if not settings.mps.resources:
@@ -405,7 +396,7 @@ def _mps_manager(opts: dict[str, Any], strict: bool = True) -> tuple[Any, Settin
 @source_options
 def mps_start(**opts: Any) -> None:
     """Start one control daemon per configured resource (all or none)."""
-    from collectors.mps import MpsError
+    from accelstats.mps.daemon import MpsError
 
     mgr, _, _ = _mps_manager(opts)
     try:
@@ -437,8 +428,8 @@ def mps_stop(**opts: Any) -> None:
 def mps_status(as_json: bool, **opts: Any) -> None:
     """Each daemon's health, servers, clients (with their containers) and settings; exit status 1 when
     a daemon is unhealthy (as ``systemctl status`` does for a failed unit)."""
-    from accelstats.mpsctl import client_containers
-    from accelstats.runtimes import RuntimeState
+    from accelstats.attribution.runtimes import RuntimeState
+    from accelstats.mps.host import client_containers
 
     mgr, settings, _ = _mps_manager(opts, strict=False)
     state = RuntimeState(settings.rootfs, settings.runtimes)

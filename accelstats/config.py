@@ -1,4 +1,5 @@
-"""Settings: defaults, the TOML config file, and command-line overrides (command line wins).
+"""The TOML config file and command-line overrides (command line wins) onto the settings model
+(:mod:`accelstats.settings`), and the log formats.
 
 The config file (``/etc/accelstats/config.toml`` when present, or ``--config FILE``) holds the same
 settings as the command line::
@@ -45,12 +46,23 @@ import logging
 import math
 import os
 import sys
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
-from collectors.mpsrules import MAX_REPLICAS_VOLTA_ON, MIN_REPLICAS
+from accelstats.mps.rules import MAX_REPLICAS_VOLTA_ON, MIN_REPLICAS
+from accelstats.settings import (
+    ACCOUNTING_INTERVAL_MIN,
+    LOG_FORMATS,
+    LOG_LEVELS,
+    ConfigError,
+    FileDevicesSettings,
+    MpsResourceSettings,
+    MpsSettings,
+    RuntimeRoots,
+    Settings,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -58,116 +70,18 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 DEFAULT_CONFIG = Path("/etc/accelstats/config.toml")
-# 9847: inside Prometheus' exporter range (9100-9999), clear of node_exporter (9100), dcgm-exporter
-# (9400), nvidia_gpu_exporter (9835) and the NVIDIA exporters people run beside this one.
-DEFAULT_PORT = 9847
-LOG_FORMATS = ("text", "json", "logfmt")
-LOG_LEVELS = ("debug", "info", "warning", "error")
-
-
-class ConfigError(ValueError):
-    """A setting that cannot be used; the message names the file (if any), the key and the reason."""
-
-
-ACCOUNTING_INTERVAL_MIN = 0.1
-"""Seconds: a shorter accounting interval reads NVML faster than its drivers sample (1/6 s at best)
-and costs a core for nothing (docs/accounting.md)."""
-
-
-@dataclass(frozen=True)
-class FileDevicesSettings:
-    """Nomad example-plugin file devices (docs/nomad.md); ``dir`` None = disabled."""
-
-    dir: Path | None = None
-    unhealthy_perm: str = "-rwxrwxrwx"
-    vendor: str = "nomad"
-    type: str = "file"
-    name: str = "mock"
-
-
-@dataclass(frozen=True)
-class RuntimeRoots:
-    """Where the container runtimes keep their state, as host paths (read under ``rootfs``): the
-    ``[runtimes]`` table.  Defaults are each runtime's own (docker ``data-root``, containerd
-    ``root``/``state``, containers-storage.conf ``graphroot``/``runroot`` for podman and CRI-O,
-    Nomad's packaged ``data_dir``); ``explicit`` names the keys the config file set.
-    :mod:`accelstats.runtimes` says what is read where."""
-
-    SETTINGS: ClassVar[tuple[str, ...]] = ("docker_data_root", "containerd_root", "containerd_state",
-                                           "storage_graphroot", "storage_runroot", "nomad_data_dir")
-
-    docker_data_root: Path = Path("/var/lib/docker")
-    containerd_root: Path = Path("/var/lib/containerd")
-    containerd_state: Path = Path("/run/containerd")
-    storage_graphroot: Path = Path("/var/lib/containers/storage")
-    storage_runroot: Path = Path("/run/containers/storage")
-    nomad_data_dir: Path = Path("/opt/nomad/data")
-    explicit: frozenset[str] = frozenset()
 
 
 # Bounds of the [mps] table (and of the Nomad plugin's ``mps`` block, accelstats/nomad/config.py), so that
 # a typing mistake is refused at once instead of built (``replicas = 20000000`` once grew the plugin to
 # 4.6 GB before its first fingerprint). Replicas: NVIDIA's Multi-Process Service documentation
 # (docs.nvidia.com/deploy/mps, "Limitations") allows "up to 48 clients per GPU" from Volta (compute
-# capability 7.0) on, 16 before; the per-GPU rule is checked again at start (collectors/mpsrules.py).
+# capability 7.0) on, 16 before; the per-GPU rule is checked again at start (accelstats/mps/rules.py).
 # Resources and devices: far more than any host has GPUs (each resource needs GPUs of its own).
 MPS_MAX_REPLICAS = MAX_REPLICAS_VOLTA_ON  # 48
 MPS_MAX_RESOURCES = 256
 MPS_MAX_DEVICES = 256  # per resource
 MPS_MAX_NAME = 255  # characters of a resource name (a directory path under the MPS root)
-
-
-@dataclass(frozen=True)
-class MpsResourceSettings:
-    """One MPS resource: ``devices`` is ``"all"`` or GPU UUIDs and NVML indices (docs/mps.md)."""
-
-    name: str
-    replicas: int
-    devices: str | tuple[str | int, ...] = "all"
-
-
-@dataclass(frozen=True)
-class MpsSettings:
-    """The ``[mps]`` table: where daemons keep their pipes and logs, the control-command timeout
-    (seconds), whether to set EXCLUSIVE_PROCESS compute mode (opt-in, restored on stop), resources."""
-
-    root: Path = Path("/run/accelstats/mps")
-    timeout: float = 3.0
-    exclusive_process: bool = False
-    resources: tuple[MpsResourceSettings, ...] = ()
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Everything ``accelstats serve|dump|devices|containers`` needs. Paths are absolute or cwd-relative."""
-
-    listen_host: str = ""
-    listen_port: int = DEFAULT_PORT
-    nvml_replay: Path | None = None
-    cgroup_root: Path = Path("/sys/fs/cgroup")
-    proc_root: Path = Path("/proc")
-    sysfs_root: Path = Path("/sys")
-    rootfs: Path = Path("/")
-    open_fd_scan: bool = True
-    attribution: bool = True  # tie devices to containers (the Nomad plugin turns it off without metrics_listen)
-    log_level: str = "info"
-    log_format: str = "text"
-    nvml_retry_interval: float = 30.0
-    nvml_deadline: float = 1.5
-    collection_deadline: float = 4.0  # a collection answers by then; a late part serves its last result
-    nvml_pcie_interval: float = 10.0  # 0: PCIe throughput not read (collectors/pcie.py)
-    accounting_interval: float = 1.0  # 0: no GPU accounting counters (accelstats/accounting/)
-    collectors: tuple[str, ...] | None = None  # None: each collector's default
-    file_devices: FileDevicesSettings = field(default_factory=FileDevicesSettings)
-    mps: MpsSettings = field(default_factory=MpsSettings)
-    web_config: Path | None = None  # serve: exporter-toolkit web configuration file (accelstats/webconfig.py)
-    runtimes: RuntimeRoots = field(default_factory=RuntimeRoots)
-
-    @property
-    def listen(self) -> str:
-        """``HOST:PORT`` as given (IPv6 hosts in brackets)."""
-        host = f"[{self.listen_host}]" if ":" in self.listen_host else self.listen_host
-        return f"{host}:{self.listen_port}"
 
 
 def parse_listen(value: str, where: str = "--listen") -> tuple[str, int]:

@@ -24,27 +24,24 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from accelstats import catalog
-from accelstats.accounting import AccountingView, Ledger, oldest_process_start
-from accelstats.attribution import Attributor
-from accelstats.cgroups import CgroupLayout, detect_layout
-from accelstats.config import Settings
-from accelstats.containers import (
+from accelstats.accounting import AccountingView, CgroupLookup, Ledger
+from accelstats.attribution.attributor import Attributor
+from accelstats.attribution.containers import (
     AcceleratorCollector,
     ContainerCollector,
     ContainerStats,
     HostView,
     NoopCollector,
-    cgroup_of_pids,
 )
+from accelstats.cgroups import CgroupLayout, detect_layout
 from accelstats.registry import COLLECTORS, Collector, enabled_names
+from accelstats.settings import Settings
 from collectors.deadline import DeadlineWorker
 from collectors.model import CollectorResult, DeviceSnapshot, NoDataError
 from collectors.nvidia import NvidiaBackend
@@ -169,28 +166,10 @@ class AcceleratorManager:
                  self.layout.unified_root)
         backend = next((c for c in self.collectors if isinstance(c, NvidiaBackend)), None)
         if self._attributor is not None and backend is not None and self.settings.accounting_interval > 0:
-            self.ledger = Ledger(self._pid_cgroup, self._container_started, self._cgroup_alive)
+            attributor = self._attributor
+            self.ledger = Ledger(CgroupLookup(attributor.hierarchy, self.settings.proc_root, attributor.controller,
+                                              attributor.namespace))
             backend.enable_accounting(self.settings.accounting_interval, self.ledger.add_rounds)
-
-    # -- host lookups for the accounting ledger (on the sampler's thread, or the collection's) -----
-    def _pid_cgroup(self, pid: int) -> str | None:
-        attributor = self._attributor
-        assert attributor is not None
-        found, _ = cgroup_of_pids((pid,), self.settings.proc_root, attributor.controller, attributor.namespace)
-        return found.get(pid)
-
-    def _cgroup_dir(self, cgroup: str) -> Path | None:
-        hierarchy = self._attributor.hierarchy if self._attributor is not None else None
-        return hierarchy / cgroup.lstrip("/") if hierarchy is not None else None
-
-    def _container_started(self, cgroup: str) -> float | None:
-        directory = self._cgroup_dir(cgroup)
-        return oldest_process_start(directory, self.settings.proc_root) if directory is not None else None
-
-    def _cgroup_alive(self, cgroup: str) -> bool:
-        # once per round per allocated container: plain strings, no Path objects
-        hierarchy = self._attributor.hierarchy if self._attributor is not None else None
-        return hierarchy is not None and os.path.isdir(os.path.join(hierarchy, cgroup.lstrip("/")))
 
     def destroy(self, timeout: float = 5.0) -> None:
         """Shut NVML down once no collection is running (waits at most ``timeout`` seconds for one
@@ -289,7 +268,7 @@ class AcceleratorManager:
                 index = {d.uuid: str(d.index) for d in snapshot.devices}
                 attributed = snapshot.collector_results[-1].success or collection.view is not None
                 holders = [c for c in collection.containers if c.accelerators]
-                collection.accounting = self.ledger.settle(holders if attributed else None, catalog.identity_labels,
+                collection.accounting = self.ledger.settle(holders if attributed else None,
                                                            lambda uuid: index.get(uuid, ""))
             collection.collector_last_success = dict(self._last_success)
             collection.cgroup_mode = self.layout.mode.value if self.layout else ""

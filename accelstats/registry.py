@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from accelstats.config import Settings
+from accelstats.settings import Settings
 from collectors.files import FileDevices
 from collectors.model import DeviceSnapshot
 from collectors.nvidia import NvidiaBackend
@@ -61,7 +61,7 @@ def _files(settings: Settings, nvml: Any) -> Collector | None:
 def _mps(settings: Settings, nvml: Any) -> Collector | None:
     if not settings.mps.resources:
         return None
-    from accelstats.mpsctl import MpsCollector
+    from accelstats.mps.host import MpsCollector
 
     return MpsCollector(settings.mps)
 

@@ -35,11 +35,11 @@ from pathlib import Path
 from exposition import PROMETHEUS_ACCEPT, cpu_ms
 from scrape import build_host, default_shared
 
-from accelstats.config import Settings
-from accelstats.httpapp import ServerCounters, SharedExposition
 from accelstats.manager import AcceleratorManager
+from accelstats.settings import Settings
+from accelstats.web.app import ServerCounters, SharedExposition
 from collectors.nvidia import NvidiaBackend
-from collectors.nvml_lib import open_replay
+from collectors.replay.lib import open_replay
 
 GIB = 1 << 30
 

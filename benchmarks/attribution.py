@@ -35,9 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import bpf_util  # tests/bpf_util.py: the program generator and loader
 from scrape import default_shared, loadavg, machine, percentile, write_scenario
 
-from accelstats.config import Settings
 from accelstats.manager import AcceleratorManager
-from collectors.nvml_lib import open_replay
+from accelstats.settings import Settings
+from collectors.replay.lib import open_replay
 
 RUNC_DEFAULTS = [("c", 1, 3, "rwm"), ("c", 1, 5, "rwm"), ("c", 1, 7, "rwm"), ("c", 1, 8, "rwm"), ("c", 1, 9, "rwm"),
                  ("c", 5, 0, "rwm"), ("c", 5, 2, "rwm"), ("c", 136, None, "rwm"), ("c", 10, 200, "rwm"),

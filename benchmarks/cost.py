@@ -60,10 +60,10 @@ from load import RecordingNVML, ServeProcess  # benchmarks/ is sys.path[0] when 
 from prometheus_client.exposition import generate_latest
 from scrape import build_host, default_shared, loadavg, machine, percentile, write_scenario
 
-from accelstats.config import Settings
-from accelstats.exporter import make_registry
 from accelstats.manager import AcceleratorManager
-from collectors.nvml_lib import open_replay
+from accelstats.settings import Settings
+from accelstats.web.exposition import make_registry
+from collectors.replay.lib import open_replay
 
 NVML_WORKER = "accelstats-nvml"  # the scrape's NVML thread (collectors/nvidia.py, DeadlineWorker name)
 SLOW_CALLS = frozenset({"nvmlDeviceGetBAR1MemoryInfo", "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetFieldValues",

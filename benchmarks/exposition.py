@@ -31,9 +31,9 @@ from pathlib import Path
 
 from scrape import build_host, default_shared, loadavg, machine
 
-from accelstats.httpapp import ServerCounters, SharedExposition
 from accelstats.manager import AcceleratorManager
-from collectors.nvml_lib import open_replay
+from accelstats.web.app import ServerCounters, SharedExposition
+from collectors.replay.lib import open_replay
 
 PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
                      "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")

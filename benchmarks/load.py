@@ -56,10 +56,10 @@ import psutil
 from prometheus_client.exposition import generate_latest
 from scrape import build_host, default_shared, loadavg, machine, percentile  # benchmarks/ is sys.path[0]
 
-from accelstats.config import Settings
-from accelstats.exporter import make_registry
 from accelstats.manager import AcceleratorManager
-from collectors.nvml_lib import open_replay
+from accelstats.settings import Settings
+from accelstats.web.exposition import make_registry
+from collectors.replay.lib import open_replay
 
 REPO = Path(__file__).resolve().parents[1]
 DURATION_FAMILY = b"# TYPE accelstats_scrape_collector_duration_seconds gauge\n"

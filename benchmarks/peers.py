@@ -3,7 +3,7 @@
 Both run as processes on the replayed H200 capture, 1 GPU, with accelstats also attributing 10
 containers (a cgroup v1 tree, benchmarks/scrape.py ``build_host``). nvitop-exporter (``pip install
 nvitop-exporter``; it brings nvitop) runs unchanged: its pynvml is handed the ABI-level replay
-(``collectors.nvml_lib.open_replay``) before it is imported, and it updates its gauges every
+(``collectors.replay.lib.open_replay``) before it is imported, and it updates its gauges every
 ``--interval`` seconds in its own thread, so it is given the scrape interval. For each, in turn:
 
 * exec → the first ``/metrics`` answer with status 200 (ms);
@@ -36,7 +36,7 @@ from pathlib import Path
 from scrape import build_host, default_shared, loadavg, machine
 
 NVITOP = """import sys
-from collectors.nvml_lib import open_replay
+from collectors.replay.lib import open_replay
 open_replay(sys.argv[1])
 sys.argv = ["nvitop-exporter", "--bind-address", "127.0.0.1", "--port", sys.argv[2], "--interval", sys.argv[3]]
 from nvitop_exporter.cli import main

@@ -31,10 +31,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 from prometheus_client.exposition import generate_latest
 
-from accelstats.config import Settings
-from accelstats.exporter import make_registry, render
 from accelstats.manager import AcceleratorManager
-from collectors.nvml_lib import open_replay
+from accelstats.settings import Settings
+from accelstats.web.exposition import make_registry, render
+from collectors.replay.lib import open_replay
 
 RUNC_DEFAULTS = ["c 1:3 rwm", "c 1:5 rwm", "c 1:7 rwm", "c 1:8 rwm", "c 1:9 rwm", "c 5:0 rwm", "c 5:2 rwm",
                  "c 136:* rwm", "c 10:200 rwm", "c 195:255 rw"]

@@ -1,6 +1,6 @@
 """Soak: many scrapes in one process; RSS, open fds and threads must not grow.
 
-One process holds both sides: the exporter (``accelstats.httpserver.serve`` on ``127.0.0.1``, an
+One process holds both sides: the exporter (``accelstats.web.server.serve`` on ``127.0.0.1``, an
 ephemeral port, over the scrape benchmark's synthetic host: 1 replayed H200 x 10 containers by
 default, so 100 000 scrapes take minutes) and the client (``http.client``, one new connection per
 request: the server keeps connections alive, but a new one each time exercises every part of a
@@ -41,11 +41,11 @@ import psutil
 from prometheus_client.exposition import generate_latest
 from scrape import build_host, default_shared, loadavg, machine  # benchmarks/ is sys.path[0]
 
-from accelstats.config import Settings
-from accelstats.exporter import make_registry
-from accelstats.httpserver import serve
 from accelstats.manager import AcceleratorManager
-from collectors.nvml_lib import open_replay
+from accelstats.settings import Settings
+from accelstats.web.exposition import make_registry
+from accelstats.web.server import serve
+from collectors.replay.lib import open_replay
 
 MIB = 2**20
 LIMIT_BYTES = 5 * MIB

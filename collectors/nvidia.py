@@ -1,7 +1,7 @@
 """NVIDIA GPUs through NVML: device list, one sample per device per collection, processes.
 
 ``NvidiaBackend`` runs over the ``pynvml`` module (nvidia-ml-py), on the driver's ``libnvidia-ml`` or
-on the replayed one (:class:`collectors.nvml_lib.ReplayedNVML`: pynvml itself, with a replayed
+on the replayed one (:class:`collectors.replay.lib.ReplayedNVML`: pynvml itself, with a replayed
 library underneath). Rules it follows:
 
 * NVIDIA devices are looked for on the PCI bus (vendor ``0x10de`` under

@@ -75,7 +75,7 @@ class NvmlCaller:
     """Calls ``nvml.<function>`` by name and classifies its outcome (see module docstring).
 
     ``nvml`` is the ``pynvml`` module, or pynvml over the replayed library
-    (:class:`collectors.nvml_lib.ReplayedNVML`). ``errors`` counts (call, error name) pairs that
+    (:class:`collectors.replay.lib.ReplayedNVML`). ``errors`` counts (call, error name) pairs that
     were answered with ``None`` or raised; it is read by the exporter as
     ``accelstats_nvml_errors_total``.
     """

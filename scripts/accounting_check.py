@@ -21,13 +21,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pynvml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from accelstats.accounting import Ledger
-from accelstats.containers import AcceleratorStats, ContainerStats
+from accelstats.attribution.containers import AcceleratorStats, ContainerStats
 from collectors.model import Device
 from collectors.nvml_call import NvmlCaller
 from collectors.procsampler import ProcessRound, ProcessSampler
@@ -55,7 +56,8 @@ def main() -> int:
     uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
     child = subprocess.Popen([sys.executable, "-c", BUSY, str(args.seconds)])
     cgroup = own_cgroup(child.pid) or f"/accounting-check-{child.pid}"
-    ledger = Ledger(lambda pid: cgroup if pid == child.pid else own_cgroup(pid), lambda c: None, lambda c: True)
+    ledger = Ledger(SimpleNamespace(cgroup_of=lambda pid: cgroup if pid == child.pid else own_cgroup(pid),
+                                    started_at=lambda c: None, alive=lambda c: True))
     energies: list[float] = []
 
     def sink(rounds: list[ProcessRound]) -> None:
@@ -78,7 +80,7 @@ def main() -> int:
         make="nvidia", model="", id=uuid, minor=0, index=0, attribution="devices_cgroup", memory_total_bytes=None,
         memory_used_bytes=None, duty_cycle=None, container_memory_used_bytes=None,
         container_sm_utilization_ratio=None, container_processes=None)])
-    view = ledger.settle([container], lambda c: (c.cgroup, "", "", "", "", ""), lambda u: "0")
+    view = ledger.settle([container], lambda u: "0")
     pynvml.nvmlShutdown()
     mine = next((a for a in view.accounts if a.labels[0] == cgroup), None)
     (_, idle, unattributed), = view.devices or (("", 0.0, 0.0),)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Regenerate ``collectors/nvml_symbols.json``: the functions each NVIDIA driver generation's
+"""Regenerate ``collectors/replay/symbols.json``: the functions each NVIDIA driver generation's
 ``libnvidia-ml`` exports, and their C parameter types, read from NVIDIA's own ``nvml.h``.
 
 Source: the ``src/nvml.h`` that NVIDIA publishes with each driver release in
@@ -22,7 +22,7 @@ from pathlib import Path
 
 TAGS = ["470.256.02", "510.108.03", "515.105.01", "525.147.05", "535.309.01", "545.29.06", "550.144.03",
         "560.35.03", "565.77", "570.211.01", "575.64.05", "580.173.02", "590.48.01"]
-OUT = Path(__file__).resolve().parent.parent / "collectors" / "nvml_symbols.json"
+OUT = Path(__file__).resolve().parent.parent / "collectors" / "replay" / "symbols.json"
 _PROTO = re.compile(r"(?:nvmlReturn_t\s+DECLDIR|const\s+DECLDIR\s+char\s*\*)\s+(\w+)\s*\(([^)]*)\)", re.S)
 
 

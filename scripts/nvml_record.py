@@ -128,7 +128,7 @@ def main() -> int:
         print(compare(live, replay))
         return 0
     if a.nvml_replay:
-        from collectors.nvml_lib import open_replay
+        from collectors.replay.lib import open_replay
         nv: Any = open_replay(a.nvml_replay)
     else:
         nv = pynvml

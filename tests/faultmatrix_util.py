@@ -1,6 +1,6 @@
 """Helpers of the fault matrix (tests/test_fault_matrix*.py): the two surfaces, served for real.
 
-* :class:`Exporter`: an ``AcceleratorManager`` served by :func:`accelstats.httpserver.serve` on a free
+* :class:`Exporter`: an ``AcceleratorManager`` served by :func:`accelstats.web.server.serve` on a free
   loopback port; :meth:`Exporter.scrape` is an HTTP GET of ``/metrics``, timed and parsed.
 * :func:`serve_subprocess`: ``python3 -m accelstats serve`` as a child process (optionally as
   another user), waited for until ``/healthz`` answers.
@@ -9,7 +9,7 @@
   the same functions the gRPC servicers call.
 * :func:`eight_h200`: a scenario of eight H200s from the real capture.
 * :class:`HeldHang` and :class:`ReplayClock`: a replay's ``sleep`` and ``clock`` (both injectable,
-  :class:`~collectors.nvml_replay.ReplayState`): a ``hang_seconds = HELD`` fault hangs until the test
+  :class:`~collectors.replay.state.ReplayState`): a ``hang_seconds = HELD`` fault hangs until the test
   releases it, and the replay's clock moves when the test moves it; no test races a timer. Also used
   by tests/test_nvidia_backend.py and tests/test_pcie_sampler.py.
 * :func:`live_threads` / :func:`assert_no_new_threads`: thread leaks by thread identity, not by name.
@@ -37,16 +37,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from support.nomadclient.ctymsgpack import encode_for_spec
 
-from accelstats.config import Settings
-from accelstats.httpserver import serve
 from accelstats.manager import AcceleratorManager
 from accelstats.nomad import config as plugin_config
 from accelstats.nomad import devices
 from accelstats.nomad.plugin import DevicePluginState
 from accelstats.nomad.proto import device_pb2, hclspec_pb2, structs_pb2
+from accelstats.settings import Settings
+from accelstats.web.server import serve
 from collectors.nvidia import NvidiaBackend
-from collectors.nvml_lib import open_replay
-from collectors.nvml_replay import ReplayState
+from collectors.replay.lib import open_replay
+from collectors.replay.state import ReplayState
 
 REPO = Path(__file__).resolve().parents[1]
 H200_UUID = "GPU-5f1c2a9e-0b7d-4c3e-9a61-2d8e4f7b9c10"

@@ -22,9 +22,11 @@ closes); each is granted the GPU by its devices cgroup.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -32,17 +34,17 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from accelstats import catalog
 from accelstats.accounting import AccountingView, Ledger, Published
-from accelstats.catalog import identity_labels
-from accelstats.config import ConfigError, Settings, load_config
-from accelstats.containers import AcceleratorStats, ContainerStats
-from accelstats.exporter import exposition
+from accelstats.attribution.containers import AcceleratorStats, ContainerStats
+from accelstats.config import load_config
 from accelstats.manager import AcceleratorManager, Collection
+from accelstats.settings import ConfigError, Settings
+from accelstats.web.exposition import exposition
 from collectors.model import Device, DeviceSnapshot
 from collectors.nvidia import NvidiaBackend
 from collectors.nvml_call import NvmlCaller
-from collectors.nvml_lib import open_replay
-from collectors.nvml_replay import SAMPLE_PERIOD_US
 from collectors.procsampler import DRIVER_LAG, ProcessRound, ProcessSampler, busy_seconds
+from collectors.replay.lib import open_replay
+from collectors.replay.state import SAMPLE_PERIOD_US
 
 UUID = "GPU-5f1c2a9e-0b7d-4c3e-9a61-2d8e4f7b9c10"
 T0 = 5_000.0  # fake clock at nvmlInit
@@ -122,6 +124,15 @@ def expected_byte_seconds(pid: int, until: int = END) -> float:
     return sum(memory(pid, t) for t in range(until))
 
 
+@dataclass(frozen=True)
+class Lookup:
+    """The ledger's host lookups (:class:`accelstats.accounting.HostLookup`) from the scenario's tables."""
+
+    cgroup_of: Callable[[int], str | None]
+    started_at: Callable[[str], float | None]
+    alive: Callable[[str], bool]
+
+
 def granted(*cgroups: str, uuid: str = UUID) -> list[ContainerStats]:
     return [ContainerStats(cgroup=c, identity=None, accelerators=[AcceleratorStats(
         make="nvidia", model="", id=uuid, minor=0, index=0, attribution="devices_cgroup", memory_total_bytes=None,
@@ -145,7 +156,7 @@ class Host:
         nvml = open_replay(scenario, clock=self.clock)
         nvml.nvmlInit()
         self.nvml = nvml
-        self.ledger = Ledger(CGROUP_OF_PID.get, self.started_at, self.alive)
+        self.ledger = Ledger(Lookup(CGROUP_OF_PID.get, self.started_at, self.alive))
         self.sampler = ProcessSampler(NvmlCaller(nvml), 1.0, self.ledger.add_rounds, clock=self.clock, wall=self.clock)
         self.sampler.set_devices([(Device(uuid=UUID, index=0, minor=0, name="NVIDIA H200"),
                                    nvml.nvmlDeviceGetHandleByIndex(0))])
@@ -167,7 +178,7 @@ class Host:
         return granted(*(c for c in LIFE if self.alive(c)))
 
     def collect(self) -> AccountingView:
-        return self.ledger.settle(self.containers(), identity_labels, lambda uuid: "0")
+        return self.ledger.settle(self.containers(), lambda uuid: "0")
 
     def round(self) -> None:
         for r in self.sampler.read_round():
@@ -387,7 +398,7 @@ def test_mig_instances_are_devices_of_their_own_without_sm_or_energy(tmp_path: P
     parent = nvml.nvmlDeviceGetHandleByIndex(0)
     mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, 0)
     gpu, uuid = "GPU-00000000-0000-4000-8000-0000000000a1", "MIG-00000000-0000-4000-8000-000000000007"
-    ledger = Ledger(CGROUP_OF_PID.get, lambda cgroup: T0, lambda cgroup: True)
+    ledger = Ledger(Lookup(CGROUP_OF_PID.get, lambda cgroup: T0, lambda cgroup: True))
     sampler = ProcessSampler(NvmlCaller(nvml), 1.0, ledger.add_rounds, clock=clock, wall=clock)
     sampler.set_devices([(Device(uuid=gpu, index=0, minor=0, name="A100", mig_mode="enabled"), parent),
                          (Device(uuid=uuid, index=0, minor=None, name="A100 MIG 1g.10gb", kind="mig"), mig)])
@@ -396,7 +407,7 @@ def test_mig_instances_are_devices_of_their_own_without_sm_or_energy(tmp_path: P
         assert whole.sm is None and whole.memory == ()  # its instance's process is the instance's
         assert instance.sm is None and instance.memory == ((101, GIB),)
         clock.now += 1.0
-    view = ledger.settle(granted(A, uuid=uuid), identity_labels, lambda u: "0")
+    view = ledger.settle(granted(A, uuid=uuid), lambda u: "0")
     collection = Collection(snapshot=DeviceSnapshot(devices=[Device(uuid=gpu, index=0, minor=0, name="A100")]),
                             accounting=view)
     published = {f.name: [v for _, v in f.read(collection)] for f in catalog.ACCOUNTING if f.read is not None}
@@ -470,7 +481,7 @@ class Feed:
     def __init__(self, cgroups: dict[int, str | None], alive: Callable[[str], bool] = lambda c: True) -> None:
         self.t = 0.0
         self.cgroups = cgroups
-        self.ledger = Ledger(lambda pid: self.cgroups.get(pid), lambda c: None, alive)
+        self.ledger = Ledger(Lookup(lambda pid: self.cgroups.get(pid), lambda c: None, alive))
 
     def round(self, memory: dict[int, int | None] | None, sm: dict[int, float] | None,
               energy: float | None = None, uuid: str = UUID, also: tuple[ProcessRound, ...] = ()) -> None:
@@ -480,7 +491,7 @@ class Feed:
         self.t += 1.0
 
     def settle(self, containers: list[ContainerStats] | None) -> dict[str, Published]:
-        return {a.labels[0]: a for a in self.ledger.settle(containers, identity_labels, lambda u: "0").accounts}
+        return {a.labels[0]: a for a in self.ledger.settle(containers, lambda u: "0").accounts}
 
 
 def test_a_container_that_ends_right_after_its_work_is_published_once_with_its_final_energy() -> None:
@@ -567,7 +578,7 @@ def test_an_energy_jump_is_left_out_and_counted() -> None:
     feed = Feed({7: X})
     for joules in (0.0, 700.0, 2.0**40, 2.0**40 + 700.0):
         feed.round({7: GIB}, {7: 1.0}, energy=joules)
-    view = feed.ledger.settle(granted(X), identity_labels, lambda u: "0")
+    view = feed.ledger.settle(granted(X), lambda u: "0")
     (account,) = view.accounts
     assert account.energy_joules == pytest.approx(1400.0)  # the two plausible seconds; the jump left out
     assert dict(view.discarded)["energy_jump"] == 1
@@ -660,7 +671,7 @@ def test_an_idle_granted_container_learns_that_its_gpu_reports_utilisation() -> 
 def test_busy_time_before_the_first_collection_that_sees_the_grant_counts_as_busy() -> None:
     started = {X: 0.0}
     feed = Feed({7: X})
-    feed.ledger.started_at = started.get
+    feed.ledger.host = dataclasses.replace(feed.ledger.host, started_at=started.get)
     for _ in range(10):
         feed.round({7: GIB}, {7: 1.0})
         feed.settle([])  # the attribution has not found the container yet

@@ -13,13 +13,13 @@ import pytest
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from accelstats.attribution import Attributor
+from accelstats.attribution.attributor import Attributor
+from accelstats.attribution.containers import ContainerMetadata, ContainerStats, container_of
 from accelstats.cgroups import CgroupLayout, CgroupMode
-from accelstats.config import Settings
-from accelstats.containers import ContainerMetadata, ContainerStats, container_of
-from accelstats.exporter import render
 from accelstats.manager import AcceleratorManager, Collection
-from collectors.nvml_lib import open_replay
+from accelstats.settings import Settings
+from accelstats.web.exposition import render
+from collectors.replay.lib import open_replay
 
 GIB = 1 << 30
 C1, C2, C3 = "1" * 64, "2" * 64, "3" * 64
@@ -183,7 +183,7 @@ def test_who_could_have_made_a_cgroup_decides_whether_its_identity_is_trusted(tm
 
 @pytest.mark.root  # mknod of a 195:N node in tmp_path needs CAP_MKNOD
 def test_open_device_node_attributes_by_open_fd_and_is_scanned_once(tmp_path: Path, h200: Path) -> None:
-    (tmp_path / "dev").mkdir()  # device nodes are looked at only in a dev directory (accelstats/openfds.py)
+    (tmp_path / "dev").mkdir()  # device nodes are looked at only in a dev directory (accelstats/attribution/openfds.py)
     node = tmp_path / "dev" / "nvidia1"
     os.mknod(node, stat.S_IFCHR | 0o600, os.makedev(195, 1))
     ctl = tmp_path / "dev" / "nvidiactl"
@@ -341,7 +341,8 @@ def test_paths_from_another_cgroup_namespace_are_skipped_and_counted(tmp_path: P
 @pytest.mark.parametrize("own", ["/", "/init"])  # the exporter at its namespace root, or in a child of it
 def test_paths_from_our_own_private_cgroup_namespace_are_resolved(tmp_path: Path, h200: Path, own: str) -> None:
     """A DaemonSet exporter in a private cgroup namespace (cgroup v2 default) reads other pods' paths as
-    ``/../../…``; its own cgroup, found in the mounted host tree by its PID, places them (accelstats/cgroupns.py)."""
+    ``/../../…``; its own cgroup, found in the mounted host tree by its PID, places them
+    (accelstats/attribution/cgroupns.py)."""
     ours = "/kubepods.slice/kubepods-pod0.slice/cri-containerd-" + C2 + ".scope"
     theirs = "/kubepods.slice/kubepods-pod1.slice/cri-containerd-" + C1 + ".scope"
     host = Host(tmp_path, h200)
@@ -435,7 +436,7 @@ def test_an_attribution_bug_fails_only_the_attribution(tmp_path: Path, h200: Pat
     host = Host(tmp_path, h200)
     host.container(DOCKER.format(C1), [1501])
     host.process(1501, DOCKER.format(C1), gpu=0)
-    monkeypatch.setattr("accelstats.attribution.cgroup_of_pids", lambda *a: 1 / 0)
+    monkeypatch.setattr("accelstats.attribution.attributor.cgroup_of_pids", lambda *a: 1 / 0)
     c = host.collect()
     results = {r.name: r.success for r in c.snapshot.collector_results}
     assert results == {"nvidia": True, "attribution": False}

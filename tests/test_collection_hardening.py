@@ -35,9 +35,9 @@ from fuse_util import HangingFuse
 from prom_harness import free_port
 
 from accelstats.cgroups import detect_layout
-from accelstats.config import RuntimeRoots, Settings
 from accelstats.manager import AcceleratorManager, Collection
-from collectors.nvml_lib import open_replay
+from accelstats.settings import RuntimeRoots, Settings
+from collectors.replay.lib import open_replay
 
 pytestmark = pytest.mark.root
 
@@ -141,7 +141,7 @@ def test_a_state_directory_on_a_hung_mount_costs_one_late_attribution(tmp_path: 
 
 
 def test_devices_list_that_is_not_a_regular_file_is_not_read(tmp_path: Path, fixtures_dir: Path) -> None:
-    from accelstats import containers
+    from accelstats.attribution import containers
     from accelstats.cgroups import discovery
     devices = tmp_path / "cgroup" / "devices"
     (devices / "docker" / CID).mkdir(parents=True)

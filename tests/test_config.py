@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from accelstats.config import ConfigError, Settings, check_perm, load_config, parse_listen
+from accelstats.config import check_perm, load_config, parse_listen
+from accelstats.settings import ConfigError, Settings
 
 
 @pytest.mark.parametrize(

@@ -110,7 +110,7 @@ def test_open_device_node_is_attributed_by_open_fd(
 def test_an_exporter_in_a_private_cgroup_namespace_resolves_host_paths(
         runc_container: RuncFactory, tmp_path: Path, fixtures_dir: Path) -> None:
     """The exporter runs in a cgroup namespace of its own (``unshare --cgroup``, as a cgroup v2 container
-    gets by default): the container's process reads as ``/../…``; accelstats/cgroupns.py places it."""
+    gets by default): the container's process reads as ``/../…``; accelstats/attribution/cgroupns.py places it."""
     a = runc_container(ContainerSpec("a", docker_systemd_path(), devices=[("c", 195, 0, "rw")]))
     replay = scenario(tmp_path, fixtures_dir, {GPU0: [(a.pid, 1 * GIB)]})
     own = Path(UNIFIED) / f"accelstats-test-ns-{os.getpid()}"

@@ -126,9 +126,9 @@ def test_one_manager_sees_a_new_container_a_changed_rule_and_a_removed_one_at_th
         runc_container: RuncFactory, tmp_path: Path, fixtures_dir: Path) -> None:
     """What a cache of the cgroup walk or of devices.list would have to preserve, in one process over
     consecutive collections on real cgroupfs (accelstats caches neither: docs/design.md)."""
-    from accelstats.config import Settings
     from accelstats.manager import AcceleratorManager
-    from collectors.nvml_lib import open_replay
+    from accelstats.settings import Settings
+    from collectors.replay.lib import open_replay
 
     replay = scenario(tmp_path, fixtures_dir, {})
     settings = Settings(nvml_replay=replay, collectors=("nvidia",))

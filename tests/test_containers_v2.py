@@ -27,9 +27,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from runc_harness import ContainerSpec, RuncContainer, RuncFactory, docker_cgroupfs_path
 from scenarios_util import two_gpu_scenario
 
-from accelstats.config import Settings
 from accelstats.manager import AcceleratorManager
-from collectors.nvml_lib import open_replay
+from accelstats.settings import Settings
+from collectors.replay.lib import open_replay
 
 pytestmark = pytest.mark.root
 

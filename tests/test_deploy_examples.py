@@ -210,7 +210,8 @@ def test_daemonset_mounts_are_read_only_and_match_the_flags() -> None:
 
 
 def test_daemonset_security_context_has_the_unit_capabilities() -> None:
-    """Not privileged, on cgroup v1 and v2 alike (a private cgroup namespace is resolved: accelstats/cgroupns.py)."""
+    """Not privileged, on cgroup v1 and v2 alike (a private cgroup namespace is resolved:
+    accelstats/attribution/cgroupns.py)."""
     (container,) = daemonset()["spec"]["template"]["spec"]["containers"]
     context = container["securityContext"]
     assert "privileged" not in context

@@ -155,7 +155,7 @@ def compose_scenario(dest: Path, processes: dict[int, list[dict[str, Any]]]) -> 
 
 
 def write_rootfs(root: Path, docker_cids: dict[str, str], k8s_cid: str) -> Path:
-    """Runtime state files the exporter reads names, images and pods from (accelstats/metadata.py);
+    """Runtime state files the exporter reads names, images and pods from (accelstats/attribution/metadata.py);
     ``docker_cids``: {name: id}, each with the image ``<name>:2``."""
     for name, cid in docker_cids.items():
         dock = root / "var/lib/docker/containers" / cid

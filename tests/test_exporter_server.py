@@ -7,9 +7,9 @@ from pathlib import Path
 
 from conftest import require_tool
 
-from accelstats.config import Settings
-from accelstats.httpserver import serve
 from accelstats.manager import AcceleratorManager
+from accelstats.settings import Settings
+from accelstats.web.server import serve
 
 
 def test_listen_backlog_holds_a_burst_of_scrapers(tmp_path: Path) -> None:
@@ -39,8 +39,8 @@ def test_scrapes_sharing_a_collection_share_one_encoded_body(tmp_path: Path, fix
 
     from prometheus_client.parser import text_string_to_metric_families
 
-    from accelstats.httpapp import SharedExposition
-    from collectors.nvml_lib import open_replay
+    from accelstats.web.app import SharedExposition
+    from collectors.replay.lib import open_replay
 
     manager = AcceleratorManager(Settings(cgroup_root=tmp_path, proc_root=tmp_path, collectors=("nvidia",)),
                                  open_replay(fixtures_dir / "h200" / "nvidia-smi-q.xml"))

@@ -1,4 +1,4 @@
-"""The fast encoder (accelstats/exposition.py) writes what prometheus_client's encoders write, byte for byte.
+"""The fast encoder (accelstats/web/exposition.py) writes what prometheus_client's encoders write, byte for byte.
 
 Compared in text 0.0.4, text 1.0.0, OpenMetrics 1.0.0, OpenMetrics with allow-utf-8 escaping and
 Prometheus 2.x's Accept header, each plain and gzipped:
@@ -13,7 +13,7 @@ Escapings that rewrite names (dots, values) and ``name[]`` filters are served by
 encoder, never the fast one.
 
 The reference is ``SharedExposition(fast=False)``: the same collection rendered into prometheus_client
-families (accelstats/exporter.py) and encoded by prometheus_client.
+families (accelstats/web/exposition.py) and encoded by prometheus_client.
 """
 
 from __future__ import annotations
@@ -26,14 +26,14 @@ from typing import Any
 
 import pytest
 
+from accelstats.attribution.containers import AcceleratorStats, ContainerMetadata, ContainerStats
 from accelstats.cgroups.identity import ContainerIdentity
-from accelstats.config import Settings
-from accelstats.containers import AcceleratorStats, ContainerMetadata, ContainerStats
-from accelstats.exposition import OPENMETRICS, TEXT, supported
-from accelstats.httpapp import ServerCounters, SharedExposition, negotiate
 from accelstats.manager import AcceleratorManager, Collection
+from accelstats.settings import Settings
+from accelstats.web.app import ServerCounters, SharedExposition, negotiate
+from accelstats.web.exposition import OPENMETRICS, TEXT, supported
 from collectors.model import CollectorResult, Device, DeviceSample, DeviceSnapshot, FileDevice, MpsDaemonReading
-from collectors.nvml_lib import open_replay
+from collectors.replay.lib import open_replay
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO / "benchmarks") not in sys.path:  # benchmarks/ is not a package
@@ -186,7 +186,7 @@ def test_filtered_requests_are_encoded_by_the_reference(fixtures_dir: Path, tmp_
 def test_the_label_cache_holds_what_the_last_two_scrapes_used(fixtures_dir: Path, tmp_path: Path) -> None:
     """Containers come and go: strings of those gone are dropped after two scrapes, not kept until
     some size limit."""
-    from accelstats.exposition import FastEncoder
+    from accelstats.web.exposition import FastEncoder
 
     encoder = FastEncoder()
     (tmp_path / "a").mkdir()

@@ -1,7 +1,7 @@
 """The fault matrix: one test per row and surface; this docstring is the table.
 
 Surfaces: **exporter** = ``/metrics`` over HTTP from a served exporter (in-process
-``accelstats.httpserver.serve``, or ``python3 -m accelstats serve`` as a child process where the row
+``accelstats.web.server.serve``, or ``python3 -m accelstats serve`` as a child process where the row
 says "process"); **plugin** = the Nomad plugin's ``DevicePluginState`` after a real SetConfig
 (go-cty msgpack), Fingerprint and Stats built by the functions its gRPC servicers call. Faults
 come from NVML replay scenarios (``[[fault]]``) and, for the host rows, from real files, cgroups

@@ -40,10 +40,10 @@ from faultmatrix_util import (
     uuid_of,
 )
 
-from accelstats import attribution
+from accelstats.attribution import attributor as attribution
 from accelstats.cgroups import discovery
-from accelstats.config import FileDevicesSettings, Settings
-from collectors.nvml_lib import open_replay
+from accelstats.settings import FileDevicesSettings, Settings
+from collectors.replay.lib import open_replay
 
 DEVICES_V1 = Path("/sys/fs/cgroup/devices")
 A, B = "a" * 63 + "1", "b" * 63 + "2"  # docker container ids

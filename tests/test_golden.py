@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from accelstats.config import Settings
-from accelstats.exporter import exposition
 from accelstats.manager import AcceleratorManager
-from collectors.nvml_lib import open_replay
+from accelstats.settings import Settings
+from accelstats.web.exposition import exposition
+from collectors.replay.lib import open_replay
 
 GOLDEN = Path(__file__).parent / "golden"
 VOLATILE = ("accelstats_scrape_collector_duration_seconds{", "accelstats_gpu_energy_joules_total{",

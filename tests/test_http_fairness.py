@@ -31,12 +31,12 @@ from typing import Any
 import pytest
 from http_attack_util import closed_within, exchange, metric, read_until_closed, split_responses
 
-from accelstats.config import Settings
-from accelstats.httpapp import SharedExposition
-from accelstats.httpserver import HTTPServer, serve
-from accelstats.httpworkers import PER_CLIENT, FairWorkers
 from accelstats.manager import AcceleratorManager
-from collectors.nvml_lib import open_replay
+from accelstats.settings import Settings
+from accelstats.web.app import SharedExposition
+from accelstats.web.server import HTTPServer, serve
+from accelstats.web.workers import PER_CLIENT, FairWorkers
+from collectors.replay.lib import open_replay
 
 REFUSED = "accelstats_http_connections_refused_total"
 # A request that costs its own work (a filtered body): capped per address. Unfiltered scrapes share a

@@ -1,6 +1,6 @@
 """The HTTP server under attack and at the edges of HTTP.
 
-Item 2, slow and idle connections must not lock out scrapes (``accelstats/httpserver.py``):
+Item 2, slow and idle connections must not lock out scrapes (``accelstats/web/server.py``):
 
 | test | attack | expected |
 |---|---|---|
@@ -51,11 +51,11 @@ from http_attack_util import (
 )
 from tls_pki import Pki
 
-from accelstats.config import Settings
-from accelstats.httpserver import serve
 from accelstats.manager import AcceleratorManager
-from accelstats.websource import WebConfigSource
-from collectors.nvml_lib import open_replay
+from accelstats.settings import Settings
+from accelstats.web.server import serve
+from accelstats.web.source import WebConfigSource
+from collectors.replay.lib import open_replay
 
 REFUSED = "accelstats_http_connections_refused_total"
 

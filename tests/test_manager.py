@@ -8,11 +8,11 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from accelstats.config import Settings
-from accelstats.containers import ContainerStats
-from accelstats.exporter import exposition
+from accelstats.attribution.containers import ContainerStats
 from accelstats.manager import AcceleratorManager
-from collectors.nvml_lib import open_replay
+from accelstats.settings import Settings
+from accelstats.web.exposition import exposition
+from collectors.replay.lib import open_replay
 
 DOCKER_A = "a" * 64
 DOCKER_B = "b" * 64

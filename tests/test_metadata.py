@@ -1,4 +1,4 @@
-"""Container metadata from runtime state files (accelstats.metadata): one case per runtime, absent and
+"""Container metadata from runtime state files (accelstats.attribution.metadata): one case per runtime, absent and
 malformed files, the cache, the rootfs prefix."""
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accelstats.cgroups.identity import ContainerIdentity
-from accelstats.containers import ContainerMetadata
-from accelstats.metadata import (
+from accelstats.attribution.containers import ContainerMetadata
+from accelstats.attribution.metadata import (
     MAX_FILE_BYTES,
     MAX_OTHER_NAMESPACES,
     REFRESH_SECONDS,
     MetadataReader,
 )
+from accelstats.cgroups.identity import ContainerIdentity
 
 ID = "3f4e9c0b8a1d2e7f6c5b4a3928172635445362718190a0b1c2d3e4f5a6b7c8d9"
 ID2 = "0" * 63 + "1"
@@ -326,7 +326,7 @@ def test_malformed_is_logged_once_per_file_and_retried(tmp_path: Path, caplog: p
     path = write(tmp_path, DOCKER.format(id=ID), "{not json")
     write(tmp_path, TASK.format(ns="k8s.io", id=ID2), "{not json either")
     reader = MetadataReader(tmp_path, clock=clock)
-    with caplog.at_level(logging.DEBUG, logger="accelstats.metadata"):
+    with caplog.at_level(logging.DEBUG, logger="accelstats.attribution.metadata"):
         for _ in range(3):
             assert reader.lookup(ident("docker")) == ContainerMetadata()
             assert reader.lookup(ident("containerd", cid=ID2)) == ContainerMetadata()

@@ -1,4 +1,4 @@
-"""collectors.mps against the test double ``tests/mps_double/nvidia-cuda-mps-control`` and the H200 logs.
+"""accelstats.mps.daemon against the test double ``tests/mps_double/nvidia-cuda-mps-control`` and the H200 logs.
 
 The double speaks the real binary's protocol (``-d`` daemonises; otherwise one command on stdin, the
 reply on stdout) and logs in the real format; its behaviour switches are files in the pipe dir
@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from paths import FIXTURES
 
-from collectors.mps import (
+from accelstats.mps.daemon import (
     Daemon,
     DaemonStatus,
     Manager,
@@ -376,7 +376,7 @@ def test_stop_reaps_a_zombie_daemon(tmp_path: Path) -> None:
     """A starter that is a child subreaper (as a container's PID 1 is) inherits the daemon: stop() reaps it."""
     script = textwrap.dedent(f"""
         import ctypes, json, os, sys
-        from collectors.mps import Daemon, MpsGpu, MpsResource, Root
+        from accelstats.mps.daemon import Daemon, MpsGpu, MpsResource, Root
         PR_SET_CHILD_SUBREAPER = 36
         assert ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
         gpu = MpsGpu({UUID0!r}, 0, {H200_BYTES}, "9.0", False)
@@ -445,7 +445,7 @@ def test_pipe_dir_not_writable(root: Path, tmp_path: Path) -> None:
         pytest.skip(reason)
     readonly = tmp_path / "ro"
     readonly.mkdir()
-    code = (f"from collectors.mps import Daemon, MpsResource, Root; from test_mps import GPUS, UUID0; "
+    code = (f"from accelstats.mps.daemon import Daemon, MpsResource, Root; from test_mps import GPUS, UUID0; "
             f"Daemon(MpsResource('nvidia.com/gpu', 2, (UUID0,)), GPUS, Root({str(readonly)!r}), "
             f"binary={str(DOUBLE)!r}).start()")
     script = f"mount --bind {readonly} {readonly} && mount -o remount,bind,ro {readonly} && exec \"$@\""
@@ -806,13 +806,13 @@ def test_parse_pid_lists() -> None:
     ("[0] x\nnot a pid\n0.1\n" + "9" * 11 + ".1\n", {0: []}),
 ])
 def test_parse_device_client_list(reply: str, expected: dict[int, list[int]]) -> None:
-    from collectors.mps import parse_device_client_list
+    from accelstats.mps.daemon import parse_device_client_list
 
     assert parse_device_client_list(reply) == expected
 
 
 def test_mps_clients_nvml_already_lists_are_not_added_twice() -> None:
-    from accelstats.attribution import mps_clients_not_listed
+    from accelstats.attribution.attributor import mps_clients_not_listed
     from collectors.model import DeviceSample, DeviceSnapshot, MpsDaemonReading, ProcessUsage
 
     snapshot = DeviceSnapshot()

@@ -1,4 +1,4 @@
-"""The ``mps`` collector (accelstats/mpsctl.py ``MpsCollector``) against the control-daemon test double.
+"""The ``mps`` collector (accelstats/mps/host.py ``MpsCollector``) against the control-daemon test double.
 
 | situation | accelstats_mps_daemon_up |
 |---|---|
@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 from test_mps import DOUBLE, GPUS, UUID0, serving
 
-from accelstats.config import MpsResourceSettings, MpsSettings, Settings
 from accelstats.manager import AcceleratorManager
-from accelstats.mpsctl import MpsCollector
+from accelstats.mps.daemon import Daemon, MpsResource, Root
+from accelstats.mps.host import MpsCollector
+from accelstats.settings import MpsResourceSettings, MpsSettings, Settings
 from collectors.model import DeviceSnapshot, MpsDaemonReading
-from collectors.mps import Daemon, MpsResource, Root
-from collectors.nvml_lib import open_replay
+from collectors.replay.lib import open_replay
 
 
 @pytest.fixture

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 
-import collectors.mps
-from accelstats.config import MpsResourceSettings, MpsSettings
+from accelstats.mps import daemon as mps_daemon
+from accelstats.mps.daemon import Daemon, MpsError, MpsGpu, MpsResource, Root
 from accelstats.nomad.mpsshares import PluginMps
-from collectors.mps import Daemon, MpsError, MpsGpu, MpsResource, Root
+from accelstats.settings import MpsResourceSettings, MpsSettings
 
 DOUBLE = Path(__file__).parent / "mps_double"
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -192,12 +192,12 @@ def test_a_killed_lock_holder_never_blocks_the_next_start(tmp_path: Path, monkey
     """While another process holds the resource's lock, a start and a stop wait for it (here 0.3 s, then
     "another process is starting or stopping it"); once that process is killed, the kernel has released
     the lock and the next start goes ahead at once. ``stop_found`` says whether there was a daemon."""
-    monkeypatch.setattr(collectors.mps, "LOCK_WAIT_MIN_S", 0.3)
-    monkeypatch.setattr(collectors.mps, "LOCK_WAIT_TIMEOUTS", 0)
+    monkeypatch.setattr(mps_daemon, "LOCK_WAIT_MIN_S", 0.3)
+    monkeypatch.setattr(mps_daemon, "LOCK_WAIT_TIMEOUTS", 0)
     root = tmp_path / "mps"
     daemon = Daemon(MpsResource(RESOURCE, 2, (H200.uuid,)), [H200], Root(root),
                     binary=str(DOUBLE / "nvidia-cuda-mps-control"), timeout=5.0)
-    code = ("import sys, time; from pathlib import Path; from collectors.mpsproc import acquire_lock; "
+    code = ("import sys, time; from pathlib import Path; from accelstats.mps.proc import acquire_lock; "
             "acquire_lock(Path(sys.argv[1]), 5.0, True); print('held', flush=True); time.sleep(120)")
     holder = subprocess.Popen([sys.executable, "-c", code, str(daemon.lock_file)], cwd=REPO_ROOT,
                               stdout=subprocess.PIPE, text=True)

@@ -22,12 +22,12 @@ from pathlib import Path
 import pytest
 from test_mps import DOUBLE, GPU0, GPUS, UUID0, UUID1, gone, serving
 
-from accelstats.config import MpsResourceSettings, MpsSettings
+from accelstats.mps.daemon import Daemon, MpsResource, Root
 from accelstats.nomad import devices
 from accelstats.nomad.mpsshares import PluginMps
 from accelstats.nomad.proto import device_pb2
+from accelstats.settings import MpsResourceSettings, MpsSettings
 from collectors.model import Device
-from collectors.mps import Daemon, MpsResource, Root
 
 
 @pytest.fixture

@@ -59,14 +59,14 @@ from support.nomadclient.validate import docker_requires_nvidia_runtime, validat
 from test_mps import DOUBLE, GPUS, UUID0, serving
 from test_nomad_plugin import H200, binary, config, mps_stop
 
-from accelstats.config import MpsResourceSettings, MpsSettings
 from accelstats.manager import Collection
+from accelstats.mps.proc import CONTAINER_FILE_LABEL, label_for_containers
 from accelstats.nomad import devices
 from accelstats.nomad.config import PluginConfig
 from accelstats.nomad.mpsshares import PluginMps
 from accelstats.nomad.proto import device_pb2, structs_pb2
+from accelstats.settings import MpsResourceSettings, MpsSettings
 from collectors.model import Device, DeviceSample, DeviceSnapshot
-from collectors.mpsproc import CONTAINER_FILE_LABEL, label_for_containers
 
 REPO = Path(__file__).resolve().parent.parent
 A100_MIG = "NVIDIA A100-SXM4-80GB MIG 1g.20gb"
@@ -187,7 +187,7 @@ def test_mps_clients_of_every_task_driver_reach_the_daemon(tmp_path: Path) -> No
 
 
 def mps_daemon_shm() -> Path:
-    from collectors.mps import Daemon, MpsResource, Root
+    from accelstats.mps.daemon import Daemon, MpsResource, Root
 
     return Daemon(MpsResource("x", 2, (UUID0,)), GPUS, Root("/tmp/unused")).shm_dir
 

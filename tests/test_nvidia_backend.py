@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from faultmatrix_util import HELD, HeldHang, assert_no_new_threads, live_threads, wait_until
 
-from accelstats.config import FileDevicesSettings, Settings
-from accelstats.exporter import render
 from accelstats.manager import AcceleratorManager, Collection
+from accelstats.settings import FileDevicesSettings, Settings
+from accelstats.web.exposition import render
 from collectors.model import Device, DeviceSnapshot, NoDataError
 from collectors.nvidia import NvidiaBackend, nvidia_pci_devices
-from collectors.nvml_lib import open_replay
+from collectors.replay.lib import open_replay
 
 MIB = 1 << 20
 H200_UUID = "GPU-5f1c2a9e-0b7d-4c3e-9a61-2d8e4f7b9c10"

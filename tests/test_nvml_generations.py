@@ -1,7 +1,7 @@
 """Driver generations: the replayed libnvidia-ml exports what that driver's library exports, the real
 pynvml runs on top, and accelstats keeps every GPU up with the families that driver can give.
 
-The symbol lists are NVIDIA's (``collectors/nvml_symbols.json``, from the ``nvml.h`` published with
+The symbol lists are NVIDIA's (``collectors/replay/symbols.json``, from the ``nvml.h`` published with
 each driver in github.com/NVIDIA/nvidia-settings); the expectations below are read off those headers.
 """
 
@@ -21,8 +21,8 @@ from paths import find_shared
 from prometheus_client.parser import text_string_to_metric_families
 
 from collectors.nvidia import NvidiaBackend
-from collectors.nvml_lib import generation_for, generations, open_replay
-from collectors.nvml_replay import ReplayError
+from collectors.replay.lib import generation_for, generations, open_replay
+from collectors.replay.state import ReplayError
 
 FIXTURES = find_shared() / "fixtures"
 T4 = FIXTURES / "public" / "tesla-t4.xml"
@@ -175,7 +175,7 @@ def test_one_failed_memory_v2_call_does_not_switch_to_v1(tmp_path: Path) -> None
 
 def test_pynvml_is_not_patched(tmp_path: Path) -> None:
     """The only thing the replay sets in pynvml is its library: every pynvml function is pynvml's own."""
-    from collectors.nvml_lib import LIBRARY
+    from collectors.replay.lib import LIBRARY
 
     nvml = open_replay(H200)
     nvml.nvmlInit()

@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 from paths import find_shared
 from support.replay_faults import ScheduledEvents
 
-from collectors.nvml_lib import ReplayedNVML, open_replay
-from collectors.nvml_replay import IMPLEMENTED_CALLS, ReplayError, mig_uuid
+from collectors.replay.lib import ReplayedNVML, open_replay
+from collectors.replay.state import IMPLEMENTED_CALLS, ReplayError, mig_uuid
 
 FIXTURES = find_shared() / "fixtures"
 H200 = FIXTURES / "h200" / "nvidia-smi-q.xml"

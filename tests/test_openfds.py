@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-import accelstats.openfds as openfds
-from accelstats.openfds import (
+import accelstats.attribution.openfds as openfds
+from accelstats.attribution.openfds import (
     OpenFdScanner,
     char_major,
     nvidia_caps_major,
@@ -350,7 +350,7 @@ def test_unreadable_fd_directory_is_counted_and_skipped(fake: FakeProc, monkeypa
 
 
 def test_fd_entry_stat_errors_skip_only_that_fd(fake: FakeProc, monkeypatch: pytest.MonkeyPatch) -> None:
-    from accelstats import openfds
+    from accelstats.attribution import openfds
     fake.add(100, 5000, [fake.gpu(1), fake.gpu(2)])
     bad = os.fspath(fake.root / "100" / "fd" / "0")
     real = openfds.char_device

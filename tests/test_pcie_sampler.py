@@ -21,14 +21,15 @@ from pathlib import Path
 import pytest
 from faultmatrix_util import HELD, HeldHang
 
-from accelstats.config import ConfigError, load_config
-from accelstats.exporter import render
+from accelstats.config import load_config
 from accelstats.manager import Collection
+from accelstats.settings import ConfigError
+from accelstats.web.exposition import render
 from collectors.model import DeviceSnapshot
 from collectors.nvidia import NvidiaBackend
 from collectors.nvml_call import NvmlCaller
-from collectors.nvml_lib import open_replay
 from collectors.pcie import STALE_INTERVALS, PcieSampler
+from collectors.replay.lib import open_replay
 
 H200_UUID = "GPU-5f1c2a9e-0b7d-4c3e-9a61-2d8e4f7b9c10"
 SECOND_UUID = "GPU-5f1c2a9e-0b7d-4c3e-9a61-2d8e4f7b9c11"

@@ -27,9 +27,10 @@ from support.nomadclient.ctymsgpack import encode_for_spec
 from support.nomadclient.launcher import PluginProcess
 from test_nomad_plugin import binary
 
-from accelstats.config import ConfigError, load_config
+from accelstats.config import load_config
 from accelstats.nomad.config import decode, schema
 from accelstats.nomad.proto import hclspec_pb2
+from accelstats.settings import ConfigError
 
 H200 = "GPU-5f1c2a9e-0b7d-4c3e-9a61-2d8e4f7b9c10"
 HUGE = 20_000_000  # the replica count of the issue

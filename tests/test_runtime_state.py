@@ -1,4 +1,4 @@
-"""RuntimeState: which container IDs the runtimes' state directories hold (accelstats/runtimes.py), and
+"""RuntimeState: which container IDs the runtimes' state directories hold (accelstats/attribution/runtimes.py), and
 the identity rules that use it (docs/containers.md, "How a container is found").
 
 State trees are built under tmp_path as the runtimes lay them out (the real runtimes are exercised in
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from accelstats.attribution.runtimes import RuntimeState
 from accelstats.cgroups.identity import identify_with_root
-from accelstats.config import RuntimeRoots
-from accelstats.runtimes import RuntimeState
+from accelstats.settings import RuntimeRoots
 
 D1, D2, P1, P2, C1 = "d1" * 32, "d2" * 32, "a1" * 32, "a2" * 32, "c1" * 32
 ALLOC = "0b9f4a1e-1c7b-4a53-a7a4-3d1f4cfc3b61"
@@ -138,7 +138,7 @@ def test_missing_roots_and_bad_indexes(tmp_path: Path) -> None:
 def test_one_containerd_id_in_two_namespaces_keeps_each_ones_labels(tmp_path: Path) -> None:
     """``ctr -n alpha run … train`` and ``ctr -n beta run … train``: each cgroup gets its own
     namespace's bundle (the metadata cache is keyed by namespace too); a v1-runtime bundle is read."""
-    from accelstats.metadata import MetadataReader
+    from accelstats.attribution.metadata import MetadataReader
     tasks = tmp_path / "run/containerd/io.containerd.runtime.v2.task"
     for ns in ("alpha", "beta"):
         bundle = tasks / ns / "train"
@@ -162,7 +162,7 @@ def test_one_containerd_id_in_two_namespaces_keeps_each_ones_labels(tmp_path: Pa
 
 def test_many_containerd_namespaces_are_capped_with_one_warning(tmp_path: Path,
                                                                 caplog: pytest.LogCaptureFixture) -> None:
-    from accelstats import runtimes
+    from accelstats.attribution import runtimes
     tasks = tmp_path / "run/containerd/io.containerd.runtime.v2.task"
     for i in range(runtimes.MAX_NAMESPACES + 5):
         (tasks / f"ns{i:05d}").mkdir(parents=True)
@@ -203,7 +203,7 @@ def test_runtime_roots_are_normalised(tmp_path: Path, value: str, expected: str)
 
 def test_mps_clients_are_named_by_the_runtime_state_too(state: RuntimeState, tmp_path: Path) -> None:
     """``accelstats mps status``: a client in ``ctr -n gpus`` container job1 (a path no rule knows)."""
-    from accelstats.mpsctl import client_containers
+    from accelstats.mps.host import client_containers
     proc = tmp_path / "proc"
     for pid, path in ((41, "/gpus/job1"), (42, "/gpus/other")):
         (proc / str(pid)).mkdir(parents=True)

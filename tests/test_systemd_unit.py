@@ -244,7 +244,7 @@ def mdwe_supported() -> bool:
 PROBE = textwrap.dedent("""
     import json, sys
     from pathlib import Path
-    from accelstats.openfds import OpenFdScanner
+    from accelstats.attribution.openfds import OpenFdScanner
     scanner = OpenFdScanner(Path("/proc"), nvidia_major=1)  # 1 = mem: /dev/null 1:3, /dev/zero 1:5
     found = scanner.scan(int(p) for p in sys.argv[1:])
     print(json.dumps({str(pid): sorted(minors) for pid, minors in found.items()}))
@@ -314,7 +314,7 @@ def test_unit_file_limit_fits_the_http_connection_limit() -> None:
     """``LimitNOFILE`` leaves room for every connection the server allows (4096) plus its reserve for
     NVML, the collection's files and itself: systemd's default soft limit (1024) would cap the server
     at 768 connections, which a flood fills."""
-    from accelstats.httpserver import DEFAULT_MAX_CONNECTIONS, FD_RESERVE
+    from accelstats.web.server import DEFAULT_MAX_CONNECTIONS, FD_RESERVE
     (value,) = re.findall(r"^LimitNOFILE=(\d+)$", UNIT.read_text(), re.M)
     assert int(value) >= DEFAULT_MAX_CONNECTIONS + FD_RESERVE
 

@@ -1,7 +1,7 @@
 """``--web-config``: exporter-toolkit's web configuration file, and a real TLS + basic-auth server.
 
 Part one is the parser's table: a valid file, and for each mistake the key the message names.
-Part two starts the real server in-process (``accelstats.httpserver.serve``) with certificates made by
+Part two starts the real server in-process (``accelstats.web.server.serve``) with certificates made by
 ``openssl`` (tests/tls_pki.py) and talks to it over real sockets; part three runs ``python3 -m
 accelstats serve --web-config`` as a user would.
 """
@@ -26,19 +26,20 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tls_pki import Pki
 
-from accelstats import webauth
-from accelstats.config import Settings, load_config
-from accelstats.httpserver import serve
+from accelstats.config import load_config
 from accelstats.manager import AcceleratorManager
-from accelstats.webconfig import (
+from accelstats.settings import Settings
+from accelstats.web import auth as webauth
+from accelstats.web.config import (
     GO_CIPHERS,
     WebConfig,
     WebConfigError,
     build_ssl_context,
     load_web_config,
 )
-from accelstats.websource import WebConfigSource
-from collectors.nvml_lib import open_replay
+from accelstats.web.server import serve
+from accelstats.web.source import WebConfigSource
+from collectors.replay.lib import open_replay
 
 H200_UUID = "GPU-5f1c2a9e-0b7d-4c3e-9a61-2d8e4f7b9c10"
 PASSWORD = "s3cret-pw"

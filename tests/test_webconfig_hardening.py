@@ -1,6 +1,6 @@
 """The web config under attack and under careless rewrites.
 
-* Item 3: a reload never lowers security. The real server (``accelstats.httpserver.serve``) runs
+* Item 3: a reload never lowers security. The real server (``accelstats.web.server.serve``) runs
   in-process while its ``web.yml`` is rewritten in place (truncated, then written in parts, as
   ``printf ... > web.yml`` does) and requests are made in every state: no request without credentials
   gets 200, over HTTP and over TLS; each refused change is logged once and counted.
@@ -10,7 +10,7 @@
 * Item 9: a YAML alias bomb makes ``accelstats serve`` exit 2 with one line; loose modes and expired
   or not yet valid certificates are warned about at start and at reload; no error shows a hash.
 
-New names of ``accelstats.webauth``/``webconfig`` are reached through the modules inside the tests,
+New names of ``accelstats.web.auth``/``webconfig`` are reached through the modules inside the tests,
 so that against the code before the fix each test fails on its own rather than the file not loading.
 """
 
@@ -39,13 +39,15 @@ import pytest
 from tls_pki import Pki
 from webconfig_util import Flood, dated_certificate, fetch, peer_certificate, rewrite_in_place
 
-from accelstats import webauth, webchecks, websource
-from accelstats.config import Settings
-from accelstats.httpserver import serve
 from accelstats.manager import AcceleratorManager
-from accelstats.webconfig import WebConfigError, load_web_config
-from accelstats.websource import WebConfigSource
-from collectors.nvml_lib import open_replay
+from accelstats.settings import Settings
+from accelstats.web import auth as webauth
+from accelstats.web import checks as webchecks
+from accelstats.web import source as websource
+from accelstats.web.config import WebConfigError, load_web_config
+from accelstats.web.server import serve
+from accelstats.web.source import WebConfigSource
+from collectors.replay.lib import open_replay
 
 PASSWORD = "s3cret-pw"
 HASH = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()  # cost 4: fast tests
@@ -413,7 +415,7 @@ def test_a_failed_login_is_logged_at_info_without_secrets(tmp_path: Path, caplog
         answered: list[str] = []
         auth(environ, lambda status, headers, exc_info=None, into=answered: into.append(status))
         assert answered == ["401 Unauthorized"]
-    lines = [r.getMessage() for r in caplog.records if r.name == "accelstats.webauth" and r.levelno == logging.INFO]
+    lines = [r.getMessage() for r in caplog.records if r.name == "accelstats.web.auth" and r.levelno == logging.INFO]
     assert len(lines) == 2, lines
     assert "192.0.2.7" in lines[0] and "'prometheus'" in lines[0] and "wrong password" in lines[0]
     assert "192.0.2.7" in lines[1] and "unknown user" in lines[1]  # the "user" typed may be a password

@@ -21,5 +21,5 @@ def test_the_wheel_holds_the_product_and_not_the_test_rig(tmp_path: Path) -> Non
     assert top == {"accelstats", "collectors", next(n for n in top if n.endswith(".dist-info"))}
     for rig in ("launcher.py", "ctymsgpack.py", "validate.py", "replay_faults.py"):
         assert not [n for n in names if n.endswith("/" + rig)], rig
-    assert "collectors/nvml_symbols.json" in names
-    assert "collectors/nvml_lib.py" in names and "accelstats/nomad/plugin.py" in names
+    assert "collectors/replay/symbols.json" in names
+    assert "collectors/replay/lib.py" in names and "accelstats/nomad/plugin.py" in names

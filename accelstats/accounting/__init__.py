@@ -26,11 +26,13 @@ the next collection publishes its final totals, then no more. Counters restart a
 restarts. Everything is in memory: the running PIDs, the accounts of containers that hold GPUs, and
 the sums of ended containers until the next collection (at most 10 000).
 
-Modules: :mod:`.records` (the data), :mod:`.ledger` (the integration), :mod:`.host` (file lookups).
+Modules: :mod:`.records` (the data), :mod:`.ledger` (the integration), :mod:`.host` (what the ledger
+asks of the host, answered from files).
 """
 
-from accelstats.accounting.host import oldest_process_start
+from accelstats.accounting.host import CgroupLookup, HostLookup, oldest_process_start
 from accelstats.accounting.ledger import DISCARD_REASONS, Ledger
 from accelstats.accounting.records import Account, AccountingView, Published
 
-__all__ = ["DISCARD_REASONS", "Account", "AccountingView", "Ledger", "Published", "oldest_process_start"]
+__all__ = ["DISCARD_REASONS", "Account", "AccountingView", "CgroupLookup", "HostLookup", "Ledger", "Published",
+           "oldest_process_start"]

@@ -8,6 +8,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 
+from accelstats.accounting.host import HostLookup
 from accelstats.accounting.records import (
     BUSY_SPANS_KEPT,
     Account,
@@ -20,18 +21,14 @@ from accelstats.accounting.records import (
     published,
     unseen_container,
 )
-from accelstats.containers import ContainerStats
+from accelstats.attribution.containers import ContainerStats
+from accelstats.attribution.labels import identity_labels
 from collectors.procsampler import ENERGY_EVERY, ProcessRound
 
 log = logging.getLogger(__name__)
 
-CgroupOf = Callable[[int], "str | None"]
-"""PID -> its cgroup path as the kernel names it (``/proc/<pid>/cgroup``), None when unreadable."""
-StartedAt = Callable[[str], "float | None"]
-"""Container cgroup path -> monotonic seconds its oldest process started, None when unknown."""
-Alive = Callable[[str], bool]
-"""Container cgroup path -> whether the cgroup directory still exists."""
-Labels = Callable[[ContainerStats], tuple[str, ...]]
+_Labels = Callable[[ContainerStats], tuple[str, ...]]  # a container's identity label values, once per settlement
+
 
 MAX_WATTS = 10_000.0
 """An energy-counter delta faster than this per GPU is a glitch, not a GPU (an H200 is capped at 700 W):
@@ -50,15 +47,14 @@ class Ledger:
     """The accounting state of one exporter. Thread-safe: the sampler's thread calls
     :meth:`add_rounds`, collections call :meth:`settle`, under one lock.
 
-    ``cgroup_of``, ``started_at``, ``alive``: the host lookups (injectable: the manager passes ones that
-    read ``/proc`` and the cgroup hierarchy). ``discarded`` counts readings left out, by reason
+    ``host``: what the ledger asks of the host (the manager passes a
+    :class:`~accelstats.accounting.host.CgroupLookup`, which reads ``/proc`` and the cgroup
+    hierarchy). ``discarded`` counts readings left out, by reason
     (:data:`DISCARD_REASONS`).
     """
 
-    def __init__(self, cgroup_of: CgroupOf, started_at: StartedAt, alive: Alive) -> None:
-        self.cgroup_of = cgroup_of
-        self.started_at = started_at
-        self.alive = alive
+    def __init__(self, host: HostLookup) -> None:
+        self.host = host
         self.started: float | None = None  # monotonic time of the first round
         self.discarded: Counter[str] = Counter({r: 0 for r in DISCARD_REASONS})
         self._lock = threading.Lock()
@@ -104,7 +100,7 @@ class Ledger:
             for (cgroup, _), account in self._accounts.items():
                 if account.allocated_now:
                     if cgroup not in alive:
-                        alive[cgroup] = self.alive(cgroup)
+                        alive[cgroup] = self.host.alive(cgroup)
                     if not alive[cgroup]:
                         account.close(self._latest)  # the container ended: its allocation ends with it
 
@@ -125,7 +121,7 @@ class Ledger:
         self._exited.setdefault(key, PidSums(cgroup=key[1], listed=False)).fold(entry)
 
     def _lookup(self, pid: int, entry: PidSums | None = None) -> str | None:
-        cgroup = self.cgroup_of(pid)
+        cgroup = self.host.cgroup_of(pid)
         if cgroup is None and entry is not None and entry.lookups >= CGROUP_LOOKUPS:
             self._discard("cgroup_unknown")
         return cgroup
@@ -207,13 +203,12 @@ class Ledger:
             return sum(len(p) for p in self._pids.values()) + len(self._exited)
 
     # -- the collection's side ---------------------------------------------------------------------
-    def settle(self, containers: Iterable[ContainerStats] | None, labels: Labels,
-               index_of: Callable[[str], str]) -> AccountingView:
+    def settle(self, containers: Iterable[ContainerStats] | None, index_of: Callable[[str], str]) -> AccountingView:
         """Hand every PID's growth since the last settlement to its container, update allocations from
         this collection's ``containers`` (None: the attribution failed; the last one's containers are
-        used and no allocation changes), and return the view to publish (``labels``: a container's
-        identity label values; ``index_of``: UUID -> ``gpu`` label). Accounts published as ended by the
-        previous settlement are dropped first."""
+        used and no allocation changes), and return the view to publish, its accounts labelled with
+        :func:`~accelstats.attribution.labels.identity_labels` (``index_of``: UUID -> ``gpu`` label).
+        Accounts published as ended by the previous settlement are dropped first."""
         with self._lock:
             if self.started is None:
                 return AccountingView()
@@ -226,7 +221,7 @@ class Ledger:
             def once(container: ContainerStats) -> tuple[str, ...]:
                 got = named.get(container.cgroup)
                 if got is None:
-                    got = named[container.cgroup] = labels(container)
+                    got = named[container.cgroup] = identity_labels(container)
                 return got
 
             self._accounts = {k: a for k, a in self._accounts.items() if not a.ended}
@@ -239,7 +234,7 @@ class Ledger:
                     account.has_sm = dev is not None and dev.has_sm
                 # gone from the attribution, no PID of it held, its allocation closed, its cgroup removed
                 account.ended = (cgroup not in by_cgroup and cgroup not in live and not account.allocated_now
-                                 and not self.alive(cgroup))
+                                 and not self.host.alive(cgroup))
             return AccountingView(
                 accounts=tuple(published(a, as_of) for a in self._accounts.values()),
                 devices=tuple((u, d.idle_energy, d.unattributed_energy) for u, d in sorted(self._devices.items())
@@ -262,30 +257,30 @@ class Ledger:
             account.has_sm = dev is not None and dev.has_sm
         return account
 
-    def _allocate(self, by_cgroup: dict[str, ContainerStats], labels: Labels, index_of: Callable[[str], str],
+    def _allocate(self, by_cgroup: dict[str, ContainerStats], labels: _Labels, index_of: Callable[[str], str],
                   as_of: float) -> None:
         granted = {(c.cgroup, a.id) for c in by_cgroup.values() for a in c.accelerators
                    if a.attribution == "devices_cgroup"}
         for key, account in self._accounts.items():
             if key in granted or not account.allocated_now:
                 continue
-            if key[0] not in by_cgroup and not self.alive(key[0]):
+            if key[0] not in by_cgroup and not self.host.alive(key[0]):
                 continue  # the container ended: the sampler's next round closes it when it sees the cgroup gone
             account.close(as_of)  # the grant went (docker update), seen by this collection
         for cgroup, uuid in sorted(granted):
             known = self._accounts.get((cgroup, uuid))
             if known is not None and known.allocated_now:
                 continue
-            if not self.alive(cgroup):
+            if not self.host.alive(cgroup):
                 continue  # its cgroup is gone already: this attribution raced the container's end
             account = self._account(cgroup, uuid, labels(by_cgroup[cgroup]), index_of)
             assert self.started is not None
-            began = self.started_at(cgroup) if not account.was_allocated else None
+            began = self.host.started_at(cgroup) if not account.was_allocated else None
             # back-dated to the container's oldest process (a grant is set when the container is
             # created), never before accounting started; without a start time, from the latest round
             account.open(max(self.started, began if began is not None else as_of))
 
-    def _settle_pids(self, by_cgroup: dict[str, ContainerStats], labels: Labels,
+    def _settle_pids(self, by_cgroup: dict[str, ContainerStats], labels: _Labels,
                      index_of: Callable[[str], str]) -> set[str]:
         """Move each PID's (and each exited cgroup's) growth to its account; return the owners of PIDs
         still held (running, or waiting for their last energy share)."""

@@ -150,7 +150,7 @@ def discover_v1_containers(devices_root: Path, *, max_depth: int = DEFAULT_MAX_D
     A directory that vanishes or cannot be read mid-walk is skipped and counted in
     :class:`WalkStats` (a missing ``devices_root`` counts as one vanished directory).  Never raises
     ``OSError``; never creates anything.  ``known``: the runtimes' state
-    (:class:`accelstats.runtimes.RuntimeState.known`), so that a container a runtime knows is found
+    (:class:`accelstats.attribution.runtimes.RuntimeState.known`), so that a container a runtime knows is found
     on any path (:func:`~accelstats.cgroups.identity.identify`).
     """
     return _walk(devices_root, max_depth, known)

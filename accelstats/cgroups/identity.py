@@ -81,7 +81,7 @@ KnownLookup = Callable[[str, str], "tuple[str, str, str, str] | None"]
 """``known(candidate id, parent component) -> (runtime, id, where, namespace) | None``: whether a
 container runtime's own state on this host knows ``candidate`` (``where`` names the state, for
 :attr:`ContainerIdentity.how`; ``namespace`` the containerd namespace, else ``""``).
-:class:`accelstats.runtimes.RuntimeState` provides it."""
+:class:`accelstats.attribution.runtimes.RuntimeState` provides it."""
 
 
 def _pod_uid(ancestors: list[str]) -> str:

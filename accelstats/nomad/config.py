@@ -30,12 +30,10 @@ from accelstats.config import (
     MPS_MAX_NAME,
     MPS_MAX_REPLICAS,
     MPS_MAX_RESOURCES,
-    ConfigError,
-    MpsResourceSettings,
-    MpsSettings,
     check_perm,
     parse_listen,
 )
+from accelstats.settings import ConfigError, MpsResourceSettings, MpsSettings
 
 # Go's time.ParseDuration units, in seconds.
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}

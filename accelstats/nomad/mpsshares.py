@@ -28,10 +28,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from accelstats.config import MpsResourceSettings, MpsSettings
-from accelstats.mpsctl import resolve_one
-from accelstats.nomad.devices import MpsShare
-from collectors.mps import (
+from accelstats.mps.daemon import (
     DEFAULT_BINARY,
     Daemon,
     DaemonRunningError,
@@ -43,6 +40,9 @@ from collectors.mps import (
     parse_percentage,
     validate,
 )
+from accelstats.mps.host import resolve_one
+from accelstats.nomad.devices import MpsShare
+from accelstats.settings import MpsResourceSettings, MpsSettings
 
 log = logging.getLogger("accelstats.nomad")
 

@@ -21,11 +21,11 @@ from typing import Any
 import grpc
 
 from accelstats import __version__
-from accelstats.config import ConfigError, FileDevicesSettings, Settings
 from accelstats.manager import AcceleratorManager, Collection
 from accelstats.nomad import config as plugin_config
 from accelstats.nomad import devices
 from accelstats.nomad.proto import base_pb2, base_pb2_grpc, device_pb2, device_pb2_grpc, hclspec_pb2, structs_pb2
+from accelstats.settings import ConfigError, FileDevicesSettings, Settings
 
 log = logging.getLogger("accelstats.nomad")
 
@@ -114,7 +114,7 @@ class DevicePluginState:
 
         ``web_config``: an exporter-toolkit web config file, as ``accelstats serve --web-config`` takes
         (docs/web-config.md): TLS, basic auth and headers, reloaded when the file changes
-        (:class:`accelstats.websource.WebConfigSource`). It is loaded and checked before the running
+        (:class:`accelstats.web.source.WebConfigSource`). It is loaded and checked before the running
         endpoint is touched: a bad file is a ConfigError naming ``metrics_web_config`` and the key
         at fault, and the endpoint in force stays. Raises ConfigError (also when the address cannot
         be bound)."""
@@ -122,7 +122,7 @@ class DevicePluginState:
             return
         web = None
         if listen and web_config is not None:
-            from accelstats.websource import WebConfigSource
+            from accelstats.web.source import WebConfigSource
 
             try:
                 web = WebConfigSource(web_config)
@@ -134,7 +134,7 @@ class DevicePluginState:
             self._metrics_server, self._metrics_listen, self._metrics_web_config = None, "", None
         if listen:
             from accelstats.config import parse_listen
-            from accelstats.httpserver import serve
+            from accelstats.web.server import serve
 
             host, port = parse_listen(listen)
             try:
@@ -185,7 +185,7 @@ class DevicePluginState:
         retried on every one after, kept running when the plugin exits)."""
         if not self.config.mps.resources or collection.snapshot.nvml_status:
             return {}
-        from accelstats.mpsctl import gpus_of
+        from accelstats.mps.host import gpus_of
         from accelstats.nomad.mpsshares import PluginMps
 
         if self._mps is None:
@@ -227,8 +227,8 @@ class DevicePluginState:
 def _manager(settings: Settings) -> AcceleratorManager:
     nvml: Any = None
     if settings.nvml_replay is not None:
-        from collectors.nvml_lib import open_replay
-        from collectors.nvml_replay import ReplayError
+        from collectors.replay.lib import open_replay
+        from collectors.replay.state import ReplayError
 
         try:
             nvml = open_replay(settings.nvml_replay)

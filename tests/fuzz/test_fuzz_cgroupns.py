@@ -1,4 +1,4 @@
-"""Fuzzing cgroup-namespace path resolution (accelstats/cgroupns.py) and the mountinfo parser
+"""Fuzzing cgroup-namespace path resolution (accelstats/attribution/cgroupns.py) and the mountinfo parser
 (accelstats/cgroups/mode.py ``parse_mountinfo``).
 
 Documented error type: none for both. ``CgroupNamespace.resolve`` answers a host path or None (never
@@ -13,7 +13,7 @@ from pathlib import Path
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from accelstats.cgroupns import CgroupNamespace
+from accelstats.attribution.cgroupns import CgroupNamespace
 from accelstats.cgroups.mode import Mount, parse_mountinfo
 
 from .profiles import fuzz_settings

@@ -1,4 +1,4 @@
-"""Fuzzing the MPS control-daemon reply and log parsers (collectors/mpsreplies.py, re-exported by collectors.mps).
+"""Fuzzing the MPS control-daemon reply and log parsers (accelstats/mps/replies.py).
 
 Documented error type: :func:`parse_server_list`, :func:`parse_client_list`, :func:`parse_percentage`,
 :func:`parse_pinned_limit` and :func:`parse_log_line` "never raise on odd text (only on a non-``str``
@@ -8,7 +8,7 @@ text, replies and log lines built from their grammar (round trips), and the H200
 
 :data:`REGRESSIONS` are the escapes this module found (the Kelvin sign ``K``, U+212A, which
 ``re.IGNORECASE`` matched as ``K``; digit runs beyond Python's 4300-digit ``int()`` limit), fixed in
-collectors/mpsreplies.py: each must now be an ordinary answer.
+accelstats/mps/replies.py: each must now be an ordinary answer.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from paths import FIXTURES
 
-from collectors.mps import (
+from accelstats.mps.daemon import (
     MpsLogLine,
     parse_client_list,
     parse_log_line,
@@ -132,7 +132,7 @@ def test_non_str_is_type_error(value: object) -> None:
 
 # ---------------------------------------------------------------------------- regressions
 
-# name -> (parser, text, what it answers now; it raised before the fix in collectors/mpsreplies.py)
+# name -> (parser, text, what it answers now; it raised before the fix in accelstats/mps/replies.py)
 REGRESSIONS = {
     "pinned limit with the Kelvin sign": (parse_pinned_limit, f"4{KELVIN}", None),  # KeyError: IGNORECASE K ~ K
     "pinned limit of 5000 digits": (parse_pinned_limit, "1" * 5000 + "M", None),  # ValueError: int() limit

@@ -1,6 +1,6 @@
-"""Fuzzing the ``nvidia-smi -q -x`` reader (collectors/nvml_capture.py :func:`parse_capture`).
+"""Fuzzing the ``nvidia-smi -q -x`` reader (collectors/replay/capture.py :func:`parse_capture`).
 
-Documented error type: :class:`collectors.nvml_capture.CaptureError` (not well-formed XML, an encoding
+Documented error type: :class:`collectors.replay.capture.CaptureError` (not well-formed XML, an encoding
 the parser cannot use, a root other than ``<nvidia_smi_log>``, a GPU without a UUID or with an earlier
 GPU's UUID); OSError only when the file is unreadable, which no input here is. A cell that does not
 convert, or converts out of the range of NVML's C type, is None and listed in ``invalid``. Inputs:
@@ -23,7 +23,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from paths import FIXTURES
 
-from collectors.nvml_capture import (
+from collectors.replay.capture import (
     U32,
     U64,
     USED_MEMORY_MAX,

@@ -1,6 +1,6 @@
 """Fuzzing the Nomad plugin's ``SetConfig`` msgpack decoder (accelstats/nomad/config.py :func:`decode`).
 
-Documented error type: :class:`accelstats.config.ConfigError` ("Raises ConfigError naming the
+Documented error type: :class:`accelstats.settings.ConfigError` ("Raises ConfigError naming the
 field"; the servicer answers INVALID_ARGUMENT with it). Inputs: arbitrary bytes, msgpack of random
 values (maps with keys of any type, ext and bin items), near-valid configs (the schema's keys with
 values of every type), and valid configs encoded exactly as a Nomad client does
@@ -25,10 +25,10 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from support.nomadclient.ctymsgpack import encode_for_spec
 
-from accelstats.config import ConfigError, MpsResourceSettings, MpsSettings
 from accelstats.nomad import config as plugin_config
 from accelstats.nomad.config import FileDevicesConfig, PluginConfig, decode
 from accelstats.nomad.proto import hclspec_pb2
+from accelstats.settings import ConfigError, MpsResourceSettings, MpsSettings
 
 from .profiles import fuzz_settings
 

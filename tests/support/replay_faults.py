@@ -1,7 +1,7 @@
 """Fault, hang and XID-event injection for the NVML replay: the scenario tables ``[[fault]]`` and
 ``[[event]]``. Test support, not part of accelstats.
 
-The product's replay (``collectors.nvml_replay``, ``collectors.nvml_lib``) keeps these tables unread
+The product's replay (``collectors.replay.state``, ``collectors.replay.lib``) keeps these tables unread
 when asked to, and calls :func:`attach` through the ``ACCELSTATS_REPLAY_EXTENSION`` environment
 variable, which ``tests/conftest.py`` points at this file (so ``accelstats`` subprocesses started by
 the tests get it too). A fault runs inside the replayed C function, below the real pynvml::
@@ -42,8 +42,8 @@ from dataclasses import dataclass
 
 import pynvml
 
-from collectors.nvml_capture import U64, GpuCapture, ScenarioTable
-from collectors.nvml_replay import IMPLEMENTED_CALLS, DueEvent, EventSource, ReplayEventSet, ReplayState
+from collectors.replay.capture import U64, GpuCapture, ScenarioTable
+from collectors.replay.state import IMPLEMENTED_CALLS, DueEvent, EventSource, ReplayEventSet, ReplayState
 
 TABLES = ("fault", "event")
 EVENT_TYPES = {"xid_critical": 0x8}  # nvmlEventTypeXidCriticalError (nvml.h)

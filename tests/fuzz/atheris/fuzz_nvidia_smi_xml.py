@@ -1,4 +1,4 @@
-"""atheris harness: ``collectors.nvml_capture.parse_capture`` on arbitrary bytes (docs/fuzzing.md).
+"""atheris harness: ``collectors.replay.capture.parse_capture`` on arbitrary bytes (docs/fuzzing.md).
 
 Only :class:`CaptureError` may escape; every value of a capture that parses must be within its
 NVML C type. Seeds: the four ``nvidia-smi -q -x`` captures of tests/shared/fixtures. The input is
@@ -19,7 +19,7 @@ import atheris
 from _common import FIXTURES, seed_corpus
 
 with atheris.instrument_imports(include=["collectors"]):
-    from collectors.nvml_capture import U64, CaptureError, GpuCapture, int_max, parse_capture
+    from collectors.replay.capture import U64, CaptureError, GpuCapture, int_max, parse_capture
 
 INT_FIELDS = [f.name for f in dataclasses.fields(GpuCapture) if "int" in str(f.type) and "tuple" not in str(f.type)]
 SCRATCH = Path(tempfile.mkdtemp(prefix="fuzz-xml-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))

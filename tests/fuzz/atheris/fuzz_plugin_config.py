@@ -1,6 +1,6 @@
 """atheris harness: the Nomad plugin's SetConfig msgpack decoder on arbitrary bytes (docs/fuzzing.md).
 
-``accelstats.nomad.config.decode`` may raise only ``accelstats.config.ConfigError``. Seeds: valid
+``accelstats.nomad.config.decode`` may raise only ``accelstats.settings.ConfigError``. Seeds: valid
 configs encoded as a Nomad client does (``ctymsgpack.encode_for_spec`` over the plugin's schema).
 
 ``--allow-known`` (first argument, before the libFuzzer flags) lets TypeError and ValueError pass: while
@@ -18,9 +18,9 @@ from _common import seed_corpus
 with atheris.instrument_imports(include=["accelstats"]):
     from support.nomadclient.ctymsgpack import encode_for_spec
 
-    from accelstats.config import ConfigError
     from accelstats.nomad import config as plugin_config
     from accelstats.nomad.proto import hclspec_pb2
+    from accelstats.settings import ConfigError
 
 ALLOW_KNOWN = len(sys.argv) > 1 and sys.argv[1] == "--allow-known"
 if ALLOW_KNOWN:

@@ -1,4 +1,4 @@
-"""The WSGI app of ``accelstats serve`` and its negotiation (served by :mod:`accelstats.httpserver`).
+"""The WSGI app of ``accelstats serve`` and its negotiation (served by :mod:`accelstats.web.server`).
 
 **The app.** ``make_app`` is the WSGI app: ``/metrics`` (one collection shared by concurrent scrapes,
 encoded once per collection and format, :class:`SharedExposition`), ``/healthz`` and a landing page
@@ -28,13 +28,12 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 
 from accelstats import __version__, catalog
-from accelstats.exporter import describe_catalog, render
-from accelstats.exposition import FastEncoder, supported
-from accelstats.httphead import TEXT
 from accelstats.manager import AcceleratorManager, Collection
+from accelstats.web.exposition import FastEncoder, describe_catalog, render, supported
+from accelstats.web.head import TEXT
 
 if TYPE_CHECKING:
-    from accelstats.websource import WebConfigSource
+    from accelstats.web.source import WebConfigSource
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """Basic auth and extra response headers from the web configuration file, as a WSGI wrapper.
 
 Behaviour follows exporter-toolkit's ``web/handler.go``: the configuration is consulted on every
-request (:class:`~accelstats.websource.WebConfigSource` reloads it in its own thread when it changed,
-the request waiting up to :data:`~accelstats.websource.REQUEST_WAIT` seconds for the check it starts,
+request (:class:`~accelstats.web.source.WebConfigSource` reloads it in its own thread when it changed,
+the request waiting up to :data:`~accelstats.web.source.REQUEST_WAIT` seconds for the check it starts,
 and keeps the last good one while a change is refused), the configured headers go on every response,
 and with ``basic_auth_users`` set a request needs ``Authorization: Basic`` with a listed user and the
 password of its bcrypt hash. A wrong or missing one gets ``401`` with ``WWW-Authenticate: Basic
@@ -58,8 +58,8 @@ from typing import Any
 
 import bcrypt
 
-from accelstats.webconfig import WebConfig, WebConfigError
-from accelstats.websource import REQUEST_WAIT, WebConfigSource
+from accelstats.web.config import WebConfig, WebConfigError
+from accelstats.web.source import REQUEST_WAIT, WebConfigSource
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from accelstats.cgroupns import CgroupNamespace
+from accelstats.attribution.cgroupns import CgroupNamespace
 from accelstats.cgroups import (
     ContainerIdentity,
     GpuGrant,
@@ -82,7 +82,7 @@ class AcceleratorStats:
 class ContainerMetadata:
     """What people call the container: cAdvisor's ``name``, ``image``, ``container``, ``pod``,
     ``namespace`` labels ("" when unknown), from the runtime's state files
-    (:mod:`accelstats.metadata`) or the cgroup path (LXC, systemd-nspawn, Nomad).  ``reason`` says
+    (:mod:`accelstats.attribution.metadata`) or the cgroup path (LXC, systemd-nspawn, Nomad).  ``reason`` says
     why a field that should be there is not (no state file, a root that does not exist, an image
     name only containerd's database holds); it is not part of equality."""
 
@@ -147,7 +147,7 @@ def cgroup_of_pids(pids: Iterable[int], proc_root: Path, controller: str,
     the host PID namespace or privileges; also a file without a usable line), ``bad_cgroup_path``
     (``..``, NUL, absurd depth: see :func:`usable_cgroup_path`), ``foreign_cgroupns`` (the path
     starts with ``/..``: this process runs in a cgroup namespace of its own, and ``namespace``
-    (:class:`accelstats.cgroupns.CgroupNamespace`) could not place it in the host's hierarchy).
+    (:class:`accelstats.attribution.cgroupns.CgroupNamespace`) could not place it in the host's hierarchy).
     With ``namespace`` given, paths relative to a private cgroup namespace are resolved to host paths.
     """
     found = {}

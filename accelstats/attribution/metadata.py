@@ -1,7 +1,7 @@
 """Container metadata from the runtimes' own state files (docs/containers.md, "Paths and state files").
 
 :class:`MetadataReader` turns a :class:`~accelstats.cgroups.identity.ContainerIdentity` (what the
-cgroup path says) into a :class:`~accelstats.containers.ContainerMetadata`: cAdvisor's ``name``,
+cgroup path says) into a :class:`~accelstats.attribution.containers.ContainerMetadata`: cAdvisor's ``name``,
 ``image``, ``container``, ``pod`` and ``namespace`` labels.  Every file is optional: a file that is
 absent, unreadable, not a regular file, larger than :data:`MAX_FILE_BYTES` or not valid JSON gives
 what the identity already says (``name`` for LXC/systemd-nspawn, the task for Nomad, else ``""``).
@@ -9,7 +9,7 @@ Nothing here raises on what it reads.
 
 Sources, every path resolved under ``rootfs`` (the host's ``/``; ``/host`` when the exporter runs in a
 container with the host root mounted there, like node_exporter's ``--path.rootfs``); each runtime's
-state root is a setting of ``[runtimes]`` (:class:`accelstats.config.RuntimeRoots`; the paths below
+state root is a setting of ``[runtimes]`` (:class:`accelstats.settings.RuntimeRoots`; the paths below
 are the defaults: ``var/lib/docker`` is ``<docker_data_root>``, ``run/containerd`` is
 ``<containerd_state>``, ``var/lib/containers/storage`` and ``run/containers/storage`` are
 ``<storage_graphroot>`` and ``<storage_runroot>``, and ``overlay`` stands for any storage driver):
@@ -30,7 +30,7 @@ runtime            files, keys -> labels
                    ``io.kubernetes.pod.namespace``) -> namespace; ``io.kubernetes.cri.container-name``
                    (else ``io.kubernetes.container.name``) -> container;
                    ``io.kubernetes.cri.image-name`` -> image; name = the container id.  The
-                   namespace whose tasks hold the id (:class:`accelstats.runtimes.RuntimeState`)
+                   namespace whose tasks hold the id (:class:`accelstats.attribution.runtimes.RuntimeState`)
                    is tried first.  A container made without CRI (``ctr run``, nerdctl) has no image
                    annotation: containerd keeps its image name only in its metadata database
                    (``<containerd_root>/io.containerd.metadata.v1.bolt/meta.db``, a bbolt file,
@@ -51,14 +51,14 @@ runtime            files, keys -> labels
                    ``volatile-containers.json`` (``podman run --rm``), and
                    ``run/containers/storage/<driver>-containers/volatile-containers.json``
                    (``transient_store``); each a JSON list of ``{"id", "names": [...], "image": <image
-                   id>, "metadata": <JSON string>}``, read by :class:`accelstats.runtimes.RuntimeState`.
+                   id>, "metadata": <JSON string>}``, read by :class:`accelstats.attribution.runtimes.RuntimeState`.
                    ``names[0]`` -> name; ``metadata``'s ``image-name`` -> image.  Podman's OCI
                    ``config.json`` is not read: its annotations (``io.container.manager=libpod``,
                    ``io.podman.annotations.*`` flags, the image's ``org.opencontainers.image.*``)
                    name neither the container nor the image.  Rootless podman keeps all of this under the user's home
                    (``~/.local/share/containers``) and is not looked up: its cgroups sit in the
                    user's delegated subtree and are never given a runtime's identity
-                   (:mod:`accelstats.attribution`).  Podman pods' names live only in libpod's database
+                   (:mod:`accelstats.attribution.attributor`).  Podman pods' names live only in libpod's database
                    (``libpod/bolt_state.db``, bbolt) and are not read; the pod's id is in the cgroup
                    path and becomes ``pod_uid``.
 ``nomad``          no files: name = the task (the allocation id stays in the identity).
@@ -101,10 +101,10 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from accelstats.attribution.containers import ContainerMetadata
+from accelstats.attribution.runtimes import RuntimeState
 from accelstats.cgroups.identity import ContainerIdentity
-from accelstats.config import RuntimeRoots
-from accelstats.containers import ContainerMetadata
-from accelstats.runtimes import RuntimeState
+from accelstats.settings import RuntimeRoots
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ class MetadataReader:
     """Reads container metadata from the runtimes' state files under ``rootfs``; see the module docstring.
 
     ``rootfs``: the host's root directory as this process sees it (``/``, or ``/host`` in a
-    container).  ``runtimes``: the runtimes' state (:class:`accelstats.runtimes.RuntimeState`, which
+    container).  ``runtimes``: the runtimes' state (:class:`accelstats.attribution.runtimes.RuntimeState`, which
     knows the ``[runtimes]`` roots; made from ``rootfs`` and the default roots when None).
     ``max_entries``: how many ``(runtime, id)`` results are cached (>= 1, else ``ValueError``).
     ``clock``: seconds from a monotonic source, for the miss refresh interval

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-log = logging.getLogger("collectors.mps")
+log = logging.getLogger("accelstats.mps.daemon")
 
 KILL_WAIT_S = 1.0  # after SIGKILL, how long to wait for a process to be gone
 

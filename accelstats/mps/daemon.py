@@ -6,8 +6,8 @@ it did not start. Every fact below comes from docs/mps.md (measured on an H200 w
 driver 580) unless it names NVIDIA's plugin.
 
 * :class:`Root` (directory layout) and :func:`validate` (replicas, MIG, known devices) live in
-  :mod:`collectors.mpsrules`; the reply and log parsers in :mod:`collectors.mpsreplies`; process
-  helpers in :mod:`collectors.mpsproc`. All are re-exported here.
+  :mod:`accelstats.mps.rules`; the reply and log parsers in :mod:`accelstats.mps.replies`; process
+  helpers in :mod:`accelstats.mps.proc`. All are re-exported here.
 * :class:`Daemon` starts one daemon with an explicit minimal environment (``CUDA_VISIBLE_DEVICES`` is
   the resource's GPU UUIDs, where NVIDIA's plugin lets every daemon see every GPU), configures the
   pinned-memory limit per GPU (by the daemon's device ordinal) and the active-thread percentage, talks to it through the
@@ -22,7 +22,7 @@ driver 580) unless it names NVIDIA's plugin.
 
 Compute mode: NVIDIA's plugin sets EXCLUSIVE_PROCESS on every GPU before starting; that is a
 host-wide change, so here it is an explicit opt-in (``exclusive_process``), off by default, set and
-restored through :mod:`collectors.computemode` (``nvidia-smi -c``).
+restored through :mod:`accelstats.mps.computemode` (``nvidia-smi -c``).
 
 Nothing here imports ``accelstats`` (imports go one way) or NVML: the caller passes :class:`MpsGpu`
 values it read from NVML.
@@ -49,9 +49,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from collectors.computemode import STATE_FILE as COMPUTE_MODE_FILE
-from collectors.computemode import ComputeModeError, ComputeModeSwitch
-from collectors.mpsproc import (
+from accelstats.mps.computemode import STATE_FILE as COMPUTE_MODE_FILE
+from accelstats.mps.computemode import ComputeModeError, ComputeModeSwitch
+from accelstats.mps.proc import (
     KILL_WAIT_S,
     LockBusyError,
     acquire_lock,
@@ -66,7 +66,7 @@ from collectors.mpsproc import (
     remove_path,
     wait_gone,
 )
-from collectors.mpsreplies import (
+from accelstats.mps.replies import (
     MpsLogLine,
     parse_client_list,
     parse_device_client_list,
@@ -75,7 +75,7 @@ from collectors.mpsreplies import (
     parse_pinned_limit,
     parse_server_list,
 )
-from collectors.mpsrules import (
+from accelstats.mps.rules import (
     MAX_REPLICAS_PRE_VOLTA,
     MAX_REPLICAS_VOLTA_ON,
     MIN_REPLICAS,
@@ -162,7 +162,7 @@ class Daemon:
     ``timeout``: seconds allowed for each run of the binary (AWS's ECS agent uses 3 s).
     ``exclusive_process``: the opt-in switch to EXCLUSIVE_PROCESS compute mode before the start
     (False, the default, leaves compute modes alone); ``nvidia_smi``: the tool that reads and sets
-    it (:class:`collectors.computemode.ComputeModeSwitch`). Whatever a start switched is restored
+    it (:class:`accelstats.mps.computemode.ComputeModeSwitch`). Whatever a start switched is restored
     by :meth:`stop`, in this process or another. The constructor never raises; :meth:`start` validates.
     """
 
@@ -204,7 +204,7 @@ class Daemon:
 
     @property
     def shm_dir(self) -> Path:
-        """The daemon's ``/dev/shm`` (:data:`collectors.mpsrules.SHM_DIR`, the host's)."""
+        """The daemon's ``/dev/shm`` (:data:`accelstats.mps.rules.SHM_DIR`, the host's)."""
         return self.root.shm_dir()
 
     @property
@@ -482,7 +482,7 @@ class Daemon:
                 self._release_lock(lock)
 
     def _take_lock(self, create: bool) -> int | None:
-        """Hold :attr:`lock_file` (see :func:`collectors.mpsproc.acquire_lock`); None when ``create`` is
+        """Hold :attr:`lock_file` (see :func:`accelstats.mps.proc.acquire_lock`); None when ``create`` is
         False and the resource has no directory. MpsError naming the resource when it cannot be had."""
         path = self.lock_file
         try:

@@ -22,7 +22,7 @@ Nomad           ``<data_dir>/alloc/<allocation id>/``                           
 ==============  ===================================================================  ==================
 
 ``containerd_root`` (``/var/lib/containerd``) is where containerd keeps its metadata database;
-nothing is read from it (it is a bbolt file, see :mod:`accelstats.metadata`), but it is checked for
+nothing is read from it (it is a bbolt file, see :mod:`accelstats.attribution.metadata`), but it is checked for
 existence like the others.
 
 Cost: each collection ``stat``s the directories and files above; a directory is listed again, or a
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from accelstats.config import RuntimeRoots
+from accelstats.settings import RuntimeRoots
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ class RuntimeState:
         return self.rootfs / Path(path).relative_to("/") if Path(path).is_absolute() else self.rootfs / path
 
     def root_here(self, setting: str) -> Path:
-        """The state root of ``setting`` (a key of :class:`accelstats.config.RuntimeRoots`) under ``rootfs``."""
+        """The state root of ``setting`` (a key of :class:`accelstats.settings.RuntimeRoots`) under ``rootfs``."""
         return self._roots_here[setting]
 
     def docker_containers(self) -> Path:

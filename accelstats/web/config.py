@@ -27,8 +27,8 @@ quote the line). The file is read only when it is a regular file of at most :dat
 a document that aliases expand past :data:`MAX_NODES` nodes ("billion laughs") is an error, as Go's
 yaml.v2 refuses "excessive aliasing".
 
-Reloading while running, and the checks a reload must pass, are in :mod:`accelstats.websource`
-(:class:`~accelstats.websource.WebConfigSource`) and :mod:`accelstats.webchecks` (what may not change
+Reloading while running, and the checks a reload must pass, are in :mod:`accelstats.web.source`
+(:class:`~accelstats.web.source.WebConfigSource`) and :mod:`accelstats.web.checks` (what may not change
 without a restart; warnings for loose file modes and dated certificates).
 """
 
@@ -46,7 +46,7 @@ from typing import Any
 
 import yaml
 
-from accelstats.config import ConfigError
+from accelstats.settings import ConfigError
 
 log = logging.getLogger(__name__)
 

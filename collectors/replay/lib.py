@@ -20,7 +20,7 @@ docs/replay.md.
 
 Driver generations: :func:`generation_for` picks, from the driver version a capture or scenario
 names, the symbol list of the newest known ``nvml.h`` not newer than it (every branch from R470 to
-R590: ``collectors/nvml_symbols.json``, each list read from the header NVIDIA publishes with that
+R590: ``collectors/replay/symbols.json``, each list read from the header NVIDIA publishes with that
 driver; ``scripts/nvml-symbols.py`` regenerates it and records the source). The library exports
 exactly those symbols, less a scenario's ``missing_functions``: on a R470 library pynvml's
 ``nvmlDeviceGetComputeRunningProcesses`` (``_v3``) fails as it does on a real R470 host.
@@ -51,14 +51,14 @@ from typing import Any
 
 import pynvml
 
-from collectors.nvml_replay import ReplayError, ReplayEventData, ReplayEventSet, ReplayState
+from collectors.replay.state import ReplayError, ReplayEventData, ReplayEventSet, ReplayState
 
 __all__ = ["EXTENSION_ENV", "LIBRARY", "Generation", "ReplayLibrary", "ReplayedNVML", "generation_for",
            "generations", "install", "open_replay"]
 
 log = logging.getLogger(__name__)
 
-SYMBOLS_FILE = Path(__file__).with_name("nvml_symbols.json")
+SYMBOLS_FILE = Path(__file__).with_name("symbols.json")
 EXTENSION_TABLES = ("fault", "event")  # the scenario tables only the extension reads
 EXTENSION_ENV = "ACCELSTATS_REPLAY_EXTENSION"
 """Environment variable naming a Python file that handles scenario tables the product does not read
@@ -92,7 +92,7 @@ def _data() -> dict[str, Any]:
 
 
 def generations() -> tuple[Generation, ...]:
-    """The known generations, oldest first (``collectors/nvml_symbols.json``)."""
+    """The known generations, oldest first (``collectors/replay/symbols.json``)."""
     out = [Generation(v, int(v.split(".")[0]), g["source"], g["sha256"], frozenset(g["symbols"]))
            for v, g in _data()["generations"].items()]
     return tuple(sorted(out, key=lambda g: g.major))
@@ -594,7 +594,7 @@ class ReplayedNVML:
 
     @property
     def capture(self) -> Any:
-        """The :class:`collectors.nvml_capture.SystemCapture` replayed."""
+        """The :class:`collectors.replay.capture.SystemCapture` replayed."""
         return self.state.capture
 
     def __getattr__(self, name: str) -> Any:

@@ -2,7 +2,7 @@
 clients are.
 
 ``accelstats mps start|stop|status`` and the ``mps`` collector use this: :func:`resolve` turns the
-``[mps]`` settings into :class:`collectors.mps.MpsResource` objects (``devices = "all"`` or UUIDs and
+``[mps]`` settings into :class:`accelstats.mps.daemon.MpsResource` objects (``devices = "all"`` or UUIDs and
 NVML indices → UUIDs), :func:`gpus_of` reads what MPS needs to know of each GPU from one collection,
 and :func:`client_containers` names the container of each MPS client PID (``/proc/<pid>/cgroup``).
 """
@@ -16,11 +16,11 @@ from pathlib import Path
 
 from accelstats.cgroups import identify_with_root, parse_proc_cgroup
 from accelstats.cgroups.identity import KnownLookup
-from accelstats.config import MpsResourceSettings, MpsSettings
 from accelstats.fsread import read_small
+from accelstats.mps.daemon import Daemon, DaemonStatus, Manager, MpsError, MpsGpu, MpsResource, Root
+from accelstats.settings import MpsResourceSettings, MpsSettings
 from collectors.deadline import DeadlineWorker
 from collectors.model import DeviceSnapshot
-from collectors.mps import Daemon, DaemonStatus, Manager, MpsError, MpsGpu, MpsResource, Root
 
 
 def gpus_of(snapshot: DeviceSnapshot) -> list[MpsGpu]:
@@ -71,7 +71,7 @@ def lenient_manager(settings: MpsSettings, gpus: list[MpsGpu],
     A resource whose devices cannot be resolved (NVML not answering: ``gpus`` empty; a listed GPU
     gone) gets no devices, so its daemon can still be asked and stopped (neither needs them; only the
     pinned-limit queries do); ``{resource name: why}`` says which. Raises MpsError only for names
-    that clash (:class:`collectors.mps.Manager`).
+    that clash (:class:`accelstats.mps.daemon.Manager`).
     """
     resources, problems = [], {}
     for r in settings.resources:
@@ -87,7 +87,7 @@ def lenient_manager(settings: MpsSettings, gpus: list[MpsGpu],
 def client_containers(pids: list[int], proc_root: Path, known: KnownLookup | None = None) -> dict[int, str]:
     """``{client pid: container cgroup path}`` for MPS client PIDs that belong to a container
     (host processes and vanished PIDs are left out); ``known``: the runtimes' state
-    (:meth:`accelstats.runtimes.RuntimeState.known`), so that containers on any path are found."""
+    (:meth:`accelstats.attribution.runtimes.RuntimeState.known`), so that containers on any path are found."""
     out = {}
     for pid in pids:
         data = read_small(proc_root / str(pid) / "cgroup")

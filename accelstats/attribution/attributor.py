@@ -1,21 +1,21 @@
 """Which container uses which device: one pass over the host's cgroups per collection.
 
-:class:`Attributor` turns a device snapshot into :class:`~accelstats.containers.ContainerStats`:
+:class:`Attributor` turns a device snapshot into :class:`~accelstats.attribution.containers.ContainerStats`:
 
 1. find the container cgroups (v1: the ``devices`` hierarchy; v2: the unified one), recognised by
-   the runtimes' own state (:mod:`accelstats.runtimes`: a container ID docker, containerd,
+   the runtimes' own state (:mod:`accelstats.attribution.runtimes`: a container ID docker, containerd,
    podman/CRI-O or Nomad knows, on any path) or by the path rules of docs/containers.md;
 2. read ``/proc/<pid>/cgroup`` of every process NVML listed (host PIDs) — process evidence;
 3. on hosts with MIG, read the ``nvidia-caps`` major and ``mig-minors`` (v1 rules name instances);
 4. list each container's PIDs (``cgroup.procs``) and the NVIDIA device nodes they hold open
    (cached by PID and start time, so a scrape with no new process scans no fd directory);
-5. run each container's :class:`~accelstats.containers.ContainerCollector` (on v2 with the device
+5. run each container's :class:`~accelstats.attribution.containers.ContainerCollector` (on v2 with the device
    programs in effect for its cgroup, :mod:`accelstats.cgroups.devices_bpf`);
 6. a GPU process whose cgroup is no container found by the walk still gets a row: its container
    when a rule recognises the path, else ``runtime="unknown"`` (host processes are left out);
 7. a container in a delegated subtree (under ``user@<uid>.service``, or whose cgroup is not owned by
    root) keeps ``runtime="unknown"``: any user can name a cgroup after someone else's container;
-8. name each container from its runtime's state files when readable (:mod:`accelstats.metadata`).
+8. name each container from its runtime's state files when readable (:mod:`accelstats.attribution.metadata`).
 
 Only containers that matter are returned: those with a device attributed, an unrestricted devices
 cgroup (it may open any GPU), a ``devices.list`` that could not be read, or one that names the GPUs
@@ -37,7 +37,19 @@ from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
 
-from accelstats.cgroupns import CgroupNamespace
+from accelstats.attribution.cgroupns import CgroupNamespace
+from accelstats.attribution.containers import (
+    ContainerCollector,
+    ContainerMetadata,
+    ContainerStats,
+    HostView,
+    MigMap,
+    cgroup_of_pids,
+    container_of,
+)
+from accelstats.attribution.metadata import MetadataReader
+from accelstats.attribution.openfds import OpenFdScanner, char_major, pids_in_cgroup
+from accelstats.attribution.runtimes import RuntimeState
 from accelstats.cgroups import (
     CgroupLayout,
     ContainerIdentity,
@@ -51,20 +63,8 @@ from accelstats.cgroups import (
 from accelstats.cgroups.bpf_program import UndecidableError
 from accelstats.cgroups.devices_bpf import DeviceProgramCache, DeviceProgramsError
 from accelstats.cgroups.trust import untrusted_because
-from accelstats.config import RuntimeRoots
-from accelstats.containers import (
-    ContainerCollector,
-    ContainerMetadata,
-    ContainerStats,
-    HostView,
-    MigMap,
-    cgroup_of_pids,
-    container_of,
-)
 from accelstats.fsread import read_small
-from accelstats.metadata import MetadataReader
-from accelstats.openfds import OpenFdScanner, char_major, pids_in_cgroup
-from accelstats.runtimes import RuntimeState
+from accelstats.settings import RuntimeRoots
 from collectors.model import DeviceSnapshot, ProcessUsage
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """The HTTP server of ``accelstats serve`` (and of the Nomad plugin's ``metrics_listen``); the WSGI app
-it serves is :mod:`accelstats.httpapp`.
+it serves is :mod:`accelstats.web.app`.
 
 **The server** (:class:`HTTPServer`, started by :func:`serve`) is built so that clients that connect
 and then stall cannot lock out a scrape:
@@ -12,7 +12,7 @@ and then stall cannot lock out a scrape:
   it sent, never a thread: the server runs at most 1 + :data:`WORKERS` threads however many
   connections are open. The loop reads at most :data:`_READS_PER_EVENT` times from one connection per
   turn, so a client that never stops sending cannot keep it from the others or from the deadlines.
-* *Work is shared by client address* (:class:`accelstats.httpworkers.FairWorkers`): requests wait per
+* *Work is shared by client address* (:class:`accelstats.web.workers.FairWorkers`): requests wait per
   address and are taken round-robin, at most two of one address running at once (scrapes of
   ``/metrics`` without a filter excepted: concurrent ones share a collection and its encoded body, so
   many at once cost little more than one), so a flood from one address, or a few, does not queue a
@@ -29,7 +29,7 @@ and then stall cannot lock out a scrape:
 * *HTTP/1.1 with keep-alive* (HTTP/1.0 too, when the client asks with ``Connection: keep-alive``), at
   most ``max_requests`` (1000) requests per connection, pipelined requests answered in order. A
   request that announces a body (no GET or HEAD needs one) is answered and its connection closed, so
-  no unread body can be taken for the next request. Heads are read by :mod:`accelstats.httphead`
+  no unread body can be taken for the next request. Heads are read by :mod:`accelstats.web.head`
   (bounded in bytes and lines, ``431``; a malformed one gets ``400`` and a close).
 * *Bounded connections.* At most ``max_connections``: :data:`DEFAULT_MAX_CONNECTIONS` (4096), and
   never more than ``RLIMIT_NOFILE`` less :data:`FD_RESERVE` descriptors kept for NVML, the files a
@@ -56,11 +56,11 @@ and then stall cannot lock out a scrape:
 
 Why one module of ~750 lines: :class:`HTTPServer` is one state machine over the sockets it owns
 (states, deadlines, eviction order and the hand-off to workers); the pieces that stand alone are
-elsewhere (the app in :mod:`accelstats.httpapp`, head parsing in :mod:`accelstats.httphead`), and
+elsewhere (the app in :mod:`accelstats.web.app`, head parsing in :mod:`accelstats.web.head`), and
 cutting the machine further would spread one connection's transitions over several files.
 
-With a web configuration file (``--web-config``, :mod:`accelstats.webconfig`): TLS, basic auth and
-extra headers (:mod:`accelstats.webauth`). Plain HTTP sent to the TLS port gets Go's ``400`` answer.
+With a web configuration file (``--web-config``, :mod:`accelstats.web.config`): TLS, basic auth and
+extra headers (:mod:`accelstats.web.auth`). Plain HTTP sent to the TLS port gets Go's ``400`` answer.
 """
 
 from __future__ import annotations
@@ -87,8 +87,9 @@ from urllib.parse import parse_qs, unquote
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
 from accelstats import __version__
-from accelstats.httpapp import ServerCounters, WSGIApp, make_app
-from accelstats.httphead import (
+from accelstats.manager import AcceleratorManager
+from accelstats.web.app import ServerCounters, WSGIApp, make_app
+from accelstats.web.head import (
     MAX_EMPTY_LINE_BYTES,
     MAX_HEAD_BYTES,
     BadRequestError,
@@ -98,11 +99,10 @@ from accelstats.httphead import (
     simple_answer,
     strip_empty_lines,
 )
-from accelstats.httpworkers import FairWorkers
-from accelstats.manager import AcceleratorManager
+from accelstats.web.workers import FairWorkers
 
 if TYPE_CHECKING:  # the web-config stack (PyYAML, bcrypt) is imported only when --web-config is given
-    from accelstats.websource import WebConfigSource
+    from accelstats.web.source import WebConfigSource
 
 log = logging.getLogger(__name__)
 
@@ -482,7 +482,7 @@ class HTTPServer:
                 self._linger(conn)
             return
         assert self.web is not None
-        from accelstats.webconfig import WebConfigError
+        from accelstats.web.config import WebConfigError
 
         try:
             _, ctx = self.web.current()
@@ -794,7 +794,7 @@ def serve(manager: AcceleratorManager, host: str, port: int,
           web: WebConfigSource | None = None) -> tuple[HTTPServer, threading.Thread]:
     """Start serving on ``host:port`` in a daemon thread; ``host ""`` is every interface, IPv6 and
     IPv4 (IPv4 only where the host has no IPv6). ``web``: the ``--web-config`` file (TLS when it has
-    ``tls_server_config``; basic auth and headers through :class:`accelstats.webauth.BasicAuth`).
+    ``tls_server_config``; basic auth and headers through :class:`accelstats.web.auth.BasicAuth`).
 
     Returns ``(server, thread)``; call ``server.shutdown()`` then ``server.server_close()`` to stop.
     Raises OSError when the address cannot be bound (e.g. EADDRINUSE).
@@ -805,7 +805,7 @@ def serve(manager: AcceleratorManager, host: str, port: int,
            GCCollector(registry=CollectorRegistry()))  # GCCollector insists on registering somewhere
     app = make_app(manager, (counters, *own))
     if web is not None:
-        from accelstats.webauth import BasicAuth
+        from accelstats.web.auth import BasicAuth
 
         app = BasicAuth(app, web)
     server = HTTPServer(_listener(host, port), app, web, counters)

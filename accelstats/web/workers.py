@@ -1,4 +1,4 @@
-"""The HTTP server's worker threads, shared fairly between clients (:mod:`accelstats.httpserver`).
+"""The HTTP server's worker threads, shared fairly between clients (:mod:`accelstats.web.server`).
 
 A flood of requests from one client, or from a few, must not queue a scraper behind it: the server
 once ran jobs in arrival order, so 4000 requests sent by connect-send-close clients in 0.3 s held the
@@ -6,7 +6,7 @@ next scrape for 3 s, and requests that each cost an encoding (``name[]`` filters
 past Prometheus' 10 s timeout. Here jobs wait per *key* (the client's address) and are taken
 round-robin across keys, at most :data:`PER_CLIENT` running for one key, so a scrape from an address
 with nothing else waiting starts as soon as a thread is free and its turn comes: after at most one
-job of each other waiting address. This is the order :class:`accelstats.webauth.CheckGate` gives
+job of each other waiting address. This is the order :class:`accelstats.web.auth.CheckGate` gives
 bcrypt checks, for the same reason.
 """
 

@@ -57,7 +57,7 @@ and MIG instances, and names the driver (:func:`load_scenario`)::
     compute_instance_id = 0          # optional; uuid optional (default: nvml_replay.mig_uuid)
     [[gpu.mig.process]]              # same keys as [[gpu.process]], runs in this instance
     driver_version = "470.256.02"    # top level, optional: the driver the replayed library is, which
-                                     #   selects the NVML symbols it exports (collectors.nvml_lib);
+                                     #   selects the NVML symbols it exports (collectors.replay.lib);
                                      #   default: the first capture's <driver_version>
     missing_functions = ["nvmlDeviceGetProcessUtilization"]  # optional: NVML functions the library
                                      #   does not export, on top of what that driver lacks

@@ -1,4 +1,4 @@
-"""Request heads as the HTTP server (:mod:`accelstats.httpserver`) reads them: pure functions.
+"""Request heads as the HTTP server (:mod:`accelstats.web.server`) reads them: pure functions.
 
 RFC 9112 rules kept strictly, since a lenient parser is what request smuggling uses: a request line
 of three parts with a token method and ``HTTP/1.0`` or ``HTTP/1.1`` (another ``HTTP/x.y`` gets

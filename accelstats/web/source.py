@@ -22,8 +22,8 @@ import threading
 import weakref
 from pathlib import Path
 
-from accelstats.webchecks import security_warnings, weakening
-from accelstats.webconfig import (
+from accelstats.web.checks import security_warnings, weakening
+from accelstats.web.config import (
     WebConfig,
     WebConfigError,
     _Parser,
@@ -158,7 +158,7 @@ class WebConfigSource:
 
         It asks the checking thread to look at the files. ``wait`` (seconds; 0: return at once, as the
         event loop does) is the longest it waits for that check when the thread was idle, so that a
-        request (:class:`accelstats.webauth.BasicAuth` passes :data:`REQUEST_WAIT`) sees a change
+        request (:class:`accelstats.web.auth.BasicAuth` passes :data:`REQUEST_WAIT`) sees a change
         made before it. It never waits while a check is running (perhaps stuck on a file, or one a
         busy server keeps asking for): such a request is served with the configuration in force,
         and the change applies to requests after that check."""

@@ -1,7 +1,12 @@
-"""The fast ``/metrics`` encoder: the catalog's rows of one collection straight to exposition bytes.
+"""The Prometheus exposition of a collection: prometheus_client families and the fast encoder.
 
-prometheus_client stays the data model and the reference (:func:`accelstats.exporter.render` builds
-its families; its encoders write them), but for a large host most of a scrape went into building
+**Families** (:func:`render`, :class:`AccelstatsCollector`): the catalog's rows of one collection as
+``prometheus_client`` metric families; ``describe()`` yields the same families without samples, so
+registering never touches NVML (client_python's custom-collector pattern; no global Gauges set from
+threads). ``accelstats dump`` prints :func:`exposition`.
+
+**The fast encoder** (:class:`FastEncoder`): prometheus_client stays the data model and the reference
+(its encoders write :func:`render`'s families), but for a large host most of a scrape went into building
 ``Metric``/``Sample`` objects and re-checking every label name of every sample on the way out
 (docs/performance.md). :class:`FastEncoder` writes the same bytes from the catalog's readers directly:
 
@@ -23,16 +28,75 @@ caller uses prometheus_client's encoder. Byte-identical output is checked by
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
+from prometheus_client import CollectorRegistry
 from prometheus_client import utils as _client_utils
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
 
 from accelstats import catalog
 from accelstats.catalog import Family
 
 if TYPE_CHECKING:
-    from accelstats.manager import Collection
+    from accelstats.manager import AcceleratorManager, Collection
+
+
+def _family(spec: Family) -> GaugeMetricFamily | CounterMetricFamily:
+    if spec.type == "counter":
+        return CounterMetricFamily(spec.name, spec.help, labels=list(spec.labels), unit=spec.unit)
+    return GaugeMetricFamily(spec.name, spec.help, labels=list(spec.labels), unit=spec.unit)
+
+
+def render(collection: Collection) -> Iterator[Metric]:
+    """The catalog's families for one collection, each filled by its row's reader
+    (:data:`catalog.COLLECTED`); families with no sample this time are left out (``describe()``
+    still declares them all)."""
+    for spec in catalog.COLLECTED:
+        assert spec.read is not None
+        family = None
+        for labels, value in spec.read(collection):
+            if family is None:
+                family = _family(spec)
+            family.add_metric(labels, value)
+        if family is not None:
+            yield family
+
+
+class AccelstatsCollector:
+    """prometheus_client custom collector: one manager collection per scrape, rendered from the catalog."""
+
+    def __init__(self, manager: AcceleratorManager) -> None:
+        self.manager = manager
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield every family for a fresh (or concurrently shared) collection."""
+        yield from render(self.manager.collect())
+
+    def describe(self) -> Iterator[Metric]:
+        """Yield every family of the catalog without samples (no NVML call at registration)."""
+        return describe_catalog()
+
+
+def describe_catalog() -> Iterator[Metric]:
+    """Every family of the catalog (:data:`catalog.ALL`), without samples: what a registry needs to
+    find a family by name (``name[]`` filters) without collecting."""
+    for spec in catalog.ALL:
+        yield _family(spec)
+
+
+def make_registry(manager: AcceleratorManager) -> CollectorRegistry:
+    """A registry of our own (never the global REGISTRY) holding only :class:`AccelstatsCollector`."""
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(AccelstatsCollector(manager))
+    return registry
+
+
+def exposition(manager: AcceleratorManager) -> bytes:
+    """One collection as Prometheus text exposition format 0.0.4 (what ``accelstats dump`` prints)."""
+    return generate_latest(make_registry(manager))
+
 
 TEXT = "text"
 OPENMETRICS = "openmetrics"
@@ -42,7 +106,7 @@ _go_float: Callable[[float], str] = _client_utils.floatToGoString  # the referen
 
 def supported(content_type: str) -> str | None:
     """The format (:data:`TEXT` or :data:`OPENMETRICS`) the fast encoder writes for a negotiated
-    ``content_type`` (:func:`accelstats.httpapp.negotiate`), or None when only prometheus_client's
+    ``content_type`` (:func:`accelstats.web.app.negotiate`), or None when only prometheus_client's
     encoder writes it (an escaping that rewrites names)."""
     params = dict(p.strip().partition("=")[::2] for p in content_type.split(";")[1:])
     if params.get("escaping", "") not in _FAST_ESCAPINGS:
@@ -116,7 +180,7 @@ class FastEncoder:
     def encode(self, collection: Collection, fmt: str, families: Iterable[Family] = catalog.COLLECTED) -> str:
         """The exposition text of ``collection``'s families (without OpenMetrics' ``# EOF``: the
         caller appends the server's families and ends the body). Families without a sample are left
-        out, as :func:`accelstats.exporter.render` leaves them out."""
+        out, as :func:`accelstats.web.exposition.render` leaves them out."""
         # a new generation: what this encoding uses is taken over from the last one, the rest dropped
         previous = self._labels
         labels: dict[tuple[str, tuple[str, ...]], str] = {}

@@ -7,10 +7,10 @@ For tests, benchmarks and demos on machines without a GPU. Everything it reports
 
 :class:`ReplayState` holds the GPUs of a capture or scenario and answers NVML's questions about them,
 one method per NVML function, named as pynvml names the function and taking the arguments pynvml's
-function takes. Nothing in accelstats calls these methods directly: :mod:`collectors.nvml_lib`
+function takes. Nothing in accelstats calls these methods directly: :mod:`collectors.replay.lib`
 exports NVML's C functions (the symbols of the driver generation the capture names), decodes the C
 arguments pynvml passes, calls the method and writes its answer into the caller's C structures. The
-real ``pynvml`` module, unchanged, runs on top (:func:`collectors.nvml_lib.open_replay`).
+real ``pynvml`` module, unchanged, runs on top (:func:`collectors.replay.lib.open_replay`).
 
 Errors are ``pynvml.NVMLError(pynvml.NVML_ERROR_<X>)``; the library returns their codes. Behaviour
 follows NVML: every call but init raises UNINITIALIZED before ``nvmlInit`` and after the last
@@ -30,7 +30,7 @@ Values NVML has but ``nvidia-smi -q -x`` does not print are documented where the
 samples and process-utilisation timestamps come from the wall clock, total energy grows at the
 captured power draw from :data:`ENERGY_BASE_MJ`, the encoder/decoder sampling period is
 :data:`SAMPLING_PERIOD_US`, compute capability and architecture come from tables in
-:mod:`collectors.nvml_capture`, MIG UUIDs from :func:`mig_uuid`.
+:mod:`collectors.replay.capture`, MIG UUIDs from :func:`mig_uuid`.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from typing import Any
 
 import pynvml
 
-from collectors.nvml_capture import (
+from collectors.replay.capture import (
     CaptureError,
     GpuCapture,
     MigCapture,
@@ -239,7 +239,7 @@ class ReplayState:
         line/column (malformed XML or TOML, a ``<gpu>`` without a UUID or with another's), the line
         and byte offset (a scenario that is not UTF-8), the OS reason (unreadable: missing, a
         directory, no permission) or the offending key (scenario errors,
-        :func:`collectors.nvml_capture.load_scenario`).
+        :func:`collectors.replay.capture.load_scenario`).
         """
         path = Path(path)
         if "\0" in str(path):

@@ -1,5 +1,5 @@
 """What a web configuration reload may not do, and what an operator should be warned of
-(:mod:`accelstats.webconfig` loads the file; :mod:`accelstats.websource` applies these checks).
+(:mod:`accelstats.web.config` loads the file; :mod:`accelstats.web.source` applies these checks).
 
 :func:`weakening` names the change a running exporter refuses (basic auth or TLS off, TLS switched on,
 a lower ``client_auth_type`` or ``min_version``): those take a restart. :func:`security_warnings`
@@ -16,7 +16,7 @@ import stat
 from datetime import datetime, timezone
 from pathlib import Path
 
-from accelstats.webconfig import BCRYPT_WARN_COST, TLS_VERSIONS, WebConfig, _key_name, _read_bounded, _redact
+from accelstats.web.config import BCRYPT_WARN_COST, TLS_VERSIONS, WebConfig, _key_name, _read_bounded, _redact
 
 _CLIENT_AUTH_RANK = {"NoClientCert": 0, "VerifyClientCertIfGiven": 1, "RequireAndVerifyClientCert": 2}
 _TLS_NAMES = {v: k for k, v in TLS_VERSIONS.items()}
