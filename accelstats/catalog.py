@@ -4,7 +4,7 @@ Each :class:`Family` is one row: the exposition name, type, unit, HELP text, lab
 read its samples from a :class:`accelstats.manager.Collection` (``read``: label values and value per
 sample). The ``/metrics`` renderers (:mod:`accelstats.web.exposition`: prometheus_client's families and
 the fast encoder) only walk this table; the Nomad plugin's Stats
-come from :data:`NOMAD_STATS` below. ``tests/test_catalog.py`` checks it against the metrics contract.
+come from :data:`NOMAD_STATS` below. ``tests/core/test_catalog.py`` checks it against the metrics contract.
 Absent values (``None``) produce no sample ("absent, never 0"). Families of the HTTP server
 (:data:`SERVER`) have no ``read``: the server's own collector fills them.
 """

@@ -6,7 +6,7 @@ hierarchy and the cgroup2 mount):
 * v1: ``/sys/fs/cgroup/devices/docker/<id>``, restricted with ``devices.deny a`` and runc's default
   rules plus ``c 195:<i mod G> rw`` written to ``devices.allow``;
 * v2: ``<cgroup2>/docker/<id>``, each with its own ``BPF_CGROUP_DEVICE`` program allowing the same
-  rules, in runc's code shape (``tests/bpf_util.py``), loaded and attached as runc does (one program
+  rules, in runc's code shape (``tests/support/bpf_util.py``), loaded and attached as runc does (one program
   per container, ``BPF_F_ALLOW_MULTI``);
 
 then times the ``attribution`` step of :meth:`AcceleratorManager.collect` (walk, runtime state,
@@ -32,8 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-import bpf_util  # tests/bpf_util.py: the program generator and loader
 from scrape import default_shared, loadavg, machine, percentile, write_scenario
+from support import bpf_util  # tests/support/bpf_util.py: the program generator and loader
 
 from accelstats.manager import AcceleratorManager
 from accelstats.settings import Settings

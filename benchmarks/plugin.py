@@ -13,7 +13,7 @@
 Every answer is checked (valid → a reservation naming those GPUs that Nomad's checks accept; bad →
 INVALID_ARGUMENT with the reason); printed: Reserves/s, latency p50/p99 per kind, wrong answers,
 messages each stream delivered meanwhile, the plugin's CPU and its health afterwards.
-``tests/test_plugin_storm.py`` runs the same storm (:func:`reserve_storm`) as a test.
+``tests/nomad/test_plugin_storm.py`` runs the same storm (:func:`reserve_storm`) as a test.
 
 Usage: ``python3 benchmarks/plugin.py [--seconds 20] [--reserve-storm [--threads 8]] [--shared DIR]``.
 Figures go to docs/performance.md.

@@ -8,8 +8,8 @@
 Every dashboard, row, panel, query and variable is an SDK builder (``grafana_foundation_sdk.builders``;
 the house defaults are in ``panels.py``) and the JSON is the SDK's encoding of Grafana's typed model.
 
-``tests/test_dashboards.py`` fails when the committed JSON is not what this script writes, and checks
-every metric named here against ``accelstats/catalog.py``; ``tests/test_e2e_prometheus.py`` sends
+``tests/operations/test_dashboards.py`` fails when the committed JSON is not what this script writes, and checks
+every metric named here against ``accelstats/catalog.py``; ``tests/core/test_e2e_prometheus.py`` sends
 every query to a real Prometheus scraping a real exporter. Families and their meaning:
 ``../shared/spec/metrics.md``.
 """

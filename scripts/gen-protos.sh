@@ -9,10 +9,10 @@
 # only a warning (not an error) when grpcio < 1.63.2, so it loads on
 # protobuf >= 5.26.1 (also 6.x) and grpcio >= 1.63.2; pyproject.toml's runtime
 # bounds match. A different grpcio-tools version writes different bytes, which
-# tests/test_protos.py reports as stale: install the pinned one
+# tests/nomad/test_protos.py reports as stale: install the pinned one
 #   python3 -m pip install 'grpcio-tools==1.63.2'
 # (it is in the `test` extra), or bump the pin here, in pyproject.toml and in
-# tests/test_protos.py together with the runtime lower bounds.
+# tests/nomad/test_protos.py together with the runtime lower bounds.
 set -euo pipefail
 
 GRPCIO_TOOLS_VERSION=1.63.2

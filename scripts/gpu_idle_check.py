@@ -27,7 +27,7 @@ from pathlib import Path
 import pynvml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-import bpf_util  # tests/bpf_util.py: runc-shaped program, loader
+from support import bpf_util  # tests/support/bpf_util.py: runc-shaped program, loader
 
 RUNC_DEFAULTS = [("c", None, None, "m", True), ("b", None, None, "m", True), ("c", 1, 3, "rwm", True),
                  ("c", 1, 5, "rwm", True), ("c", 1, 7, "rwm", True), ("c", 1, 8, "rwm", True),

@@ -22,9 +22,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from paths import find_shared
-from runc_harness import ContainerSpec, RuncContainer, RuncFactory, runc_available
-from tls_pki import Pki, make_pki, openssl_missing
+from support.paths import find_shared
+from support.runc_harness import ContainerSpec, RuncContainer, RuncFactory, runc_available
+from support.tls_pki import Pki, make_pki, openssl_missing
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -93,7 +93,7 @@ def repo_root() -> Path:
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
     """The read-only shared folder: ``$ACCELSTATS_SHARED``, else ``../shared`` from the repo root, else
-    the copies in ``tests/shared`` (see ``tests/paths.py``)."""
+    the copies in ``tests/shared`` (see ``tests/support/paths.py``)."""
     path = find_shared()
     if not path.is_dir():
         pytest.fail(f"shared folder {path} not found (set ACCELSTATS_SHARED)", pytrace=False)
@@ -142,7 +142,7 @@ def runc_container(runc_state_root: Path) -> Iterator[RuncFactory]:
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    """A CA, server, client and rogue certificate (tests/tls_pki.py), made once per module; skips
+    """A CA, server, client and rogue certificate (tests/support/tls_pki.py), made once per module; skips
     without ``openssl``, and fails under ``CI=true`` where .ci/run must have installed it."""
     reason = openssl_missing()
     if reason:

@@ -10,7 +10,7 @@ it back, restores each GPU and removes the file.
 The mode is read and set with ``nvidia-smi`` (``--query-gpu=compute_mode`` and ``-c``), run with a
 timeout like every MPS control command: it is the documented tool for it, it keeps ``pynvml`` out
 of everything but the NVIDIA collector (docs/design.md), and a test double on ``PATH`` can stand in for
-it on hosts without a GPU (``tests/mps_double/nvidia-smi``). Changing the compute mode needs root.
+it on hosts without a GPU (``tests/support/mps_double/nvidia-smi``). Changing the compute mode needs root.
 """
 
 from __future__ import annotations

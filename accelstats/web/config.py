@@ -62,7 +62,7 @@ TLS_VERSIONS = {
     "TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3,
 }
 # Go's tls.CipherSuites() names (IANA) -> OpenSSL names, as `openssl ciphers -stdname` pairs them
-# (tests/test_webconfig.py checks every pair against it). None: a TLS 1.3 suite, which neither Go
+# (tests/web/test_webconfig.py checks every pair against it). None: a TLS 1.3 suite, which neither Go
 # nor OpenSSL's cipher list configures: accepted and ignored, as Go does.
 GO_CIPHERS: dict[str, str | None] = {
     "TLS_RSA_WITH_AES_128_CBC_SHA": "AES128-SHA",

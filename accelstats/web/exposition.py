@@ -22,7 +22,7 @@ Formats: Prometheus text 0.0.4 (and 1.0.0) and OpenMetrics 1.0.0, with the ``und
 or ``allow-utf-8`` escaping — which leave accelstats' names, all in the legacy character set,
 unchanged. Other escapings (``dots``, ``values``) rewrite names: :func:`supported` says no and the
 caller uses prometheus_client's encoder. Byte-identical output is checked by
-``tests/test_exposition.py`` on every fixture capture, an 8-GPU, 1000-container host and edge cases
+``tests/web/test_exposition.py`` on every fixture capture, an 8-GPU, 1000-container host and edge cases
 (escapes, NaN, ±Inf, -0.0, empty label values).
 """
 

@@ -18,7 +18,7 @@ import datetime as dt
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
-from paths import FIXTURES
+from support.paths import FIXTURES
 
 from accelstats.mps.daemon import (
     MpsLogLine,

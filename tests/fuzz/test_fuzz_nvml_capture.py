@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
-from paths import FIXTURES
+from support.paths import FIXTURES
 
 from collectors.replay.capture import (
     U32,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 FIXTURES = REPO_ROOT / "tests" / "shared" / "fixtures"
-if (REPO_ROOT.parent / "shared" / "fixtures").is_dir():  # as tests/paths.py: ../shared beside the checkout
+if (REPO_ROOT.parent / "shared" / "fixtures").is_dir():  # as tests/support/paths.py: ../shared beside the checkout
     FIXTURES = REPO_ROOT.parent / "shared" / "fixtures"
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
