@@ -371,8 +371,3 @@ class AcceleratorManager:
                 log.debug("collector %s failed again: %s", collector.name, exc)
             return CollectorResult(collector.name, False, time.perf_counter() - t0, str(exc))
         return CollectorResult(collector.name, True, time.perf_counter() - t0)
-
-    @property
-    def last(self) -> Collection | None:
-        """The latest collection, or None before the first."""
-        return self._last

@@ -179,7 +179,7 @@ def measure(settings: Settings, nvml: Any, rounds: int, smi: list[str] | None, p
             f.append(timed(floor))
             if smi is not None:
                 s.append(timed_child(lambda: smi_once(smi)))
-        last = manager.last
+        last = manager.latest
         with_gpu = sum(1 for c in last.containers if c.accelerators) if last is not None else 0
         devices = len(last.snapshot.devices) if last is not None else 0
     finally:

@@ -1,9 +1,10 @@
 """Per-container accelerator stats: cAdvisor's ``AcceleratorCollector`` and what it fills.
 
-A :class:`ContainerCollector` is made for one container cgroup by
-:meth:`accelstats.manager.AcceleratorManager.get_collector` and bound to one collection's
-:class:`HostView`. ``update_stats(stats)`` appends one :class:`AcceleratorStats` per device the container is
-attributed, saying how (``attribution``):
+A :class:`ContainerCollector` is bound to one container cgroup and one collection's :class:`HostView`:
+the attributor makes one per container on every collection, and
+:meth:`accelstats.manager.AcceleratorManager.get_collector` one for a cgroup asked about.
+``update_stats(stats)`` appends one :class:`AcceleratorStats` per device the container is attributed,
+saying how (``attribution``):
 
 * ``devices_cgroup`` — the devices cgroup grants the GPU: on v1 ``devices.list`` holds
   ``c 195:<minor> r|w`` (docs/containers.md), on v2 the ``BPF_CGROUP_DEVICE`` programs in effect

@@ -22,8 +22,8 @@ program, runs more than :data:`MAX_STEPS` instructions in all the questions aske
 decision here: :class:`UndecidableError` says why, and the caller falls back to process evidence.
 
 Nothing here touches the kernel; reading the programs is :mod:`accelstats.cgroups.devices_bpf`.
-The module is a little over 400 lines because the instruction set is one unit: each class of
-instruction is a few lines, and splitting them would scatter one specification over several files.
+The module holds the whole instruction set the evaluator accepts, one class of instruction after
+another, as the instruction-set document lists them.
 """
 
 from __future__ import annotations

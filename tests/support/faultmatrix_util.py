@@ -227,8 +227,8 @@ class Plugin:
     def collection(self) -> Any:
         """The manager's latest collection (:class:`accelstats.manager.Collection`): what the last
         Fingerprint or Stats was built from."""
-        assert self.state.manager is not None and self.state.manager.last is not None
-        return self.state.manager.last
+        assert self.state.manager is not None and self.state.manager.latest is not None
+        return self.state.manager.latest
 
     def stats(self, collection: Any = None) -> dict[str, Any]:
         """A StatsResponse from ``collection`` (default: a fresh one): ``{device ID: DeviceStats}``."""
