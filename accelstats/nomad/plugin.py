@@ -234,12 +234,16 @@ class BasePluginServicer(base_pb2_grpc.BasePluginServicer):  # type: ignore[misc
         return base_pb2.ConfigSchemaResponse(spec=plugin_config.schema(hclspec_pb2))
 
     def SetConfig(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
-        """Apply the go-cty msgpack config; INVALID_ARGUMENT naming the field when it is bad."""
+        """Apply the go-cty msgpack config; INVALID_ARGUMENT naming the field when it is bad, INTERNAL
+        (with the traceback in the log) when the failure is no setting's fault."""
         try:
             self.state.set_config(bytes(request.msgpack_config))
         except ConfigError as exc:
             log.error("SetConfig rejected: %s", exc)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except Exception as exc:  # reported as INTERNAL: Nomad shows it, the log has the traceback
+            log.exception("SetConfig failed")
+            context.abort(grpc.StatusCode.INTERNAL, f"SetConfig failed: {exc!r}")
         return base_pb2.SetConfigResponse()
 
 
