@@ -4,8 +4,9 @@ plugin), as frozen dataclasses with their defaults. :mod:`accelstats.config` fil
 from the plugin's configuration block (SetConfig). Every wing reads its part from here, so this module
 imports nothing of accelstats.
 
-Field names are the TOML keys (``file_devices.dir``, ``nvml_replay``, ``collectors``, ``mps.resources``);
-:class:`SetupError` names a setting by that path, and each front end words it as its own input does
+Field paths are the TOML keys (``file_devices.dir``, ``nvml_replay``, ``collectors``, ``mps.resources``;
+the key ``listen`` is ``listen_host`` and ``listen_port``; :class:`NomadSettings` has no TOML key).
+:class:`SetupError` names a setting by its path, and each front end words it as its own input does
 (``<file>: key 'file_devices.dir'``, ``config: file_devices.dir``).
 """
 
