@@ -16,16 +16,18 @@ import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
 from accelstats import __version__, sdnotify
-from accelstats.config import DEFAULT_CONFIG, configure_logging, load_config, parse_listen
-from accelstats.manager import AcceleratorManager, Collection
+from accelstats.config import DEFAULT_CONFIG, Origin, changed_settings, configure_logging, load_config, parse_listen
+from accelstats.manager import AcceleratorManager, Collection, build_manager
 from accelstats.registry import COLLECTORS
-from accelstats.settings import DEFAULT_PORT, LOG_FORMATS, LOG_LEVELS, ConfigError, Settings
-from collectors.files import FileDevicesError
+from accelstats.settings import DEFAULT_PORT, LOG_FORMATS, LOG_LEVELS, ConfigError, Settings, SetupError
+
+if TYPE_CHECKING:  # the MPS code is imported only by the mps commands
+    from accelstats.mps.host import MpsDaemons
 
 log = logging.getLogger("accelstats")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -64,31 +66,36 @@ def source_options(fn: F) -> F:
 def build_settings(config_path: Path | None, nvml_replay: Path | None, file_devices: str | None,
                    cgroup_root: Path | None, proc_root: Path | None, sysfs_root: Path | None,
                    log_level: str | None, rootfs: Path | None = None, log_format: str | None = None,
-                   **extra: Any) -> Settings:
-    """Defaults, then the config file, then the command line. Exits 2 on a config error."""
+                   **extra: Any) -> tuple[Settings, Origin]:
+    """Defaults, then the config file, then the command line; and where each came from (to word a
+    setup error, :func:`manager_or_exit`). Exits 2 on a config error."""
     settings = Settings()
     path = config_path or (DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None)
+    origin = Origin()
     try:
         if path is not None:
             settings = load_config(path, settings)
+        from_file = changed_settings(settings, Settings())
         changes: dict[str, Any] = {k: v for k, v in {
             "nvml_replay": nvml_replay, "cgroup_root": cgroup_root, "proc_root": proc_root,
             "sysfs_root": sysfs_root, "rootfs": rootfs, "log_level": log_level.lower() if log_level else None,
             "log_format": log_format.lower() if log_format else None}.items()
             if v is not None}
+        from_flags = set(changes)
         if extra.get("listen"):
             changes["listen_host"], changes["listen_port"] = parse_listen(extra["listen"])
+            from_flags |= {"listen_host", "listen_port"}
         if extra.get("collectors"):
             changes["collectors"] = tuple(extra["collectors"])
-        known = [e.name for e in COLLECTORS]
-        for name in changes.get("collectors", settings.collectors) or ():
-            if name not in known:
-                raise ConfigError(f"{path}: key 'collectors': unknown collector {name!r} (known: {', '.join(known)})")
+            from_flags.add("collectors")
         if file_devices is not None:  # --file-devices "" means none, as dir = "" does in the config
             changes["file_devices"] = replace(settings.file_devices, dir=Path(file_devices) if file_devices else None)
+            from_flags.add("file_devices.dir")
         settings = replace(settings, **changes)
-        if nvml_replay is None and settings.nvml_replay is not None and not settings.nvml_replay.exists():
-            raise ConfigError(f"{path}: key 'nvml_replay': {settings.nvml_replay} does not exist")
+        origin = Origin(path, from_file - from_flags)
+        if "nvml_replay" in origin.from_file and settings.nvml_replay is not None \
+                and not settings.nvml_replay.exists():
+            raise ConfigError(origin.word(SetupError("nvml_replay", f"{settings.nvml_replay} does not exist")))
         for key in ("cgroup_root", "proc_root"):
             root = getattr(settings, key)
             if not root.is_dir():
@@ -100,7 +107,7 @@ def build_settings(config_path: Path | None, nvml_replay: Path | None, file_devi
     if "files" in (settings.collectors or ()) and settings.file_devices.dir is None:
         log.warning("collector 'files' enabled but no file-devices directory is set (--file-devices, "
                     "[file_devices] dir): it reports nothing")
-    return settings
+    return settings, origin
 
 
 def _warn_about_roots(settings: Settings) -> None:
@@ -128,30 +135,13 @@ def _warn_about_roots(settings: Settings) -> None:
 _ROOTS_CHECKED: set[tuple[Path, Path, Path]] = set()
 
 
-def make_manager(settings: Settings) -> AcceleratorManager:
-    """Build and set up the manager; the replay backend when ``settings.nvml_replay`` is set. Exits 2 on
-    a replay file that cannot be read or a file-devices directory that does not exist."""
-    nvml: Any = None
-    if settings.nvml_replay is not None:
-        from collectors.replay.lib import open_replay
-        from collectors.replay.state import ReplayError
-
-        try:
-            nvml = open_replay(settings.nvml_replay)
-        except ReplayError as exc:
-            fail(str(exc))
-        except OSError as exc:
-            fail(f"{settings.nvml_replay}: {exc.strerror or exc}")
-        if not nvml.state.gpu_count:
-            log.warning("%s: the replay holds no GPU (no <gpu> element, no [[gpu]] table)", settings.nvml_replay)
-    manager = AcceleratorManager(settings, nvml)
+def manager_or_exit(settings: Settings, origin: Origin) -> AcceleratorManager:
+    """:func:`accelstats.manager.build_manager`; a setting that cannot be set up exits 2 with one line
+    naming it as the operator wrote it (:meth:`accelstats.config.Origin.word`)."""
     try:
-        manager.setup()
-    except FileDevicesError as exc:
-        fail(str(exc))
-    except KeyError as exc:
-        fail(str(exc.args[0]))
-    return manager
+        return build_manager(settings)
+    except SetupError as exc:
+        fail(origin.word(exc))
 
 
 class _Group(click.Group):
@@ -195,7 +185,7 @@ def serve(listen: str | None, collectors: tuple[str, ...], web_config: str | Non
     from accelstats.web.server import serve as start_server
     from accelstats.web.source import WebConfigSource
 
-    settings = build_settings(listen=listen, collectors=collectors, **opts)
+    settings, origin = build_settings(listen=listen, collectors=collectors, **opts)
     if web_config is not None:
         settings = replace(settings, web_config=Path(web_config) if web_config else None)
     web = None
@@ -208,7 +198,7 @@ def serve(listen: str | None, collectors: tuple[str, ...], web_config: str | Non
     # with sigwait: no Python-level signal handler runs in the middle of other code.
     stop_signals = {signal.SIGTERM, signal.SIGINT}
     signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals | {signal.SIGHUP})
-    manager = make_manager(settings)
+    manager = manager_or_exit(settings, origin)
     try:
         server, thread = start_server(manager, settings.listen_host, settings.listen_port, web)
     except OSError as exc:
@@ -244,7 +234,8 @@ def dump(**opts: Any) -> None:
     """One collection, as Prometheus exposition text on stdout."""
     from accelstats.web.exposition import exposition
 
-    manager = make_manager(replace(build_settings(**opts), nvml_retry_interval=0.0))  # one shot: no retry
+    settings, origin = build_settings(**opts)
+    manager = manager_or_exit(replace(settings, nvml_retry_interval=0.0), origin)  # one shot: no retry
     try:
         sys.stdout.write(exposition(manager).decode())
     finally:
@@ -252,7 +243,8 @@ def dump(**opts: Any) -> None:
 
 
 def _collect(**opts: Any) -> Collection:
-    manager = make_manager(replace(build_settings(**opts), nvml_retry_interval=0.0))  # one shot: no retry
+    settings, origin = build_settings(**opts)
+    manager = manager_or_exit(replace(settings, nvml_retry_interval=0.0), origin)  # one shot: no retry
     try:
         return manager.collect()
     finally:
@@ -362,14 +354,15 @@ def mps() -> None:
     """Start, stop and watch NVIDIA MPS control daemons ([mps] in the config file)."""
 
 
-def _mps_manager(opts: dict[str, Any], strict: bool = True) -> tuple[Any, Settings, dict[str, str]]:
-    """(Manager, settings, {resource: why its devices are not resolved}). ``strict`` (start): NVML must
-    answer and every device resolve. Not strict (stop, status): the daemons are reached through the
-    pipe directories alone, so a GPU that fell off the bus or a driver that is down blocks neither."""
-    from accelstats.mps.daemon import MpsError
-    from accelstats.mps.host import gpus_of, lenient_manager, manager
+def _mps_daemons(opts: dict[str, Any], strict: bool = True) -> tuple[MpsDaemons, Settings, dict[str, str]]:
+    """(the configured daemons, settings, {resource: why its devices are not resolved}). ``strict``
+    (start): NVML must answer and every device resolve. Not strict (stop, status): the daemons are
+    reached through the pipe directories alone, so a GPU that fell off the bus or a driver that is
+    down blocks neither."""
+    from accelstats.mps.host import daemons_to_start, daemons_to_watch, gpus_of
+    from accelstats.mps.rules import MpsError
 
-    settings = build_settings(**opts)
+    settings, _ = build_settings(**opts)
     if not settings.mps.resources:
         fail("no MPS resources configured ([[mps.resources]] in the config file)")
     collection = _collect(**opts)
@@ -379,8 +372,8 @@ def _mps_manager(opts: dict[str, Any], strict: bool = True) -> tuple[Any, Settin
     gpus = [] if nvml_down else gpus_of(collection.snapshot)
     try:
         if strict:
-            return manager(settings.mps, gpus), settings, {}
-        mgr, problems = lenient_manager(settings.mps, gpus)
+            return daemons_to_start(settings.mps, gpus), settings, {}
+        daemons, problems = daemons_to_watch(settings.mps, gpus)
     except MpsError as exc:
         fail(str(exc))
     if nvml_down:
@@ -389,21 +382,21 @@ def _mps_manager(opts: dict[str, Any], strict: bool = True) -> tuple[Any, Settin
     for name, why in problems.items():
         click.echo(f"accelstats: warning: MPS resource {name!r}: devices not resolved ({why}); "
                    "reaching its daemon through the pipe directory alone", err=True)
-    return mgr, settings, problems
+    return daemons, settings, problems
 
 
 @mps.command("start")
 @source_options
 def mps_start(**opts: Any) -> None:
     """Start one control daemon per configured resource (all or none)."""
-    from accelstats.mps.daemon import MpsError
+    from accelstats.mps.rules import MpsError
 
-    mgr, _, _ = _mps_manager(opts)
+    daemons, _, _ = _mps_daemons(opts)
     try:
-        mgr.start_all()
+        daemons.start_all()
     except MpsError as exc:
         fail(str(exc))
-    for d in mgr.daemons():
+    for d in daemons.daemons():
         click.echo(f"started {d.resource.name}: CUDA_MPS_PIPE_DIRECTORY={d.pipe_dir}")
 
 
@@ -411,9 +404,9 @@ def mps_start(**opts: Any) -> None:
 @source_options
 def mps_stop(**opts: Any) -> None:
     """Stop every configured control daemon and clean up its directories."""
-    mgr, _, _ = _mps_manager(opts, strict=False)
-    results = mgr.stop_all_found()  # "found" is decided under each resource's lock: no race with a start
-    running = [d.name for d in mgr.daemons() if results[d.name][0]]
+    daemons, _, _ = _mps_daemons(opts, strict=False)
+    results = daemons.stop_all_found()  # "found" is decided under each resource's lock: no race with a start
+    running = [d.name for d in daemons.daemons() if results[d.name][0]]
     problems = {name: p for name, (_, p) in results.items() if p}
     for name, p in problems.items():
         click.echo(f"accelstats: warning: MPS resource {name!r}: {'; '.join(p)}", err=True)
@@ -431,11 +424,11 @@ def mps_status(as_json: bool, **opts: Any) -> None:
     from accelstats.attribution.runtimes import RuntimeState
     from accelstats.mps.host import client_containers
 
-    mgr, settings, _ = _mps_manager(opts, strict=False)
+    daemons, settings, _ = _mps_daemons(opts, strict=False)
     state = RuntimeState(settings.rootfs, settings.runtimes)
     state.refresh()
-    rows = []
-    for daemon, status in zip(mgr.daemons(), mgr.status_all().values(), strict=True):
+    rows: list[dict[str, Any]] = []
+    for daemon, status in zip(daemons.daemons(), daemons.status_all().values(), strict=True):
         pids = [c for clients in status.clients.values() for c in clients]
         containers = client_containers(pids, settings.proc_root, state.known)
         rows.append({

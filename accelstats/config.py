@@ -36,7 +36,20 @@ settings as the command line::
     type = "file"
     name = "mock"
 
-Every error is a :class:`ConfigError` naming the file, the key and the reason.
+    [mps]                              # NVIDIA MPS control daemons (docs/mps.md)
+    root = "/run/accelstats/mps"
+    timeout = 3.0                      # seconds for each control command (0.1 to 600)
+    exclusive_process = false
+    [[mps.resources]]
+    name = "shared"
+    replicas = 4                       # 2..48 (per GPU: 16 before compute capability 7.0)
+    devices = "all"                    # or GPU UUIDs and NVML indices: ["GPU-…", 1]
+
+Every error is a :class:`ConfigError` naming the file, the key and the reason. The ``[mps]`` rules are
+:func:`accelstats.mps.rules.check_settings`'s, the same the Nomad plugin's decoder applies. A setting
+that loads but cannot be set up (:class:`accelstats.settings.SetupError`, raised by
+:func:`accelstats.manager.build_manager`) is worded with :meth:`Origin.word`: the file and key when the
+file set it.
 """
 
 from __future__ import annotations
@@ -46,12 +59,12 @@ import logging
 import math
 import os
 import sys
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, is_dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from accelstats.mps.rules import MAX_REPLICAS_VOLTA_ON, MIN_REPLICAS
+from accelstats.mps.rules import MpsSettingError, check_settings
 from accelstats.settings import (
     ACCOUNTING_INTERVAL_MIN,
     LOG_FORMATS,
@@ -62,6 +75,7 @@ from accelstats.settings import (
     MpsSettings,
     RuntimeRoots,
     Settings,
+    SetupError,
 )
 
 if sys.version_info >= (3, 11):
@@ -70,18 +84,46 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 DEFAULT_CONFIG = Path("/etc/accelstats/config.toml")
+#: The ``[file_devices]`` keys (``list_period`` is the Nomad plugin's alone: ``/metrics`` reads the
+#: directory on every scrape).
+FILE_DEVICES_KEYS = ("dir", "unhealthy_perm", "vendor", "type", "name")
 
 
-# Bounds of the [mps] table (and of the Nomad plugin's ``mps`` block, accelstats/nomad/config.py), so that
-# a typing mistake is refused at once instead of built (``replicas = 20000000`` once grew the plugin to
-# 4.6 GB before its first fingerprint). Replicas: NVIDIA's Multi-Process Service documentation
-# (docs.nvidia.com/deploy/mps, "Limitations") allows "up to 48 clients per GPU" from Volta (compute
-# capability 7.0) on, 16 before; the per-GPU rule is checked again at start (accelstats/mps/rules.py).
-# Resources and devices: far more than any host has GPUs (each resource needs GPUs of its own).
-MPS_MAX_REPLICAS = MAX_REPLICAS_VOLTA_ON  # 48
-MPS_MAX_RESOURCES = 256
-MPS_MAX_DEVICES = 256  # per resource
-MPS_MAX_NAME = 255  # characters of a resource name (a directory path under the MPS root)
+@dataclass(frozen=True)
+class Origin:
+    """Where the settings of one ``accelstats`` command came from, so that a setting that cannot be
+    set up is named as the operator wrote it.
+
+    ``file``: the config file read (None: none); ``from_file``: the settings it set that the command
+    line left alone, as paths in :class:`accelstats.settings.Settings` (``nvml_replay``,
+    ``file_devices.dir``, ``collectors``; :func:`changed_settings`).
+    """
+
+    file: Path | None = None
+    from_file: frozenset[str] = frozenset()
+
+    def word(self, error: SetupError) -> str:
+        """``<file>: key '<field>': <reason>`` when the config file set the field; else the reason
+        alone, as the command line's own errors read (it names the value: the replay file, the
+        directory)."""
+        if self.file is not None and error.field in self.from_file:
+            return f"{self.file}: key '{error.field}': {error.reason}"
+        return error.reason
+
+
+def changed_settings(settings: object, base: object, prefix: str = "") -> frozenset[str]:
+    """The paths (``nvml_replay``, ``file_devices.dir``) of the fields of ``settings`` that differ from
+    ``base``'s, down through the nested settings dataclasses."""
+    out: set[str] = set()
+    for f in fields(settings):  # type: ignore[arg-type]
+        mine, theirs = getattr(settings, f.name), getattr(base, f.name)
+        if mine == theirs:
+            continue
+        if is_dataclass(mine) and is_dataclass(theirs):
+            out |= changed_settings(mine, theirs, f"{prefix}{f.name}.")
+        else:
+            out.add(prefix + f.name)
+    return frozenset(out)
 
 
 def parse_listen(value: str, where: str = "--listen") -> tuple[str, int]:
@@ -91,7 +133,7 @@ def parse_listen(value: str, where: str = "--listen") -> tuple[str, int]:
     """
     host, sep, port_s = value.rpartition(":")
     if not sep or not (port_s.isascii() and port_s.isdigit() and len(port_s) <= 5) or not 0 < int(port_s) < 65536:
-        raise ConfigError(f"{where}: expected HOST:PORT with a port in 1-65535, got {value!r}")
+        raise ConfigError(f"{where}: expected HOST:PORT with a port in 1-65535, got {value[:100]!r}")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     return host, int(port_s)
@@ -177,11 +219,11 @@ def load_config(path: Path, base: Settings | None = None) -> Settings:
 
 def _file_devices(where: str, folder: Path, table: dict[str, Any],
                   base: FileDevicesSettings) -> FileDevicesSettings:
-    known = {f.name for f in fields(FileDevicesSettings)}
     changes: dict[str, Any] = {}
     for key, value in table.items():
-        if key not in known:
-            raise ConfigError(f"{where}: unknown key 'file_devices.{key}' (known: {', '.join(sorted(known))})")
+        if key not in FILE_DEVICES_KEYS:
+            raise ConfigError(f"{where}: unknown key 'file_devices.{key}' "
+                              f"(known: {', '.join(sorted(FILE_DEVICES_KEYS))})")
         text = _expect(where, f"file_devices.{key}", value, str)
         if key == "dir":
             changes[key] = _path(folder, text)
@@ -207,6 +249,7 @@ def _runtimes(where: str, table: dict[str, Any], base: RuntimeRoots) -> RuntimeR
 
 
 def _mps(where: str, folder: Path, table: dict[str, Any]) -> MpsSettings:
+    """The ``[mps]`` table: TOML types checked here, every rule by :func:`accelstats.mps.rules.check_settings`."""
     known = {"root", "timeout", "exclusive_process", "resources"}
     for key in table:
         if key not in known:
@@ -225,47 +268,28 @@ def _mps(where: str, folder: Path, table: dict[str, Any]) -> MpsSettings:
     if "exclusive_process" in table:
         out["exclusive_process"] = _expect(where, "mps.exclusive_process", table["exclusive_process"], bool)
     resources = []
-    names: set[str] = set()
-    items = _expect(where, "mps.resources", table.get("resources", []), list)
-    if len(items) > MPS_MAX_RESOURCES:
-        raise ConfigError(f"{where}: key 'mps.resources': at most {MPS_MAX_RESOURCES} resources, got {len(items)}")
-    for i, item in enumerate(items):
+    for i, item in enumerate(_expect(where, "mps.resources", table.get("resources", []), list)):
         key = f"mps.resources[{i}]"
         entry = _expect(where, key, item, dict)
         unknown = set(entry) - {"name", "replicas", "devices"}
         if unknown:
             raise ConfigError(f"{where}: unknown key '{key}.{sorted(unknown)[0]}' (known: devices, name, replicas)")
         name = _expect(where, f"{key}.name", entry.get("name"), str)
-        parts = name.split("/")
-        if not name or name.startswith("/") or ".." in parts or "" in parts or len(name) > MPS_MAX_NAME:
-            raise ConfigError(f"{where}: key '{key}.name': {name[:100]!r} is not a usable resource name "
-                              f"(a relative path of at most {MPS_MAX_NAME} characters)")
-        if name in names:
-            raise ConfigError(f"{where}: key '{key}.name': resource {name!r} is configured twice")
-        names.add(name)
         replicas = _expect(where, f"{key}.replicas", entry.get("replicas"), int)
-        if replicas < MIN_REPLICAS:
-            raise ConfigError(f"{where}: key '{key}.replicas': resource {name!r}: replicas must be at least "
-                              f"{MIN_REPLICAS} (MPS shares a GPU), got {replicas}")
-        if replicas > MPS_MAX_REPLICAS:
-            raise ConfigError(f"{where}: key '{key}.replicas': resource {name!r}: replicas must be at most "
-                              f"{MPS_MAX_REPLICAS} (NVIDIA MPS: up to {MPS_MAX_REPLICAS} clients per GPU), "
-                              f"got {replicas}")
         devices: str | tuple[str | int, ...] = "all"
-        if "devices" in entry:
-            raw = entry["devices"]
-            if raw != "all":
-                listed = _expect(where, f"{key}.devices", raw, list)
-                if not listed or not all(isinstance(d, (str, int)) and not isinstance(d, bool) for d in listed):
-                    raise ConfigError(f"{where}: resource {name!r}: devices must be \"all\" or a non-empty list "
-                                      "of GPU UUIDs or NVML indices")
-                if len(listed) > MPS_MAX_DEVICES:
-                    raise ConfigError(f"{where}: key '{key}.devices': resource {name!r}: at most {MPS_MAX_DEVICES} "
-                                      f"devices, got {len(listed)}")
-                devices = tuple(listed)
+        if "devices" in entry and entry["devices"] != "all":
+            listed = _expect(where, f"{key}.devices", entry["devices"], list)
+            if not all(isinstance(d, (str, int)) and not isinstance(d, bool) for d in listed):
+                raise ConfigError(f"{where}: key '{key}.devices': resource {name!r}: devices must be \"all\" or a "
+                                  "list of GPU UUIDs (strings) and NVML indices (whole numbers)")
+            devices = tuple(listed)
         resources.append(MpsResourceSettings(name=name, replicas=replicas, devices=devices))
-    out["resources"] = tuple(resources)
-    return MpsSettings(**out)
+    settings = MpsSettings(**out, resources=tuple(resources))
+    try:
+        check_settings(settings)
+    except MpsSettingError as exc:
+        raise ConfigError(f"{where}: key 'mps.{exc.field}': {exc}") from None
+    return settings
 
 
 def check_perm(value: str, where: str) -> str:

@@ -1,5 +1,8 @@
 """``AcceleratorManager``: cAdvisor's seed interface, and the one collection path both sinks read.
 
+* :func:`build_manager` is the one factory of both front ends (``accelstats`` and the Nomad plugin):
+  the NVML source (live, or the replay of ``nvml_replay``) and a manager on it, set up; a setting that
+  cannot be set up is a :class:`accelstats.settings.SetupError` naming it.
 * :meth:`AcceleratorManager.setup` builds the enabled collectors (registry table); NVML is started
   by the first collection on the backend's own thread, under its deadline (a hung ``nvmlInit`` must
   not keep the exporter from serving), when NVIDIA devices are present; an NVML that cannot start is
@@ -41,7 +44,7 @@ from accelstats.attribution.containers import (
 )
 from accelstats.cgroups import CgroupLayout, detect_layout
 from accelstats.registry import COLLECTORS, Collector, enabled_names
-from accelstats.settings import Settings
+from accelstats.settings import Settings, SetupError
 from collectors.deadline import DeadlineWorker
 from collectors.model import CollectorResult, DeviceSnapshot, NoDataError
 from collectors.nvidia import NvidiaBackend
@@ -139,25 +142,23 @@ class AcceleratorManager:
     def setup(self) -> None:
         """Build the enabled collectors and detect the cgroup layout.
 
-        Raises ``collectors.files.FileDevicesError`` when a configured file-devices directory does not
-        exist (a start-up error) and KeyError for an unknown collector name in the settings. A second
-        call does nothing (``with AcceleratorManager(...)`` already set it up; a second set of
-        collectors would read every GPU twice per collection).
+        Raises :class:`accelstats.settings.SetupError` naming the setting at fault: ``collectors`` for
+        an unknown collector name, or the setting a collector's factory names (``file_devices.dir``:
+        the file-devices directory does not exist; :mod:`accelstats.registry`). A second call does
+        nothing (``with AcceleratorManager(...)`` already set it up; a second set of collectors would
+        read every GPU twice per collection).
         """
         if self.layout is not None:
             return
         names = enabled_names(self.settings)
         table = {e.name: e for e in COLLECTORS}
+        unknown = next((name for name in names if name not in table), None)
+        if unknown is not None:
+            raise SetupError("collectors", f"unknown collector {unknown!r} (known: {', '.join(table)})")
         for name in names:
-            if name not in table:
-                raise KeyError(f"unknown collector {name!r} (known: {', '.join(table)})")
             collector = table[name].factory(self.settings, self.nvml)
-            if collector is None:
-                continue
-            check = getattr(collector, "check", None)
-            if check is not None:
-                check()
-            self.collectors.append(collector)
+            if collector is not None:
+                self.collectors.append(collector)
         self.layout = detect_layout(self.settings.cgroup_root, self.settings.proc_root)
         if self.settings.attribution:  # off in a Nomad plugin without /metrics: Fingerprint/Stats need no containers
             self._attributor = Attributor(self.layout, self.settings.proc_root, self.settings.rootfs,
@@ -371,3 +372,30 @@ class AcceleratorManager:
                 log.debug("collector %s failed again: %s", collector.name, exc)
             return CollectorResult(collector.name, False, time.perf_counter() - t0, str(exc))
         return CollectorResult(collector.name, True, time.perf_counter() - t0)
+
+
+def build_manager(settings: Settings) -> AcceleratorManager:
+    """The one factory of both front ends: the NVML source (live ``pynvml``, or the replay of
+    ``settings.nvml_replay``), an :class:`AcceleratorManager` on it, set up.
+
+    Raises :class:`accelstats.settings.SetupError` naming the setting at fault: ``nvml_replay`` (the
+    replay cannot be read or does not parse: the reason names the file and position),
+    ``file_devices.dir``, ``collectors`` (:meth:`AcceleratorManager.setup`). Each front end words the
+    field as its input names it; any other exception is no setting's fault and propagates.
+    """
+    nvml: Any = None
+    if settings.nvml_replay is not None:
+        from collectors.replay.lib import open_replay
+        from collectors.replay.state import ReplayError
+
+        try:
+            nvml = open_replay(settings.nvml_replay)
+        except ReplayError as exc:
+            raise SetupError("nvml_replay", str(exc)) from exc
+        except OSError as exc:
+            raise SetupError("nvml_replay", f"{settings.nvml_replay}: {exc.strerror or exc}") from exc
+        if not nvml.state.gpu_count:
+            log.warning("%s: the replay holds no GPU (no <gpu> element, no [[gpu]] table)", settings.nvml_replay)
+    manager = AcceleratorManager(settings, nvml)
+    manager.setup()
+    return manager

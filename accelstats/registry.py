@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from accelstats.settings import Settings
-from collectors.files import FileDevices
+from accelstats.settings import Settings, SetupError
+from collectors.files import FileDevices, FileDevicesError
 from collectors.model import DeviceSnapshot
 from collectors.nvidia import NvidiaBackend
 
@@ -29,7 +29,8 @@ class Collector(Protocol):
 @dataclass(frozen=True)
 class CollectorEntry:
     """One row of the table: ``factory(settings, nvml)`` returns the collector, or None when the
-    settings give it nothing to do (e.g. no file-devices directory configured)."""
+    settings give it nothing to do (e.g. no file-devices directory configured); it raises
+    :class:`accelstats.settings.SetupError` naming the setting that makes it unusable."""
 
     name: str
     enabled_by_default: bool
@@ -54,8 +55,13 @@ def _files(settings: Settings, nvml: Any) -> Collector | None:
     fd = settings.file_devices
     if fd.dir is None:
         return None
-    return FileDevices(fd.dir, unhealthy_perm=fd.unhealthy_perm, vendor=fd.vendor, device_type=fd.type,
-                       name=fd.name)
+    files = FileDevices(fd.dir, unhealthy_perm=fd.unhealthy_perm, vendor=fd.vendor, device_type=fd.type,
+                        name=fd.name)
+    try:
+        files.check()
+    except FileDevicesError as exc:
+        raise SetupError("file_devices.dir", str(exc)) from exc
+    return files
 
 
 def _mps(settings: Settings, nvml: Any) -> Collector | None:

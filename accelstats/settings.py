@@ -1,7 +1,13 @@
 """The settings model: every setting of accelstats, for both front ends (``accelstats`` and the Nomad
-plugin), as frozen dataclasses with their defaults. :mod:`accelstats.config` fills them from the TOML
-file and the command line; :mod:`accelstats.nomad.config` from the plugin's configuration block. Every
-wing reads its part from here, so this module imports nothing of accelstats.
+plugin), as frozen dataclasses with their defaults. :mod:`accelstats.config` fills one
+:class:`Settings` from the TOML file and the command line; :mod:`accelstats.nomad.config` fills one
+from the plugin's configuration block (SetConfig). Every wing reads its part from here, so this module
+imports nothing of accelstats.
+
+Field paths are the TOML keys (``file_devices.dir``, ``nvml_replay``, ``collectors``, ``mps.resources``;
+the key ``listen`` is ``listen_host`` and ``listen_port``; :class:`NomadSettings` has no TOML key).
+:class:`SetupError` names a setting by its path, and each front end words it as its own input does
+(``<file>: key 'file_devices.dir'``, ``config: file_devices.dir``).
 """
 
 from __future__ import annotations
@@ -21,6 +27,21 @@ class ConfigError(ValueError):
     """A setting that cannot be used; the message names the file (if any), the key and the reason."""
 
 
+class SetupError(ConfigError):
+    """Settings that loaded but cannot be set up (a replay file that does not parse, a file-devices
+    directory that does not exist, an unknown collector).
+
+    ``field``: the setting at fault as a path in :class:`Settings` (``nvml_replay``,
+    ``file_devices.dir``, ``collectors``); ``reason``: what is wrong, naming the value. ``str()`` is
+    ``"<field>: <reason>"``; a front end words the field as its input names it.
+    """
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
 ACCOUNTING_INTERVAL_MIN = 0.1
 """Seconds: a shorter accounting interval reads NVML faster than its drivers sample (1/6 s at best)
 and costs a core for nothing (docs/accounting.md)."""
@@ -28,9 +49,14 @@ and costs a core for nothing (docs/accounting.md)."""
 
 @dataclass(frozen=True)
 class FileDevicesSettings:
-    """Nomad example-plugin file devices (docs/nomad.md); ``dir`` None = disabled."""
+    """Nomad example-plugin file devices (docs/nomad.md): every file in ``dir`` is a device (None: no
+    file devices); a file whose ``ls -l`` permission string equals ``unhealthy_perm`` is unhealthy;
+    ``vendor``/``type``/``name`` form the device group. ``list_period``: seconds between the Nomad
+    plugin's checks of the directory for a changed fingerprint (its ``file_devices`` block; ``/metrics``
+    reads the directory on every scrape, so the TOML file has no such key)."""
 
     dir: Path | None = None
+    list_period: float = 5.0
     unhealthy_perm: str = "-rwxrwxrwx"
     vendor: str = "nomad"
     type: str = "file"
@@ -78,8 +104,28 @@ class MpsSettings:
 
 
 @dataclass(frozen=True)
+class NomadSettings:
+    """What only the Nomad plugin reads (its ``config`` block, docs/nomad.md).
+
+    ``ignored_gpu_ids``: GPU or MIG UUIDs left out of the fingerprint; ``fingerprint_period``: seconds
+    between two full fingerprints; ``visible_devices_env``: the variables a reservation names the
+    reserved UUIDs in (``CUDA_VISIBLE_DEVICES`` and/or ``NVIDIA_VISIBLE_DEVICES``); ``serve_metrics``:
+    the plugin process serves ``/metrics`` on :attr:`Settings.listen` (its ``metrics_listen`` is set).
+    """
+
+    ignored_gpu_ids: tuple[str, ...] = ()
+    fingerprint_period: float = 60.0
+    visible_devices_env: tuple[str, ...] = ("CUDA_VISIBLE_DEVICES",)
+    serve_metrics: bool = False
+
+
+@dataclass(frozen=True)
 class Settings:
-    """Everything ``accelstats serve|dump|devices|containers`` needs. Paths are absolute or cwd-relative."""
+    """Every setting of one front end: ``accelstats serve|dump|devices|containers|mps`` (TOML file and
+    command line) or the Nomad plugin (its ``config`` block; the plugin's ``enabled`` is the ``nvidia``
+    collector, ``metrics_listen`` is ``listen``, ``metrics_web_config`` is ``web_config``, and
+    :attr:`nomad` holds what only the plugin reads). Paths are absolute or cwd-relative; periods and
+    deadlines in seconds."""
 
     listen_host: str = ""
     listen_port: int = DEFAULT_PORT
@@ -100,8 +146,9 @@ class Settings:
     collectors: tuple[str, ...] | None = None  # None: each collector's default
     file_devices: FileDevicesSettings = field(default_factory=FileDevicesSettings)
     mps: MpsSettings = field(default_factory=MpsSettings)
-    web_config: Path | None = None  # serve: exporter-toolkit web configuration file (accelstats/web/config.py)
+    web_config: Path | None = None  # /metrics: exporter-toolkit web configuration file (accelstats/web/config.py)
     runtimes: RuntimeRoots = field(default_factory=RuntimeRoots)
+    nomad: NomadSettings = field(default_factory=NomadSettings)
 
     @property
     def listen(self) -> str:

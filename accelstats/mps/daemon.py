@@ -1,111 +1,66 @@
-"""NVIDIA MPS control daemons: start, configure, watch and stop one per shared resource.
+"""Starting and stopping one NVIDIA MPS control daemon per shared resource.
 
 NVIDIA's Kubernetes device plugin runs one ``nvidia-cuda-mps-control`` daemon per MPS-shared resource
-(its ``mps`` package); this module does the same for Nomad and plain hosts, and also watches daemons
-it did not start. Every fact below comes from docs/mps.md (measured on an H200 with
-driver 580) unless it names NVIDIA's plugin.
+(its ``mps`` package); :class:`Daemon` does the same for Nomad and plain hosts. Every fact below comes
+from docs/mps.md (measured on an H200 with driver 580) unless it names NVIDIA's plugin.
 
-* :class:`Root` (directory layout) and :func:`validate` (replicas, MIG, known devices) live in
-  :mod:`accelstats.mps.rules`; the reply and log parsers in :mod:`accelstats.mps.replies`; process
-  helpers in :mod:`accelstats.mps.proc`. All are re-exported here.
-* :class:`Daemon` starts one daemon with an explicit minimal environment (``CUDA_VISIBLE_DEVICES`` is
-  the resource's GPU UUIDs, where NVIDIA's plugin lets every daemon see every GPU), configures the
-  pinned-memory limit per GPU (by the daemon's device ordinal) and the active-thread percentage, talks to it through the
-  control binary's stdin/stdout **always with a timeout** (NVIDIA's plugin has none), checks its
-  health, reads its servers and clients, and stops it: ``quit``, reap a zombie, remove the
-  ``.started`` marker, the log dir and the (otherwise stale) pipe dir, restore the compute mode.
-  A start and a stop of one resource hold its lock (``flock`` on ``<root>/<resource>/lock``) from
-  the check for a running daemon to the end, so parallel starts and stops, in any processes, run one
-  after the other: of parallel starts one starts the daemon and the others are refused with
-  :class:`DaemonRunningError`, and no start's cleanup can stop another's daemon.
-* :class:`Manager` starts and stops all the configured daemons, all or nothing.
+:class:`Daemon` is a :class:`accelstats.mps.control.DaemonChannel` (directories, PID, commands,
+health, status) that also starts the daemon, with an explicit minimal environment
+(``CUDA_VISIBLE_DEVICES`` is the resource's GPU UUIDs, where NVIDIA's plugin lets every daemon see
+every GPU), configures the pinned-memory limit per GPU (by the daemon's device ordinal) and the
+active-thread percentage, and stops it: ``quit``, reap a zombie, remove the ``.started`` marker, the
+log dir and the (otherwise stale) pipe dir, restore the compute mode. Each step undoes the ones before
+it when it fails. A start and a stop of one resource hold its lock (``flock`` on
+``<root>/<resource>/lock``) from the check for a running daemon to the end, so parallel starts and
+stops, in any processes, run one after the other: of parallel starts one starts the daemon and the
+others are refused with :class:`DaemonRunningError`, and no start's cleanup can stop another's daemon.
 
 Compute mode: NVIDIA's plugin sets EXCLUSIVE_PROCESS on every GPU before starting; that is a
 host-wide change, so here it is an explicit opt-in (``exclusive_process``), off by default, set and
 restored through :mod:`accelstats.mps.computemode` (``nvidia-smi -c``).
 
-Nothing here imports ``accelstats`` (imports go one way) or NVML: the caller passes :class:`MpsGpu`
-values it read from NVML.
-
-This module stays above the ~400-line guide on purpose: :class:`Daemon` is one lifecycle (start,
-configure, talk, watch, stop, clean up after every failure on the way) whose steps undo each other,
-and reads best in one place.
+Nothing here imports NVML: the caller passes :class:`accelstats.mps.rules.MpsGpu` values it read
+from NVML.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
-import shutil
 import signal
-import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from accelstats.mps.computemode import STATE_FILE as COMPUTE_MODE_FILE
 from accelstats.mps.computemode import ComputeModeError, ComputeModeSwitch
+from accelstats.mps.control import CONTROL_FILE, DEFAULT_BINARY, DaemonChannel
 from accelstats.mps.proc import (
     KILL_WAIT_S,
     LockBusyError,
     acquire_lock,
-    alive,
     cmdline,
-    kill_group,
     label_for_containers,
-    read_text,
     reap,
     release_lock,
     remove_empty_parents,
     remove_path,
     wait_gone,
 )
-from accelstats.mps.replies import (
-    MpsLogLine,
-    parse_client_list,
-    parse_device_client_list,
-    parse_log_line,
-    parse_percentage,
-    parse_pinned_limit,
-    parse_server_list,
-)
+from accelstats.mps.replies import parse_percentage
 from accelstats.mps.rules import (
-    MAX_REPLICAS_PRE_VOLTA,
-    MAX_REPLICAS_VOLTA_ON,
-    MIN_REPLICAS,
     MpsError,
     MpsGpu,
     MpsResource,
     Root,
     active_thread_percentage,
-    max_replicas,
     pinned_limit_mib,
-    resource_gpus,
     validate,
 )
 
-__all__ = [  # the MPS interface of docs/mps.md, with the rules and parsers it is built on
-    "DEFAULT_BINARY", "MAX_REPLICAS_PRE_VOLTA", "MAX_REPLICAS_VOLTA_ON", "MIN_REPLICAS", "Daemon", "DaemonRunningError",
-    "DaemonStatus", "Manager", "MpsError", "MpsGpu", "MpsLogLine", "MpsResource", "Root", "active_thread_percentage",
-    "max_replicas", "parse_client_list", "parse_device_client_list", "parse_log_line", "parse_percentage",
-    "parse_pinned_limit", "parse_server_list", "pinned_limit_mib", "validate",
-]
-
 log = logging.getLogger(__name__)
-DEFAULT_BINARY = "nvidia-cuda-mps-control"
-#: PATH given to the daemon after the control binary's own directory: the usual system
-#: directories, nothing from the caller's environment.
-SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-#: The pid file the daemon writes in its pipe dir (docs/mps.md, "Start").
-PID_FILE = "nvidia-cuda-mps-control.pid"
-#: The control socket the daemon creates in its pipe dir once it accepts commands.
-CONTROL_FILE = "control"
 #: ``<root>/<resource>/.started``, written once a start (launch and configuration) has completed
 #: (k8s-device-plugin ``internal/mps/root.go:51-53``).
 STARTED_MARKER = ".started"
@@ -125,41 +80,10 @@ class DaemonRunningError(MpsError):
     and the pipe dir."""
 
 
-@dataclass(frozen=True)
-class DaemonStatus:
-    """What one daemon answered; see :meth:`Daemon.status`.
-
-    ``healthy``: every command answered in time and the active-thread percentage is a number;
-    ``reason``: ``"ok"`` or why not (the failed commands, ``"; "``-joined). ``servers``: MPS server
-    PIDs (``get_server_list``; empty before the first client connects); ``clients``: server PID →
-    client PIDs in the host PID namespace (``get_client_list <pid>``); ``active_thread_percentage``:
-    the default percentage (``get_default_active_thread_percentage``), None when unknown;
-    ``pinned_limits_bytes``: GPU UUID → default pinned-memory limit in bytes
-    (``get_default_device_pinned_mem_limit <ordinal>``, see :meth:`Daemon.start` for the ordinal),
-    None when the daemon reports none; a GPU whose query failed is absent. ``device_clients``: GPU UUID →
-    client PIDs that enumerated it (``get_device_client_list``, the daemon's ordinals mapped through
-    the resource's devices; empty when the devices are not resolved).
-    """
-
-    healthy: bool
-    reason: str
-    servers: list[int] = field(default_factory=list)
-    clients: dict[int, list[int]] = field(default_factory=dict)
-    active_thread_percentage: float | None = None
-    pinned_limits_bytes: dict[str, int | None] = field(default_factory=dict)
-    device_clients: dict[str, list[int]] = field(default_factory=dict)
-
-
-# --------------------------------------------------------------------------------------------
-# daemon
-
-
-class Daemon:
+class Daemon(DaemonChannel):
     """One MPS control daemon for ``resource`` (docs/mps.md, "Interface": ``Daemon(resource, devices, root)``).
 
-    ``gpus``: every GPU the caller knows (from NVML); :attr:`devices` are the resource's among them.
-    ``binary``: the control binary, a path or a name looked up on the caller's ``PATH``.
-    ``timeout``: seconds allowed for each run of the binary (AWS's ECS agent uses 3 s).
+    ``gpus``, ``root``, ``binary``, ``timeout``: as :class:`accelstats.mps.control.DaemonChannel`.
     ``exclusive_process``: the opt-in switch to EXCLUSIVE_PROCESS compute mode before the start
     (False, the default, leaves compute modes alone); ``nvidia_smi``: the tool that reads and sets
     it (:class:`accelstats.mps.computemode.ComputeModeSwitch`). Whatever a start switched is restored
@@ -169,48 +93,10 @@ class Daemon:
     def __init__(self, resource: MpsResource, gpus: Sequence[MpsGpu], root: Root, *,
                  binary: str = DEFAULT_BINARY, timeout: float = 3.0,
                  exclusive_process: bool = False, nvidia_smi: str = "nvidia-smi") -> None:
-        self.resource = resource
-        self.gpus = tuple(gpus)
-        self.root = root
-        self.binary = binary
-        self.timeout = float(timeout)
+        super().__init__(resource, gpus, root, binary=binary, timeout=timeout)
         self.exclusive_process = exclusive_process
         self.nvidia_smi = nvidia_smi
-        self._binary_path: str | None = None  # resolved by start(), kept until stop() is done
         self._lock = threading.RLock()
-
-    def __repr__(self) -> str:
-        return f"Daemon({self.name!r}, root={self.root!r})"
-
-    @property
-    def name(self) -> str:
-        """The resource name."""
-        return self.resource.name
-
-    @property
-    def devices(self) -> tuple[MpsGpu, ...]:
-        """The resource's GPUs in the resource's order (unknown UUIDs are left out; :meth:`start` refuses them)."""
-        return resource_gpus(self.resource, self.gpus)
-
-    @property
-    def pipe_dir(self) -> Path:
-        """``<root>/<resource>/pipe`` (MpsError for a bad resource name)."""
-        return self.root.pipe_dir(self.name)
-
-    @property
-    def log_dir(self) -> Path:
-        """``<root>/<resource>/log`` (MpsError for a bad resource name)."""
-        return self.root.log_dir(self.name)
-
-    @property
-    def shm_dir(self) -> Path:
-        """The daemon's ``/dev/shm`` (:data:`accelstats.mps.rules.SHM_DIR`, the host's)."""
-        return self.root.shm_dir()
-
-    @property
-    def started_marker(self) -> Path:
-        """``<root>/<resource>/.started`` (MpsError for a bad resource name)."""
-        return self.root.started_marker(self.name)
 
     @property
     def lock_file(self) -> Path:
@@ -222,226 +108,6 @@ class Daemon:
     def lock_wait(self) -> float:
         """Seconds a start or stop waits for another process's start or stop of this resource."""
         return max(LOCK_WAIT_MIN_S, LOCK_WAIT_TIMEOUTS * self.timeout)
-
-    @property
-    def started(self) -> bool:
-        """True when the ``.started`` marker exists (a completed :meth:`start`) and a pipe dir."""
-        try:
-            return self.started_marker.is_file() and self.pipe_dir.is_dir()
-        except MpsError:
-            return False
-
-    def pid(self) -> int | None:
-        """The daemon's PID from ``nvidia-cuda-mps-control.pid`` in the pipe dir; None when absent or unreadable."""
-        try:
-            text = (self.pipe_dir / PID_FILE).read_text(encoding="ascii", errors="replace").strip()
-        except (OSError, MpsError):
-            return None
-        return int(text) if text.isascii() and text.isdigit() and int(text) > 0 else None
-
-    def running(self) -> bool:
-        """True when the pid file names a live process whose command line is the control binary's
-        (a recycled PID is not the daemon)."""
-        pid = self.pid()
-        if pid is None or not alive(pid):
-            return False
-        names = {os.path.basename(self.binary), DEFAULT_BINARY}
-        return any(os.path.basename(arg) in names for arg in cmdline(pid)[:2])
-
-    def visible_devices(self) -> tuple[str, ...] | None:
-        """The running daemon's ``CUDA_VISIBLE_DEVICES`` (``/proc/<pid>/environ``), split on commas; None
-        when no daemon runs or its environment cannot be read."""
-        pid = self.pid()
-        if pid is None or not self.running():
-            return None
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes()
-        except OSError:
-            return None
-        for var in environ.split(b"\0"):
-            if var.startswith(b"CUDA_VISIBLE_DEVICES="):
-                value = var.split(b"=", 1)[1].decode("utf-8", "replace")
-                return tuple(v for v in value.split(",") if v)
-        return ()
-
-    # ---- environment and commands
-
-    def resolve_binary(self) -> str:
-        """The control binary's path: ``binary`` itself when it has a ``/``, else found on the caller's PATH.
-
-        From :meth:`start` until :meth:`stop` has cleaned up, the path found at start is kept (the
-        daemon is talked to and stopped with the binary that started it). Raises MpsError
-        "... not found" when there is no such executable.
-        """
-        if self._binary_path is not None:
-            return self._binary_path
-        if "/" in self.binary:
-            if os.path.isfile(self.binary) and os.access(self.binary, os.X_OK):
-                return os.path.abspath(self.binary)
-            raise MpsError(f"MPS resource {self.name!r}: control binary {self.binary} not found (or not executable)")
-        found = shutil.which(self.binary)
-        if found is None:
-            raise MpsError(f"MPS resource {self.name!r}: control binary {self.binary} not found on PATH")
-        return os.path.abspath(found)
-
-    def env_vars(self) -> dict[str, str]:
-        """The daemon's whole environment, nothing inherited (docs/mps.md, "Start").
-
-        ``PATH``: the control binary's directory, then :data:`SAFE_PATH` (so a binary installed
-        elsewhere, and the ``nvidia-cuda-mps-server`` the daemon launches beside it, can be found —
-        how the daemon locates the server is not measured); ``CUDA_MPS_PIPE_DIRECTORY`` /
-        ``CUDA_MPS_LOG_DIRECTORY``: the resource's pipe and log dirs; ``CUDA_VISIBLE_DEVICES``: the
-        resource's GPU UUIDs, comma-separated (NVIDIA's plugin leaves every GPU visible to every daemon). MpsError for a
-        bad resource name.
-        """
-        path_dirs = SAFE_PATH.split(":")
-        try:
-            bin_dir = os.path.dirname(self.resolve_binary())
-        except MpsError:
-            bin_dir = ""
-        if bin_dir and bin_dir not in path_dirs:
-            path_dirs.insert(0, bin_dir)
-        return {
-            "PATH": ":".join(path_dirs),
-            "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir),
-            "CUDA_MPS_LOG_DIRECTORY": str(self.log_dir),
-            "CUDA_VISIBLE_DEVICES": ",".join(self.resource.devices),
-        }
-
-    def _run(self, args: list[str], stdin_text: str | None, timeout: float, what: str) -> tuple[int, str, str]:
-        """Run the binary with ``args`` and the minimal env; (exit status, stdout, stderr).
-
-        Output goes to temporary files, not pipes, so a daemonised grandchild that keeps them open
-        cannot stall the read. Past ``timeout`` the child's process group is killed: MpsError.
-        """
-        binary = self.resolve_binary()
-        env = self.env_vars()
-        deadline = time.monotonic() + timeout
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            try:
-                proc = subprocess.Popen(
-                    [binary, *args], stdin=subprocess.PIPE if stdin_text is not None else subprocess.DEVNULL,
-                    stdout=out, stderr=err, env=env, cwd="/", close_fds=True, start_new_session=True)
-            except FileNotFoundError as exc:
-                raise MpsError(f"MPS resource {self.name!r}: control binary {binary} not found: {exc}") from exc
-            except OSError as exc:
-                raise MpsError(f"MPS resource {self.name!r}: cannot run {binary} for {what}: {exc}") from exc
-            try:
-                if proc.stdin is not None:
-                    try:
-                        proc.stdin.write((stdin_text or "").encode())
-                        proc.stdin.close()
-                    except BrokenPipeError:
-                        pass  # it exited without reading: its status and stderr say why
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                kill_group(proc)
-                raise MpsError(f"MPS resource {self.name!r}: {what} did not answer within {timeout:g} s "
-                               f"(the daemon may be wedged)") from None
-            except BaseException:
-                kill_group(proc)
-                raise
-            finally:
-                if proc.stdin is not None:
-                    with contextlib.suppress(OSError):
-                        proc.stdin.close()
-            return proc.returncode, read_text(out), read_text(err)
-
-    def echo_pipe_to_control(self, command: str, timeout: float | None = None) -> str:
-        """Send one ``command`` to the daemon and return its reply (stdout, surrounding whitespace stripped).
-
-        Runs the control binary with :meth:`env_vars`, writes ``command`` and a newline to its stdin,
-        closes it and reads stdout — always within ``timeout`` seconds (default :attr:`timeout`;
-        docs/mps.md, "Talk"). MpsError when the command is empty or multi-line, the binary is not
-        found, it "did not answer within N s" (the child is killed), or it exits nonzero (the
-        message carries its stderr, else its stdout).
-        """
-        command = command.strip()
-        if not command or "\n" in command or "\r" in command:
-            raise MpsError(f"MPS resource {self.name!r}: command {command!r} must be one non-empty line")
-        limit = self.timeout if timeout is None else float(timeout)
-        status, out, err = self._run([], command + "\n", limit, f"command {command!r}")
-        if status != 0:
-            detail = (err.strip() or out.strip() or "no output")
-            raise MpsError(f"MPS resource {self.name!r}: command {command!r} failed with exit status {status}: "
-                           f"{detail}")
-        return out.strip()
-
-    # ---- health and status
-
-    def assert_healthy(self) -> None:
-        """Raise MpsError unless ``get_default_active_thread_percentage`` answers in time with a number.
-
-        Both the exit status and the reply are checked (docs/mps.md, "Health"): a reply that is not a
-        percentage (e.g. an error printed with status 0) is unhealthy too.
-        """
-        reply = self.echo_pipe_to_control("get_default_active_thread_percentage")
-        if parse_percentage(reply) is None:
-            raise MpsError(f"MPS resource {self.name!r}: get_default_active_thread_percentage answered "
-                           f"{reply!r}, not a percentage")
-
-    def status(self) -> DaemonStatus:
-        """Ask the daemon for its health, servers, clients and limits; never raises.
-
-        Commands: ``get_default_active_thread_percentage``, ``get_server_list``,
-        ``get_client_list <pid>`` per server, ``get_default_device_pinned_mem_limit <index>`` per GPU
-        of the resource. Each failure makes the status unhealthy with its reason; after a timeout, or
-        an answer that no control daemon runs, the remaining commands are skipped (a wedged daemon
-        would cost a timeout each, and a missing one would repeat its reason).
-        """
-        reasons: list[str] = []
-        servers: list[int] = []
-        clients: dict[int, list[int]] = {}
-        pinned: dict[str, int | None] = {}
-        percentage: float | None = None
-        wedged = False
-
-        def ask(command: str) -> str | None:
-            nonlocal wedged
-            if wedged:
-                return None
-            try:
-                return self.echo_pipe_to_control(command)
-            except MpsError as exc:
-                reasons.append(str(exc))
-                # a wedged daemon would cost a timeout per command, and one that is not running would
-                # give the same reason for each: the first one says it
-                wedged = "did not answer within" in str(exc) or "Cannot find MPS control daemon" in str(exc)
-                return None
-            except Exception as exc:  # noqa: BLE001 - status() reports, it never raises
-                reasons.append(f"MPS resource {self.name!r}: command {command!r} failed: {exc!r}")
-                return None
-
-        reply = ask("get_default_active_thread_percentage")
-        if reply is not None:
-            percentage = parse_percentage(reply)
-            if percentage is None:
-                reasons.append(f"MPS resource {self.name!r}: get_default_active_thread_percentage answered "
-                               f"{reply!r}, not a percentage")
-        reply = ask("get_server_list")
-        if reply is not None:
-            servers = parse_server_list(reply)
-        for server in servers:
-            reply = ask(f"get_client_list {server}")
-            if reply is not None:
-                clients[server] = parse_client_list(reply)
-        devices = self.devices
-        for ordinal, gpu in enumerate(devices):
-            reply = ask(f"get_default_device_pinned_mem_limit {ordinal}")
-            if reply is not None:
-                pinned[gpu.uuid] = parse_pinned_limit(reply)
-        device_clients: dict[str, list[int]] = {}
-        if servers and devices:
-            reply = ask("get_device_client_list")
-            if reply is not None:
-                for ordinal, pids in parse_device_client_list(reply).items():
-                    if ordinal < len(devices) and pids:
-                        device_clients[devices[ordinal].uuid] = pids
-        if wedged:
-            reasons.append("remaining commands skipped")
-        return DaemonStatus(healthy=not reasons, reason="; ".join(reasons) or "ok", servers=servers,
-                            clients=clients, active_thread_percentage=percentage, pinned_limits_bytes=pinned,
-                            device_clients=device_clients)
 
     # ---- start
 
@@ -717,73 +383,3 @@ class Daemon:
             except OSError as exc:
                 problems.append(f"MPS resource {self.name!r}: cannot remove {what} {path}: {exc}")
         remove_empty_parents(pipe_dir.parent, self.root.path)
-
-
-# --------------------------------------------------------------------------------------------
-# manager
-
-
-class Manager:
-    """The daemons the configuration asks for: one per resource, none when MPS is not configured.
-
-    ``daemon_kwargs`` go to every :class:`Daemon` (``binary``, ``timeout``, ``exclusive_process``, ``nvidia_smi``).
-    Raises MpsError when two resources share a name or one's directories would nest in another's.
-    """
-
-    def __init__(self, resources: Sequence[MpsResource], gpus: Sequence[MpsGpu], root: Root,
-                 **daemon_kwargs: Any) -> None:
-        names = [resource.name for resource in resources]
-        for i, name in enumerate(names):
-            for other in names[i + 1:]:
-                if name == other:
-                    raise MpsError(f"MPS resource {name!r} is configured twice")
-                if other.startswith(name + "/") or name.startswith(other + "/"):
-                    raise MpsError(f"MPS resources {name!r} and {other!r} would nest their directories")
-        self.root = root
-        self._daemons = [Daemon(resource, gpus, root, **daemon_kwargs) for resource in resources]
-
-    def daemons(self) -> list[Daemon]:
-        """The daemons, in configuration order (empty when no resource is configured)."""
-        return list(self._daemons)
-
-    def validate_all(self) -> None:
-        """:func:`validate` every resource and its directory names, and refuse a GPU shared by two resources."""
-        owner: dict[str, str] = {}
-        for daemon in self._daemons:
-            validate(daemon.resource, daemon.gpus)
-            daemon.root.resource_dir(daemon.name)
-            for uuid in daemon.resource.devices:
-                if uuid in owner:
-                    raise MpsError(f"MPS resources {owner[uuid]!r} and {daemon.name!r} both list GPU {uuid}")
-                owner[uuid] = daemon.name
-
-    def start_all(self) -> None:
-        """Start every daemon, all or nothing.
-
-        Everything is validated first; when a start fails, the daemons already started are stopped
-        (in reverse order) and MpsError names the resource that failed.
-        """
-        self.validate_all()
-        started: list[Daemon] = []
-        for daemon in self._daemons:
-            try:
-                daemon.start()
-            except MpsError as exc:
-                for done in reversed(started):
-                    done.stop()
-                raise MpsError(f"MPS: starting resource {daemon.name!r} failed, "
-                               f"{len(started)} started daemon(s) stopped again: {exc}") from exc
-            started.append(daemon)
-
-    def stop_all(self) -> dict[str, list[str]]:
-        """Stop every daemon (reverse order); never raises. Resource name → problems met ([] when clean)."""
-        return {name: problems for name, (_, problems) in self.stop_all_found().items()}
-
-    def stop_all_found(self) -> dict[str, tuple[bool, list[str]]]:
-        """Stop every daemon (reverse order); never raises. Resource name → ``(found, problems)`` of
-        :meth:`Daemon.stop_found` (``found``: it ran, or left a pipe dir, when its stop held the lock)."""
-        return {daemon.name: daemon.stop_found() for daemon in reversed(self._daemons)}
-
-    def status_all(self) -> dict[str, DaemonStatus]:
-        """Resource name → :meth:`Daemon.status`, in configuration order (as :meth:`daemons`); never raises."""
-        return {daemon.name: daemon.status() for daemon in self._daemons}

@@ -1,23 +1,29 @@
-"""MPS for this host: the configured resources resolved against the GPUs NVML sees, and who the
-clients are.
+"""MPS for this host: the configured resources resolved against the GPUs NVML sees, their daemons,
+and who the clients are.
 
 ``accelstats mps start|stop|status`` and the ``mps`` collector use this: :func:`resolve` turns the
-``[mps]`` settings into :class:`accelstats.mps.daemon.MpsResource` objects (``devices = "all"`` or UUIDs and
+``[mps]`` settings into :class:`accelstats.mps.rules.MpsResource` objects (``devices = "all"`` or UUIDs and
 NVML indices → UUIDs), :func:`gpus_of` reads what MPS needs to know of each GPU from one collection,
-and :func:`client_containers` names the container of each MPS client PID (``/proc/<pid>/cgroup``).
+:class:`MpsDaemons` holds the daemons of a configuration (:func:`daemons_to_start`,
+:func:`daemons_to_watch`), and :func:`client_containers` names the container of each MPS client PID
+(``/proc/<pid>/cgroup``).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from accelstats.cgroups import identify_with_root, parse_proc_cgroup
 from accelstats.cgroups.identity import KnownLookup
 from accelstats.fsread import read_small
-from accelstats.mps.daemon import Daemon, DaemonStatus, Manager, MpsError, MpsGpu, MpsResource, Root
+from accelstats.mps.control import DEFAULT_BINARY, DaemonStatus
+from accelstats.mps.daemon import Daemon
+from accelstats.mps.rules import MpsError, MpsGpu, MpsResource, Root, check_names, validate_resources
 from accelstats.settings import MpsResourceSettings, MpsSettings
 from collectors.deadline import DeadlineWorker
 from collectors.model import DeviceSnapshot
@@ -58,20 +64,85 @@ def resolve(settings: MpsSettings, gpus: list[MpsGpu]) -> list[MpsResource]:
     return [resolve_one(r, gpus) for r in settings.resources]
 
 
-def manager(settings: MpsSettings, gpus: list[MpsGpu], binary: str = "nvidia-cuda-mps-control") -> Manager:
-    """The MPS Manager for ``settings`` on these GPUs (validation happens at start)."""
-    return Manager(resolve(settings, gpus), gpus, Root(settings.root), binary=binary, timeout=settings.timeout,
-                   exclusive_process=settings.exclusive_process)
+class MpsDaemons:
+    """The MPS control daemons a configuration asks for (docs/mps.md, "Interface"): one
+    :class:`accelstats.mps.daemon.Daemon` per resource, none when MPS is not configured; started all
+    or nothing, stopped and asked together.
+
+    ``daemon_kwargs`` go to every Daemon (``binary``, ``timeout``, ``exclusive_process``, ``nvidia_smi``).
+    Raises MpsError when two resources share a name or one's directories would nest in another's
+    (:func:`accelstats.mps.rules.check_names`).
+    """
+
+    def __init__(self, resources: Sequence[MpsResource], gpus: Sequence[MpsGpu], root: Root,
+                 **daemon_kwargs: Any) -> None:
+        check_names([resource.name for resource in resources])
+        self.root = root
+        self._gpus = tuple(gpus)
+        self._daemons = [Daemon(resource, gpus, root, **daemon_kwargs) for resource in resources]
+
+    def daemons(self) -> list[Daemon]:
+        """The daemons, in configuration order (empty when no resource is configured)."""
+        return list(self._daemons)
+
+    def validate_all(self) -> None:
+        """Check every resource against the GPUs (:func:`accelstats.mps.rules.validate_resources`: the
+        rules, and no GPU in two resources); raise the first resource's MpsError."""
+        errors = validate_resources([daemon.resource for daemon in self._daemons], self._gpus)
+        for daemon in self._daemons:
+            if daemon.name in errors:
+                raise errors[daemon.name]
+
+    def start_all(self) -> None:
+        """Start every daemon, all or nothing.
+
+        Everything is validated first; when a start fails, the daemons already started are stopped
+        (in reverse order) and MpsError names the resource that failed.
+        """
+        self.validate_all()
+        started: list[Daemon] = []
+        for daemon in self._daemons:
+            try:
+                daemon.start()
+            except MpsError as exc:
+                for done in reversed(started):
+                    done.stop()
+                raise MpsError(f"MPS: starting resource {daemon.name!r} failed, "
+                               f"{len(started)} started daemon(s) stopped again: {exc}") from exc
+            started.append(daemon)
+
+    def stop_all(self) -> dict[str, list[str]]:
+        """Stop every daemon (reverse order); never raises. Resource name → problems met ([] when clean)."""
+        return {name: problems for name, (_, problems) in self.stop_all_found().items()}
+
+    def stop_all_found(self) -> dict[str, tuple[bool, list[str]]]:
+        """Stop every daemon (reverse order); never raises. Resource name → ``(found, problems)`` of
+        :meth:`accelstats.mps.daemon.Daemon.stop_found` (``found``: it ran, or left a pipe dir, when its
+        stop held the lock)."""
+        return {daemon.name: daemon.stop_found() for daemon in reversed(self._daemons)}
+
+    def status_all(self) -> dict[str, DaemonStatus]:
+        """Resource name → :meth:`accelstats.mps.control.DaemonChannel.status`, in configuration order
+        (as :meth:`daemons`); never raises."""
+        return {daemon.name: daemon.status() for daemon in self._daemons}
 
 
-def lenient_manager(settings: MpsSettings, gpus: list[MpsGpu],
-                    binary: str = "nvidia-cuda-mps-control") -> tuple[Manager, dict[str, str]]:
-    """A Manager for *watching and stopping*: every resource, its devices resolved where they can be.
+def daemons_to_start(settings: MpsSettings, gpus: list[MpsGpu], binary: str = DEFAULT_BINARY) -> MpsDaemons:
+    """The daemons of ``settings`` on these GPUs, for starting: every device must resolve (MpsError
+    naming the resource otherwise); the rules are checked at start (:meth:`MpsDaemons.start_all`)."""
+    return MpsDaemons(resolve(settings, gpus), gpus, Root(settings.root), binary=binary, timeout=settings.timeout,
+                      exclusive_process=settings.exclusive_process)
+
+
+def daemons_to_watch(settings: MpsSettings, gpus: list[MpsGpu],
+                     binary: str = DEFAULT_BINARY) -> tuple[MpsDaemons, dict[str, str]]:
+    """The daemons of ``settings``, for watching and stopping: every resource, its devices resolved
+    where they can be.
 
     A resource whose devices cannot be resolved (NVML not answering: ``gpus`` empty; a listed GPU
     gone) gets no devices, so its daemon can still be asked and stopped (neither needs them; only the
     pinned-limit queries do); ``{resource name: why}`` says which. Raises MpsError only for names
-    that clash (:class:`accelstats.mps.daemon.Manager`).
+    that clash (:class:`MpsDaemons`).
     """
     resources, problems = [], {}
     for r in settings.resources:
@@ -80,8 +151,8 @@ def lenient_manager(settings: MpsSettings, gpus: list[MpsGpu],
         except MpsError as exc:
             problems[r.name] = str(exc)
             resources.append(MpsResource(name=r.name, replicas=r.replicas, devices=()))
-    return Manager(resources, gpus, Root(settings.root), binary=binary, timeout=settings.timeout,
-                   exclusive_process=settings.exclusive_process), problems
+    return MpsDaemons(resources, gpus, Root(settings.root), binary=binary, timeout=settings.timeout,
+                      exclusive_process=settings.exclusive_process), problems
 
 
 def client_containers(pids: list[int], proc_root: Path, known: KnownLookup | None = None) -> dict[int, str]:
@@ -119,7 +190,7 @@ class MpsCollector:
     name = "mps"
     bounds_own_calls = True  # each daemon is asked under its own timeout: the manager does not wrap it
 
-    def __init__(self, settings: MpsSettings, binary: str = "nvidia-cuda-mps-control",
+    def __init__(self, settings: MpsSettings, binary: str = DEFAULT_BINARY,
                  deadline: float = STATUS_DEADLINE) -> None:
         self.settings = settings
         self.binary = binary
@@ -136,13 +207,13 @@ class MpsCollector:
 
         gpus = gpus_of(snapshot)
         try:
-            mgr, problems = lenient_manager(self.settings, gpus, self.binary)
+            daemons, problems = daemons_to_watch(self.settings, gpus, self.binary)
         except MpsError as exc:
             snapshot.mps.extend(MpsDaemonReading(resource=r.name, up=False, reason=str(exc))
                                 for r in self.settings.resources)
             return
         started: dict[str, tuple[object, threading.Event | None]] = {}
-        for daemon in mgr.daemons():
+        for daemon in daemons.daemons():
             worker = self._workers.get(daemon.name)
             if worker is None:
                 worker = self._workers[daemon.name] = DeadlineWorker(f"accelstats-mps-{len(self._workers)}")
@@ -152,7 +223,7 @@ class MpsCollector:
         for _, done in started.values():
             if done is not None:
                 done.wait(max(0.0, end - time.monotonic()))
-        for daemon in mgr.daemons():
+        for daemon in daemons.daemons():
             token, done = started[daemon.name]
             result = self._results.get(daemon.name)
             if done is None or not done.is_set() or result is None or result[0] is not token:

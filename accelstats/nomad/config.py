@@ -4,46 +4,64 @@ Nomad asks the plugin for its schema (ConfigSchema), evaluates the agent's
 ``plugin "nomad-device-accelstats" { config { … } }`` block against it, fills every default, and
 sends the result msgpack-encoded by go-cty (docs/nomad.md): a map with sorted keys, every
 attribute present, numbers possibly as decimal strings, an absent block as nil. :func:`decode`
-turns that into a :class:`PluginConfig` or raises :class:`ConfigError` naming the field and the
-reason (the servicer answers INVALID_ARGUMENT with it).
+turns that into the project's one settings model, :class:`accelstats.settings.Settings` (the block's
+own fields in :attr:`~accelstats.settings.Settings.nomad`), or raises :class:`ConfigError` naming the
+field (``config: <field>: <reason>``; the servicer answers INVALID_ARGUMENT with it).
+:func:`plugin_field` names a setting of the model as the block does, for errors found later (at
+setup: :class:`accelstats.settings.SetupError`).
 
 Every list and size the configuration controls is bounded, far above what an operator needs, and a
-value past a bound is refused by name before anything is built from it: ``replicas`` at most 48
-(NVIDIA's MPS limit of 48 clients per GPU), at most 256 MPS resources of at most 256 devices each,
-1024 ``ignored_gpu_ids``, strings of 4096 characters (paths), 256 (IDs, device names) or 255 (a
-resource name). The ``mps.resource`` block list carries its bound in the schema too, so Nomad itself
-refuses more blocks.
+value past a bound is refused by name before the manager is built from it: the ``mps`` block by the
+one MPS validator, :func:`accelstats.mps.rules.check_settings` (``replicas`` 2 to 48, NVIDIA's MPS
+limit of 48 clients per GPU; at most 256 resources of at most 256 devices each; names of 255
+characters), and here 1024 ``ignored_gpu_ids``, strings of 4096 characters (paths) or 256 (IDs,
+device names), periods from :data:`MIN_PERIOD` to :data:`MAX_PERIOD`. The ``mps.resource`` block list
+carries its bound in the schema too, so Nomad itself refuses more blocks.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import msgpack
 
-from accelstats.config import (
-    MPS_MAX_DEVICES,
-    MPS_MAX_NAME,
-    MPS_MAX_REPLICAS,
-    MPS_MAX_RESOURCES,
-    check_perm,
-    parse_listen,
+from accelstats.config import check_perm, parse_listen
+from accelstats.mps.rules import (
+    MAX_REPLICAS_VOLTA_ON,
+    MAX_RESOURCES,
+    MIN_REPLICAS,
+    MpsSettingError,
+    check_settings,
 )
-from accelstats.settings import ConfigError, MpsResourceSettings, MpsSettings
+from accelstats.settings import (
+    ConfigError,
+    FileDevicesSettings,
+    MpsResourceSettings,
+    MpsSettings,
+    NomadSettings,
+    Settings,
+)
 
 # Go's time.ParseDuration units, in seconds.
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _DURATION = re.compile(r"([0-9]*(?:\.[0-9]*)?)(ns|us|µs|μs|ms|s|m|h)")
 
 
-MAX_PERIOD = 8760 * 3600.0  # a year: longer periods are typing mistakes
+MIN_PERIOD = 0.1  # seconds: the shortest list_period, and the fastest any stream loops
+MAX_PERIOD = 8760 * 3600.0  # seconds (a year): a longer period, or Stats interval, is a typing mistake
+MIN_FINGERPRINT_PERIOD = 1.0  # seconds
 MAX_STRING = 4096  # characters of any string setting (PATH_MAX)
-MAX_ID = 256  # characters of a GPU/MIG UUID, an MPS device, a file-device vendor, type or name
+MAX_ID = 256  # characters of a GPU/MIG UUID, a file-device vendor, type or name
 MAX_IGNORED_IDS = 1024  # ignored_gpu_ids entries (a host has a few dozen GPUs and MIG instances at most)
+
+#: The plugin's settings when its block sets nothing: the shared defaults, with the ``nvidia`` collector
+#: alone, no open-fd scan and no attribution (Fingerprint, Stats and Reserve use no container data; the
+#: cgroup walk runs only for ``metrics_listen``).
+DEFAULTS = Settings(collectors=("nvidia",), open_fd_scan=False, attribution=False)
 
 
 def parse_duration(text: str, where: str) -> float:
@@ -66,35 +84,6 @@ def parse_duration(text: str, where: str) -> float:
     if not s or not math.isfinite(total):
         raise ConfigError(f"{where}: {text!r} is not a Go duration (like 300ms, 1.5s, 1m30s, 2h)")
     return total
-
-
-@dataclass(frozen=True)
-class FileDevicesConfig:
-    """The ``file_devices`` block (Nomad's example plugin's settings); ``dir`` None = none."""
-
-    dir: Path | None = None
-    list_period: float = 5.0
-    unhealthy_perm: str = "-rwxrwxrwx"
-    vendor: str = "nomad"
-    type: str = "file"
-    name: str = "mock"
-
-
-@dataclass(frozen=True)
-class PluginConfig:
-    """Decoded plugin settings (defaults as in :data:`SCHEMA`). Periods in seconds."""
-
-    enabled: bool = True
-    ignored_gpu_ids: tuple[str, ...] = ()
-    fingerprint_period: float = 60.0
-    file_devices: FileDevicesConfig = field(default_factory=FileDevicesConfig)
-    metrics_listen: str = ""
-    metrics_web_config: Path | None = None
-    nvml_replay: Path | None = None
-    cgroup_root: Path = Path("/sys/fs/cgroup")
-    proc_root: Path = Path("/proc")
-    mps: MpsSettings = field(default_factory=MpsSettings)
-    visible_devices_env: tuple[str, ...] = ("CUDA_VISIBLE_DEVICES",)
 
 
 #: The variables a reservation may name the reserved GPUs in (``visible_devices_env``): CUDA's, read
@@ -151,22 +140,40 @@ def schema(hclspec: Any) -> Any:
     }))
     mps = attrs(MPS_ATTRIBUTES)
     mps["resource"] = hclspec.Spec(block_list=hclspec.BlockList(name="resource", min_items=0,
-                                                                 max_items=MPS_MAX_RESOURCES, nested=resource))
+                                                                 max_items=MAX_RESOURCES, nested=resource))
     top["mps"] = hclspec.Spec(block_value=hclspec.Block(
         name="mps", required=False, nested=hclspec.Spec(object=hclspec.Object(attributes=mps))))
     return hclspec.Spec(object=hclspec.Object(attributes=top))
 
 
-def decode(data: bytes) -> PluginConfig:
-    """Decode SetConfig's ``msgpack_config`` (see module docstring). Raises ConfigError naming the field."""
+#: Settings paths (:class:`accelstats.settings.Settings`) whose field in the plugin's block has another
+#: name; ``nomad.<x>`` is ``<x>``, and every other path is the block's own.
+_BLOCK_NAMES = {"collectors": "enabled", "listen_host": "metrics_listen", "listen_port": "metrics_listen",
+                "web_config": "metrics_web_config", "mps.resources": "mps.resource"}
+
+
+def plugin_field(path: str) -> str:
+    """The plugin block's name of the setting at ``path`` in the settings model: ``web_config`` →
+    ``metrics_web_config``, ``mps.resources[0].replicas`` → ``mps.resource[0].replicas``,
+    ``nomad.fingerprint_period`` → ``fingerprint_period``, ``nvml_replay`` → ``nvml_replay``."""
+    path = path.removeprefix("nomad.")
+    for model, block in _BLOCK_NAMES.items():
+        if path == model or path.startswith((model + ".", model + "[")):
+            return block + path[len(model):]
+    return path
+
+
+def decode(data: bytes) -> Settings:
+    """Decode SetConfig's ``msgpack_config`` (see module docstring) onto :data:`DEFAULTS`. Raises
+    ConfigError naming the field."""
     if not data:
-        return PluginConfig()
+        return DEFAULTS
     try:
         raw = msgpack.unpackb(data, raw=False, strict_map_key=False)
     except (ValueError, TypeError, msgpack.UnpackException) as exc:  # TypeError: a map key that is a map or array
         raise ConfigError(f"config: not msgpack: {exc}") from exc
     if raw is None:
-        return PluginConfig()
+        return DEFAULTS
     if not isinstance(raw, dict):
         raise ConfigError(f"config: expected a map, got {type(raw).__name__}")
     _string_keys(raw, "config")
@@ -175,50 +182,56 @@ def decode(data: bytes) -> PluginConfig:
         known = ", ".join(sorted([*ATTRIBUTES, "file_devices", "mps"]))
         raise ConfigError(f"config: unknown key {unknown[0][:100]!r} (known: {known})")
     out: dict[str, Any] = {}
-    if raw.get("enabled") is not None:
-        out["enabled"] = _bool(raw["enabled"], "enabled")
+    nomad: dict[str, Any] = {}
+    enabled = _bool(raw["enabled"], "enabled") if raw.get("enabled") is not None else True
     if raw.get("ignored_gpu_ids") is not None:
-        ids = raw["ignored_gpu_ids"]
-        if not isinstance(ids, list):
-            raise ConfigError("config: ignored_gpu_ids: expected a list of GPU or MIG UUIDs (strings)")
-        if len(ids) > MAX_IGNORED_IDS:
-            raise ConfigError(f"config: ignored_gpu_ids: at most {MAX_IGNORED_IDS} IDs, got {len(ids)}")
-        if not all(isinstance(i, str) for i in ids):
-            raise ConfigError("config: ignored_gpu_ids: expected a list of GPU or MIG UUIDs (strings)")
-        long = next((i for i in ids if len(i) > MAX_ID), None)
-        if long is not None:
-            raise ConfigError(f"config: ignored_gpu_ids: {long[:100]!r}… is longer than {MAX_ID} characters "
-                              "(not a GPU or MIG UUID)")
-        out["ignored_gpu_ids"] = tuple(ids)
+        nomad["ignored_gpu_ids"] = _ignored_ids(raw["ignored_gpu_ids"])
     if raw.get("fingerprint_period") is not None:
         period = parse_duration(_str(raw["fingerprint_period"], "fingerprint_period"), "config: fingerprint_period")
-        if not 1.0 <= period <= MAX_PERIOD:
-            raise ConfigError("config: fingerprint_period: must be between 1s and 8760h")
-        out["fingerprint_period"] = period
+        if not MIN_FINGERPRINT_PERIOD <= period <= MAX_PERIOD:
+            raise ConfigError(f"config: fingerprint_period: must be between {MIN_FINGERPRINT_PERIOD:g}s and "
+                              f"{MAX_PERIOD / 3600:g}h")
+        nomad["fingerprint_period"] = period
     if raw.get("metrics_listen") is not None:
         listen = _str(raw["metrics_listen"], "metrics_listen")
         if listen:
-            parse_listen(listen[:200], "config: metrics_listen")
-            out["metrics_listen"] = listen
+            out["listen_host"], out["listen_port"] = parse_listen(listen, "config: metrics_listen")
+            nomad["serve_metrics"] = True
     if raw.get("metrics_web_config") is not None:
         web = _str(raw["metrics_web_config"], "metrics_web_config")
         if web:
-            if not out.get("metrics_listen"):
+            if not nomad.get("serve_metrics"):
                 raise ConfigError("config: metrics_web_config: set, but metrics_listen is not: there is no /metrics "
                                   "endpoint to protect")
-            out["metrics_web_config"] = Path(web).absolute()
+            out["web_config"] = Path(web).absolute()
     for key in ("nvml_replay", "cgroup_root", "proc_root"):
         if raw.get(key) is not None:
             value = _str(raw[key], key)
             if value:
                 out[key] = Path(value)
     if raw.get("visible_devices_env") is not None:
-        out["visible_devices_env"] = _visible_env(raw["visible_devices_env"])
-    if raw.get("file_devices") is not None:
-        out["file_devices"] = _file_devices(raw["file_devices"])
-    if raw.get("mps") is not None:
-        out["mps"] = _mps(raw["mps"])
-    return PluginConfig(**out)
+        nomad["visible_devices_env"] = _visible_env(raw["visible_devices_env"])
+    file_devices = _file_devices(raw["file_devices"]) if raw.get("file_devices") is not None else DEFAULTS.file_devices
+    mps = _mps(raw["mps"]) if raw.get("mps") is not None else DEFAULTS.mps
+    collectors = tuple(name for name, on in (("nvidia", enabled), ("files", file_devices.dir is not None),
+                                             ("mps", bool(mps.resources))) if on)
+    return replace(DEFAULTS, **out, file_devices=file_devices, mps=mps, collectors=collectors,
+                   nomad=NomadSettings(**nomad), attribution=bool(nomad.get("serve_metrics")))
+
+
+def _ignored_ids(ids: Any) -> tuple[str, ...]:
+    """``ignored_gpu_ids``: at most :data:`MAX_IGNORED_IDS` strings of at most :data:`MAX_ID` characters."""
+    if not isinstance(ids, list):
+        raise ConfigError("config: ignored_gpu_ids: expected a list of GPU or MIG UUIDs (strings)")
+    if len(ids) > MAX_IGNORED_IDS:
+        raise ConfigError(f"config: ignored_gpu_ids: at most {MAX_IGNORED_IDS} IDs, got {len(ids)}")
+    if not all(isinstance(i, str) for i in ids):
+        raise ConfigError("config: ignored_gpu_ids: expected a list of GPU or MIG UUIDs (strings)")
+    long = next((i for i in ids if len(i) > MAX_ID), None)
+    if long is not None:
+        raise ConfigError(f"config: ignored_gpu_ids: {long[:100]!r}… is longer than {MAX_ID} characters "
+                          "(not a GPU or MIG UUID)")
+    return tuple(ids)
 
 
 def _visible_env(value: Any) -> tuple[str, ...]:
@@ -235,7 +248,8 @@ def _visible_env(value: Any) -> tuple[str, ...]:
 
 def _mps(block: Any) -> MpsSettings:
     """The ``mps { root, timeout, exclusive_process, resource "…" { name, replicas, devices } }`` block
-    (docs/mps.md)."""
+    (docs/mps.md): go-cty's types decoded here (numbers sent as decimal strings, ``devices = []`` for
+    every GPU), every rule by :func:`accelstats.mps.rules.check_settings`."""
     if not isinstance(block, dict):
         raise ConfigError("config: mps: expected a block")
     _string_keys(block, "config: mps")
@@ -246,59 +260,46 @@ def _mps(block: Any) -> MpsSettings:
     if block.get("root") is not None and _str(block["root"], "mps.root"):
         out["root"] = Path(_str(block["root"], "mps.root")).absolute()
     if block.get("timeout") is not None:
-        timeout = parse_duration(_str(block["timeout"], "mps.timeout"), "config: mps.timeout")
-        if not 0.1 <= timeout <= 600:
-            raise ConfigError("config: mps.timeout: must be between 100ms and 10m")
-        out["timeout"] = timeout
+        out["timeout"] = parse_duration(_str(block["timeout"], "mps.timeout"), "config: mps.timeout")
     if block.get("exclusive_process") is not None:
         out["exclusive_process"] = _bool(block["exclusive_process"], "mps.exclusive_process")
-    resources = []
     items = block.get("resource") or []
     if not isinstance(items, list):
         raise ConfigError("config: mps.resource: expected resource blocks")
-    if len(items) > MPS_MAX_RESOURCES:
-        raise ConfigError(f"config: mps.resource: at most {MPS_MAX_RESOURCES} resource blocks, got {len(items)}")
-    for i, item in enumerate(items):
-        where = f"mps.resource[{i}]"
-        if not isinstance(item, dict):
-            raise ConfigError(f"config: {where}: expected a block")
-        _string_keys(item, f"config: {where}")
-        name = _str(item.get("name"), f"{where}.name") if item.get("name") is not None else ""
-        parts = name.split("/")
-        if not name or ".." in parts or "" in parts or len(name) > MPS_MAX_NAME:
-            raise ConfigError(f"config: {where}.name: {name[:100]!r} is not a usable resource name (a relative "
-                              f"path of at most {MPS_MAX_NAME} characters)")
-        replicas = item.get("replicas")
-        if isinstance(replicas, str) and _decimal(replicas):
-            replicas = int(replicas)  # go-cty may send a number as a decimal string
-        if isinstance(replicas, float) and replicas.is_integer():
-            replicas = int(replicas)
-        if not isinstance(replicas, int) or isinstance(replicas, bool) or not 2 <= replicas <= MPS_MAX_REPLICAS:
-            got = f", got {replicas}" if isinstance(replicas, int) and not isinstance(replicas, bool) else ""
-            raise ConfigError(f"config: {where}.replicas: mps resource {name!r}: replicas must be a whole number "
-                              f"from 2 to {MPS_MAX_REPLICAS} (NVIDIA MPS: up to {MPS_MAX_REPLICAS} clients per "
-                              f"GPU){got}")
-        devices = item.get("devices") or []
-        if not isinstance(devices, list):
-            raise ConfigError(f"config: {where}.devices: mps resource {name!r}: devices must be a list of GPU UUIDs "
-                              "or indices")
-        if len(devices) > MPS_MAX_DEVICES:
-            raise ConfigError(f"config: {where}.devices: mps resource {name!r}: at most {MPS_MAX_DEVICES} devices, "
-                              f"got {len(devices)}")
-        if not all(isinstance(d, str) and len(d) <= MAX_ID for d in devices):
-            raise ConfigError(f"config: {where}.devices: mps resource {name!r}: devices must be a list of GPU UUIDs "
-                              f"or indices (strings of at most {MAX_ID} characters)")
-        for d in devices:
-            if not (_decimal(d) or d.startswith("GPU-")):
-                raise ConfigError(f"config: mps resource {name!r}: device {d[:100]!r} is neither a GPU UUID (GPU-…) "
-                                  "nor an NVML index")
-        resolved: tuple[str | int, ...] = tuple(int(d) if _decimal(d) else d for d in devices)
-        resources.append(MpsResourceSettings(name=name, replicas=replicas, devices=resolved or "all"))
-    out["resources"] = tuple(resources)
-    return MpsSettings(**out)
+    settings = MpsSettings(**out, resources=tuple(_resource(i, item) for i, item in enumerate(items)))
+    try:
+        check_settings(settings)
+    except MpsSettingError as exc:
+        raise ConfigError(f"config: {plugin_field('mps.' + exc.field)}: {exc}") from None
+    return settings
 
 
-def _file_devices(block: Any) -> FileDevicesConfig:
+def _resource(i: int, item: Any) -> MpsResourceSettings:
+    """One ``resource`` block, its values as the settings model types them (the rules come after)."""
+    where = f"mps.resource[{i}]"
+    if not isinstance(item, dict):
+        raise ConfigError(f"config: {where}: expected a block")
+    _string_keys(item, f"config: {where}")
+    name = _str(item.get("name"), f"{where}.name") if item.get("name") is not None else ""
+    replicas = item.get("replicas")
+    if isinstance(replicas, str) and _decimal(replicas):
+        replicas = int(replicas)  # go-cty may send a number as a decimal string
+    if isinstance(replicas, float) and replicas.is_integer():
+        replicas = int(replicas)
+    if not isinstance(replicas, int) or isinstance(replicas, bool):
+        raise ConfigError(f"config: {where}.replicas: mps resource {name[:100]!r}: replicas must be a whole number "
+                          f"from {MIN_REPLICAS} to {MAX_REPLICAS_VOLTA_ON} (NVIDIA MPS: up to {MAX_REPLICAS_VOLTA_ON} "
+                          "clients per GPU)")
+    devices = item.get("devices") or []
+    if not isinstance(devices, list) or not all(isinstance(d, str) for d in devices):
+        raise ConfigError(f"config: {where}.devices: mps resource {name[:100]!r}: devices must be a list of GPU "
+                          "UUIDs or NVML indices (strings)")
+    listed = tuple(int(d) if _decimal(d) else d for d in devices)
+    return MpsResourceSettings(name=name, replicas=replicas, devices=listed or "all")
+
+
+def _file_devices(block: Any) -> FileDevicesSettings:
+    """The ``file_devices`` block (Nomad's example plugin's settings and the device group's names)."""
     if not isinstance(block, dict):
         raise ConfigError("config: file_devices: expected a block")
     _string_keys(block, "config: file_devices")
@@ -318,13 +319,14 @@ def _file_devices(block: Any) -> FileDevicesConfig:
     if block.get("list_period") is not None:
         period = parse_duration(_str(block["list_period"], "file_devices.list_period"),
                                 "config: file_devices.list_period")
-        if not 0.1 <= period <= MAX_PERIOD:
-            raise ConfigError("config: file_devices.list_period: must be between 100ms and 8760h")
+        if not MIN_PERIOD <= period <= MAX_PERIOD:
+            raise ConfigError(f"config: file_devices.list_period: must be between {MIN_PERIOD * 1000:g}ms and "
+                              f"{MAX_PERIOD / 3600:g}h")
         out["list_period"] = period
     if block.get("unhealthy_perm") is not None:
         out["unhealthy_perm"] = check_perm(_str(block["unhealthy_perm"], "file_devices.unhealthy_perm"),
                                            "config: file_devices.unhealthy_perm")
-    return FileDevicesConfig(**out)
+    return FileDevicesSettings(**out)
 
 
 def _string_keys(block: dict[Any, Any], where: str) -> None:

@@ -20,7 +20,8 @@ from typing import Any
 
 from accelstats import catalog
 from accelstats.manager import Collection
-from accelstats.nomad.config import PluginConfig
+from accelstats.registry import enabled_names
+from accelstats.settings import NomadSettings, Settings
 from collectors.model import Device, DeviceSample, FileDevice
 
 MIB = catalog.MIB
@@ -43,7 +44,7 @@ class MpsShare:
 #: What a reservation names the reserved UUIDs in by default (the ``visible_devices_env`` setting):
 #: CUDA reads it in every task driver, and Nomad's docker driver does not then demand the ``nvidia``
 #: runtime, as it does for ``NVIDIA_VISIBLE_DEVICES`` (docs/nomad.md, "Task drivers").
-DEFAULT_VISIBLE_ENV = ("CUDA_VISIBLE_DEVICES",)
+DEFAULT_VISIBLE_ENV = NomadSettings().visible_devices_env
 
 
 @dataclass(frozen=True)
@@ -183,10 +184,12 @@ def missing_cap_node(device: Device, parent_minor: int | None, mig_caps: dict[tu
     return next((n for n in nodes if not os.path.exists(n)), None)
 
 
-def fingerprint(device_pb2: Any, structs: Any, collection: Collection, config: PluginConfig,
+def fingerprint(device_pb2: Any, structs: Any, collection: Collection, settings: Settings,
                 previous: Snapshot | None = None, mps: dict[str, MpsShare] | None = None,
                 mig_caps: dict[tuple[int, int, int], list[int]] | None = None, dev_root: str = "/dev") -> Snapshot:
-    """The full device set of one collection as Fingerprint groups (sorted, so equal sets compare equal).
+    """The full device set of one collection as Fingerprint groups (sorted, so equal sets compare equal):
+    GPUs and MIG instances when the ``nvidia`` collector is enabled (the plugin's ``enabled``), less
+    ``settings.nomad.ignored_gpu_ids``; file devices in the ``settings.file_devices`` group.
 
     A group's attributes come from a device that answered NVML; when none did, from ``previous``
     (so ``${device.attr.memory}`` constraints do not flap while a GPU is lost).
@@ -201,11 +204,11 @@ def fingerprint(device_pb2: Any, structs: Any, collection: Collection, config: P
     (``drivers/shared/executor/executor_linux_cgo.go:929-933``), so the scheduler must not pick it."""
     snap = Snapshot()
     s = collection.snapshot
-    ignored = set(config.ignored_gpu_ids)
+    ignored = set(settings.nomad.ignored_gpu_ids)
     mig_parents = {d.parent_uuid for d in s.devices if d.kind == "mig"}
     by_uuid = {d.uuid: d for d in s.devices}
     groups: dict[tuple[str, str, str], tuple[list[Any], dict[str, Any]]] = {}
-    if config.enabled:
+    if "nvidia" in enabled_names(settings):
         for d in s.devices:
             if d.uuid in ignored or d.uuid in mig_parents or (d.kind == "mig" and d.parent_uuid in ignored):
                 continue
@@ -246,7 +249,7 @@ def fingerprint(device_pb2: Any, structs: Any, collection: Collection, config: P
                 attrs.update(gpu_attributes(structs, d, sample, s.driver_version, parent, parent_sample))
             snap.devices[d.uuid] = Reservable(d.kind, device=d,
                                               parent_minor=parent.minor if parent is not None else d.minor)
-    fd = config.file_devices
+    fd = settings.file_devices
     for f in s.file_devices:
         devices, _ = groups.setdefault((fd.vendor, fd.type, fd.name), ([], {}))
         devices.append(device_pb2.DetectedDevice(ID=f.id, healthy=f.healthy, health_description=f.health_description))

@@ -28,26 +28,26 @@ import logging
 import time
 from dataclasses import dataclass
 
-from accelstats.mps.daemon import (
-    DEFAULT_BINARY,
-    Daemon,
-    DaemonRunningError,
+from accelstats.mps.control import DEFAULT_BINARY
+from accelstats.mps.daemon import Daemon, DaemonRunningError
+from accelstats.mps.host import resolve_one
+from accelstats.mps.replies import parse_percentage
+from accelstats.mps.rules import (
     MpsError,
     MpsGpu,
     MpsResource,
     Root,
     active_thread_percentage,
-    parse_percentage,
-    validate,
+    pinned_limit_mib,
+    validate_resources,
 )
-from accelstats.mps.host import resolve_one
 from accelstats.nomad.devices import MpsShare
 from accelstats.settings import MpsResourceSettings, MpsSettings
 
 log = logging.getLogger("accelstats.nomad")
 
 RETRY_INTERVAL = 30.0  # seconds between two starts of a daemon that is down
-MIB = 1 << 20
+MIB = 1 << 20  # bytes
 
 
 @dataclass
@@ -98,12 +98,15 @@ class PluginMps:
         self._resolved = all(e.daemon is not None or e.error for e in self._entries.values())
 
     def _resolve(self, gpus: list[MpsGpu]) -> None:
-        """Resolve and validate every resource once there are GPUs; errors are kept per resource."""
+        """Resolve and validate every new resource once there are GPUs; errors are kept per resource.
+
+        The rules are :func:`accelstats.mps.rules.validate_resources`'s, over the daemons kept from the
+        previous configuration first (a running daemon keeps its GPUs), then the new resources in
+        configuration order (of two listing one GPU, the earlier keeps it)."""
         root = Root(self.settings.root)
-        owner: dict[str, str] = {}
+        resolved: dict[str, MpsResource] = {}
         for name, entry in self._entries.items():
             if entry.daemon is not None or entry.error:
-                owner.update((u, name) for u in entry.gpus)
                 continue
             try:
                 resource = resolve_one(entry.settings, gpus)
@@ -112,17 +115,15 @@ class PluginMps:
                 entry.gpus = tuple(g.uuid for g in gpus if entry.settings.devices == "all"
                                    or g.uuid in entry.settings.devices or g.index in entry.settings.devices)
                 continue
+            resolved[name] = resource
             entry.gpus = resource.devices
-            try:
-                validate(resource, gpus)
-                root.resource_dir(name)
-                clash = next((u for u in resource.devices if u in owner), None)
-                if clash is not None:
-                    raise MpsError(f"MPS resources {owner[clash]!r} and {name!r} both list GPU {clash}")
-            except MpsError as exc:
-                entry.error = str(exc)
+        kept = [e.daemon.resource for e in self._entries.values() if e.daemon is not None]
+        errors = validate_resources([*kept, *resolved.values()], gpus)
+        for name, resource in resolved.items():
+            entry = self._entries[name]
+            if name in errors:
+                entry.error = str(errors[name])
                 continue
-            owner.update((u, name) for u in resource.devices)
             entry.daemon = Daemon(resource, gpus, root, binary=self.binary, timeout=self.settings.timeout,
                                   exclusive_process=self.settings.exclusive_process)
         self._resolved = True
@@ -148,7 +149,7 @@ class PluginMps:
                 gpu = by_uuid.get(uuid)
                 if gpu is None or gpu.mig_enabled or uuid in out:  # MIG parents are never offered (their
                     continue  # instances are); a GPU two resources list belongs to the first
-                pinned = gpu.memory_total_bytes // replicas // MIB * MIB if gpu.memory_total_bytes else None
+                pinned = pinned_limit_mib(gpu, replicas) * MIB if gpu.memory_total_bytes else None
                 out[uuid] = MpsShare(resource=name, replicas=replicas, healthy=healthy, reason=reason,
                                      pipe_dir=pipe_dir, shm_dir=shm_dir, pinned_limit_bytes=pinned)
         return out

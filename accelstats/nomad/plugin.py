@@ -1,6 +1,7 @@
 """The BasePlugin and DevicePlugin servicers: Nomad's side of accelstats.
 
-One :class:`DevicePluginState` per process holds the settings from SetConfig, the
+One :class:`DevicePluginState` per process holds the settings from SetConfig
+(:func:`accelstats.nomad.config.decode`, the project's one settings model), the
 :class:`~accelstats.manager.AcceleratorManager` (one NVML session, shared with ``/metrics`` when
 ``metrics_listen`` is set), and the latest fingerprint (Reserve answers from it). Stream rules from
 docs/nomad.md: Fingerprint sends a first message at once (even empty), then a full snapshot
@@ -21,24 +22,25 @@ from typing import Any
 import grpc
 
 from accelstats import __version__
-from accelstats.manager import AcceleratorManager, Collection
+from accelstats.manager import AcceleratorManager, Collection, build_manager
 from accelstats.nomad import config as plugin_config
 from accelstats.nomad import devices
+from accelstats.nomad.config import MAX_PERIOD, MIN_PERIOD
 from accelstats.nomad.proto import base_pb2, base_pb2_grpc, device_pb2, device_pb2_grpc, hclspec_pb2, structs_pb2
-from accelstats.settings import ConfigError, FileDevicesSettings, Settings
+from accelstats.registry import enabled_names
+from accelstats.settings import ConfigError, SetupError
 
 log = logging.getLogger("accelstats.nomad")
 
 PLUGIN_NAME = "accelstats"
 API_VERSIONS = ["v0.1.0"]  # Nomad's device plugin API versions (plugins/base: DeviceApiVersion010)
 HEALTH_PERIOD = 5.0  # seconds: health changes reach Fingerprint well within fingerprint_period
-MIN_PERIOD = 0.1  # seconds: no stream loops faster, whatever it is asked
-MAX_PERIOD = 86400.0
 
 
-class _ManagerProxy:
-    """What the /metrics server collects from: whichever manager the latest SetConfig made, so a
-    config change does not have to restart the HTTP server (scrapes keep working across it)."""
+class _CurrentCollections:
+    """What the /metrics server collects from: the collections of whichever AcceleratorManager the
+    latest SetConfig made, so a config change does not have to restart the HTTP server (scrapes keep
+    working across it)."""
 
     def __init__(self, state: DevicePluginState) -> None:
         self.state = state
@@ -56,7 +58,7 @@ class DevicePluginState:
 
     def __init__(self, stop: threading.Event) -> None:
         self.stop = stop
-        self.config = plugin_config.PluginConfig()
+        self.settings = plugin_config.DEFAULTS
         self.manager: AcceleratorManager | None = None
         self.snapshot = devices.Snapshot()
         self.configured = threading.Event()
@@ -78,33 +80,25 @@ class DevicePluginState:
         with self._config_lock:
             if data == self._raw_config and self.manager is not None:
                 return
-            cfg = plugin_config.decode(data)
-            settings = Settings(
-                nvml_replay=cfg.nvml_replay, cgroup_root=cfg.cgroup_root, proc_root=cfg.proc_root,
-                collectors=tuple(n for n, on in (("nvidia", cfg.enabled), ("files", cfg.file_devices.dir is not None),
-                                                 ("mps", bool(cfg.mps.resources))) if on),
-                mps=cfg.mps,
-                file_devices=FileDevicesSettings(
-                    dir=cfg.file_devices.dir, unhealthy_perm=cfg.file_devices.unhealthy_perm,
-                    vendor=cfg.file_devices.vendor, type=cfg.file_devices.type, name=cfg.file_devices.name),
-                open_fd_scan=False,
-                # Fingerprint, Stats and Reserve use no container data: the cgroup walk runs only for /metrics
-                attribution=bool(cfg.metrics_listen))
-            manager = _manager(settings)
+            settings = plugin_config.decode(data)
             try:
-                self._serve_metrics(cfg.metrics_listen, cfg.metrics_web_config)
+                manager = build_manager(settings)
+            except SetupError as exc:
+                raise ConfigError(f"config: {plugin_config.plugin_field(exc.field)}: {exc.reason}") from exc
+            try:
+                self._serve_metrics(settings.listen if settings.nomad.serve_metrics else "", settings.web_config)
             except ConfigError:
                 manager.destroy(timeout=0.5)
                 manager.close()
                 raise
             with self._lock:
-                old, self.config, self.manager = self.manager, cfg, manager
+                old, self.settings, self.manager = self.manager, settings, manager
             self._raw_config = data
             if old is not None:
                 old.destroy(timeout=0.5)
                 old.close()
             if self._mps is not None:  # daemons of removed or changed resources stop; the others keep running
-                self._mps.reconfigure(cfg.mps)
+                self._mps.reconfigure(settings.mps)
             self.configured.set()
             self.wake_all()
 
@@ -138,7 +132,7 @@ class DevicePluginState:
 
             host, port = parse_listen(listen)
             try:
-                self._metrics_server, _ = serve(_ManagerProxy(self), host, port, web=web)  # type: ignore[arg-type]
+                self._metrics_server, _ = serve(_CurrentCollections(self), host, port, web=web)  # type: ignore[arg-type]
             except OSError as exc:
                 if web is not None:
                     web.close()
@@ -166,9 +160,9 @@ class DevicePluginState:
         previous = self.snapshot
         shares = self._mps_shares(collection)
         mig_caps = _mig_caps(self) if any(d.kind == "mig" for d in collection.snapshot.devices) else None
-        snap = devices.fingerprint(device_pb2, structs_pb2, collection, self.config, previous, shares, mig_caps)
+        snap = devices.fingerprint(device_pb2, structs_pb2, collection, self.settings, previous, shares, mig_caps)
         gpus = [g for g in snap.groups if g.vendor == "nvidia"]
-        nvml_down = collection.snapshot.nvml_status and self.config.enabled
+        nvml_down = collection.snapshot.nvml_status and "nvidia" in enabled_names(self.settings)
         if gpus:
             self._last_gpus = gpus
         elif nvml_down and self._last_gpus:
@@ -183,13 +177,13 @@ class DevicePluginState:
         """GPU UUID → its MPS share (:class:`accelstats.nomad.mpsshares.PluginMps`: daemons started or
         adopted on the first Fingerprint — only the long-lived process C calls it — health-checked and
         retried on every one after, kept running when the plugin exits)."""
-        if not self.config.mps.resources or collection.snapshot.nvml_status:
+        if not self.settings.mps.resources or collection.snapshot.nvml_status:
             return {}
         from accelstats.mps.host import gpus_of
         from accelstats.nomad.mpsshares import PluginMps
 
         if self._mps is None:
-            self._mps = PluginMps(self.config.mps)
+            self._mps = PluginMps(self.settings.mps)
         shares: dict[str, devices.MpsShare] = self._mps.shares(gpus_of(collection.snapshot))
         return shares
 
@@ -224,24 +218,6 @@ class DevicePluginState:
             self.manager.destroy(timeout=0.3)
 
 
-def _manager(settings: Settings) -> AcceleratorManager:
-    nvml: Any = None
-    if settings.nvml_replay is not None:
-        from collectors.replay.lib import open_replay
-        from collectors.replay.state import ReplayError
-
-        try:
-            nvml = open_replay(settings.nvml_replay)
-        except (ReplayError, OSError) as exc:
-            raise ConfigError(f"config: nvml_replay: {exc}") from exc
-    manager = AcceleratorManager(settings, nvml)
-    try:
-        manager.setup()
-    except Exception as exc:
-        raise ConfigError(f"config: file_devices.dir: {exc}") from exc
-    return manager
-
-
 class BasePluginServicer(base_pb2_grpc.BasePluginServicer):  # type: ignore[misc]
     """PluginInfo, ConfigSchema, SetConfig (package hashicorp.nomad.plugins.base.proto)."""
 
@@ -258,12 +234,16 @@ class BasePluginServicer(base_pb2_grpc.BasePluginServicer):  # type: ignore[misc
         return base_pb2.ConfigSchemaResponse(spec=plugin_config.schema(hclspec_pb2))
 
     def SetConfig(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
-        """Apply the go-cty msgpack config; INVALID_ARGUMENT naming the field when it is bad."""
+        """Apply the go-cty msgpack config; INVALID_ARGUMENT naming the field when it is bad, INTERNAL
+        (with the traceback in the log) when the failure is no setting's fault."""
         try:
             self.state.set_config(bytes(request.msgpack_config))
         except ConfigError as exc:
             log.error("SetConfig rejected: %s", exc)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except Exception as exc:  # reported as INTERNAL: Nomad shows it, the log has the traceback
+            log.exception("SetConfig failed")
+            context.abort(grpc.StatusCode.INTERNAL, f"SetConfig failed: {exc!r}")
         return base_pb2.SetConfigResponse()
 
 
@@ -290,20 +270,21 @@ class DevicePluginServicer(device_pb2_grpc.DevicePluginServicer):  # type: ignor
                 now = time.monotonic()
                 if wire != last or now >= next_full:  # on change, and a full refresh every fingerprint_period
                     yield message
-                    last, next_full = wire, now + state.config.fingerprint_period
+                    last, next_full = wire, now + state.settings.nomad.fingerprint_period
             except Exception:
                 log.exception("fingerprint failed; retrying")
             state.sleep(context, self._period())
 
     def _period(self) -> float:
-        cfg = self.state.config
-        period = min(cfg.fingerprint_period, HEALTH_PERIOD)
-        if cfg.file_devices.dir is not None:
-            period = min(period, cfg.file_devices.list_period)
+        settings = self.state.settings
+        period = min(settings.nomad.fingerprint_period, HEALTH_PERIOD)
+        if settings.file_devices.dir is not None:
+            period = min(period, settings.file_devices.list_period)
         return max(period, MIN_PERIOD)
 
     def Stats(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:  # noqa: N802
-        """StatsResponse every ``collection_interval`` (0 → 1 s, clamped to 0.1 s - 1 day), timestamped."""
+        """StatsResponse every ``collection_interval`` (0 → 1 s; clamped to :data:`MIN_PERIOD` -
+        :data:`MAX_PERIOD`), timestamped."""
         interval = 0.0
         if request.HasField("collection_interval"):
             d = request.collection_interval
@@ -333,7 +314,7 @@ class DevicePluginServicer(device_pb2_grpc.DevicePluginServicer):  # type: ignor
             mig_caps = _mig_caps(state) if any(r.kind == "mig" for i in request.device_ids
                                               if (r := snap.devices.get(i)) is not None) else {}
             res = devices.reserve(device_pb2, snap, list(request.device_ids), mig_caps,
-                                  visible_env=state.config.visible_devices_env)
+                                  visible_env=state.settings.nomad.visible_devices_env)
         except devices.ReserveError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return device_pb2.ReserveResponse(container_res=res)
@@ -344,7 +325,7 @@ def _mig_caps(state: DevicePluginState) -> dict[tuple[int, int, int], list[int]]
     from accelstats.cgroups import parse_mig_minors
     from accelstats.fsread import read_small
 
-    data = read_small(state.config.proc_root / "driver" / "nvidia-caps" / "mig-minors")
+    data = read_small(state.settings.proc_root / "driver" / "nvidia-caps" / "mig-minors")
     if data is None:
         return {}
     caps, _ = parse_mig_minors(data.decode("utf-8", errors="replace"))

@@ -20,7 +20,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from support.paths import FIXTURES
 
-from accelstats.mps.daemon import (
+from accelstats.mps.replies import (
     MpsLogLine,
     parse_client_list,
     parse_log_line,

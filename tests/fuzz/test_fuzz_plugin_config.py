@@ -1,7 +1,8 @@
 """Fuzzing the Nomad plugin's ``SetConfig`` msgpack decoder (accelstats/nomad/config.py :func:`decode`).
 
 Documented error type: :class:`accelstats.settings.ConfigError` ("Raises ConfigError naming the
-field"; the servicer answers INVALID_ARGUMENT with it). Inputs: arbitrary bytes, msgpack of random
+field"; the servicer answers INVALID_ARGUMENT with it). A decoded config is the project's one settings
+model, :class:`accelstats.settings.Settings`. Inputs: arbitrary bytes, msgpack of random
 values (maps with keys of any type, ext and bin items), near-valid configs (the schema's keys with
 values of every type), and valid configs encoded exactly as a Nomad client does
 (:func:`support.nomadclient.ctymsgpack.encode_for_spec` over the plugin's own schema, in each number
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import math
 import struct
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +27,18 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from support.nomadclient.ctymsgpack import encode_for_spec
 
+from accelstats.mps.rules import MAX_TIMEOUT, MIN_TIMEOUT
 from accelstats.nomad import config as plugin_config
-from accelstats.nomad.config import FileDevicesConfig, PluginConfig, decode
+from accelstats.nomad.config import DEFAULTS, decode
 from accelstats.nomad.proto import hclspec_pb2
-from accelstats.settings import ConfigError, MpsResourceSettings, MpsSettings
+from accelstats.settings import (
+    ConfigError,
+    FileDevicesSettings,
+    MpsResourceSettings,
+    MpsSettings,
+    NomadSettings,
+    Settings,
+)
 
 from .profiles import fuzz_settings
 
@@ -39,7 +49,7 @@ BLOCK_KEYS = {"file_devices": [*plugin_config.FILE_DEVICE_ATTRIBUTES], "mps": [*
 RESOURCE_KEYS = ["name", "replicas", "devices"]
 
 
-def decoded_or_refused(data: bytes) -> PluginConfig | None:
+def decoded_or_refused(data: bytes) -> Settings | None:
     """``decode(data)``, or None when it raises ConfigError with a message naming ``config``; any
     other exception escapes and fails the test."""
     try:
@@ -108,10 +118,10 @@ any_item = st.recursive(
 def test_decode_raises_only_config_error(data: bytes) -> None:
     config = decoded_or_refused(data)
     if config is not None:
-        assert isinstance(config, PluginConfig)
-        assert 1.0 <= config.fingerprint_period <= plugin_config.MAX_PERIOD
-        assert 0.1 <= config.mps.timeout <= 600
-        assert all(r.replicas >= 2 and isinstance(r.replicas, int) for r in config.mps.resources)
+        assert isinstance(config, Settings)
+        assert 1.0 <= config.nomad.fingerprint_period <= plugin_config.MAX_PERIOD
+        assert MIN_TIMEOUT <= config.mps.timeout <= MAX_TIMEOUT
+        assert all(isinstance(r.replicas, int) and 2 <= r.replicas <= 48 for r in config.mps.resources)
 
 
 @fuzz_settings()
@@ -162,29 +172,57 @@ def durations(low: float, high: float) -> st.SearchStrategy[tuple[str, float]]:
 paths = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1, max_size=30)
 labels = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="/"), min_size=1, max_size=12)
 perms = st.tuples(st.sampled_from("-dlcbps"), *[st.sampled_from(["-", c]) for c in "rwxrwxrwx"]).map("".join)
-resource_names = st.lists(labels.filter(lambda p: p not in ("..",)), min_size=1, max_size=3).map("/".join)
-devices = st.lists(st.one_of(st.uuids().map(lambda u: f"GPU-{u}"), st.integers(0, 15).map(str)), max_size=4)
+# resource names the MPS rules take (accelstats.mps.rules.check_name): no NUL, no '.' or '..' part, not under shm
+name_parts = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="/\x00"), min_size=1,
+                     max_size=12).filter(lambda p: p not in (".", ".."))
+resource_names = st.lists(name_parts, min_size=1, max_size=3).map("/".join).filter(lambda n: n.split("/")[0] != "shm")
+device_ids = st.one_of(st.uuids().map(lambda u: f"GPU-{u}"), st.integers(0, 15).map(str))
+
+
+def nested(names: list[str]) -> bool:
+    """Two of ``names`` would nest their directories (``a`` and ``a/b``): the rules refuse that."""
+    return any(a != b and b.startswith(a + "/") for a in names for b in names)
 
 
 @st.composite
-def valid_configs(draw: st.DrawFn) -> tuple[dict[str, Any], PluginConfig]:
-    """An agent ``config`` block with valid settings, and the :class:`PluginConfig` it means."""
+def mps_resources(draw: st.DrawFn) -> list[tuple[str, int, list[str]]]:
+    """(name, replicas, devices) of resources the MPS rules take: unique names none nested in another,
+    replicas 2 to 48, each device in one resource only, and ``[]`` (every GPU) only for a sole resource."""
+    names = draw(st.lists(resource_names, max_size=3, unique=True).filter(lambda n: not nested(n)))
+    replicas = [draw(st.integers(2, 48)) for _ in names]
+    if len(names) == 1 and draw(st.booleans()):
+        return [(names[0], replicas[0], [])]
+    pool = draw(st.lists(device_ids, min_size=len(names), max_size=4 * len(names), unique=True))
+    owners = list(range(len(names))) + [draw(st.integers(0, len(names) - 1)) for _ in pool[len(names):]]
+    return [(n, r, [d for d, o in zip(pool, owners, strict=True) if o == i])
+            for i, (n, r) in enumerate(zip(names, replicas, strict=True))]
+
+
+@st.composite
+def valid_configs(draw: st.DrawFn) -> tuple[dict[str, Any], Settings]:
+    """An agent ``config`` block with valid settings, and the :class:`Settings` it means."""
     user: dict[str, Any] = {}
     want: dict[str, Any] = {}
+    nomad: dict[str, Any] = {}
+    enabled = True
     if draw(st.booleans()):
-        user["enabled"] = want["enabled"] = draw(st.booleans())
+        user["enabled"] = enabled = draw(st.booleans())
     if draw(st.booleans()):
         user["ignored_gpu_ids"] = draw(st.lists(safe_text, max_size=3))
-        want["ignored_gpu_ids"] = tuple(user["ignored_gpu_ids"])
+        nomad["ignored_gpu_ids"] = tuple(user["ignored_gpu_ids"])
     if draw(st.booleans()):
-        user["fingerprint_period"], want["fingerprint_period"] = draw(durations(1, 8760 * 3600))
+        user["fingerprint_period"], nomad["fingerprint_period"] = draw(durations(1, 8760 * 3600))
     if draw(st.booleans()):
         host = draw(st.sampled_from(["", "127.0.0.1", "[::1]", "localhost"]))
-        user["metrics_listen"] = want["metrics_listen"] = f"{host}:{draw(st.integers(1, 65535))}"
+        port = draw(st.integers(1, 65535))
+        user["metrics_listen"] = f"{host}:{port}"
+        want["listen_host"], want["listen_port"] = host.strip("[]"), port
+        nomad["serve_metrics"] = want["attribution"] = True
     for key in ("nvml_replay", "cgroup_root", "proc_root"):
         if draw(st.booleans()):
             user[key] = draw(paths)
             want[key] = Path(user[key])
+    file_devices = FileDevicesSettings()
     if draw(st.booleans()):
         block: dict[str, Any] = {}
         fd: dict[str, Any] = {}
@@ -198,29 +236,34 @@ def valid_configs(draw: st.DrawFn) -> tuple[dict[str, Any], PluginConfig]:
         for key in ("vendor", "type", "name"):
             if draw(st.booleans()):
                 block[key] = fd[key] = draw(labels)
-        user["file_devices"], want["file_devices"] = block, FileDevicesConfig(**fd)
+        file_devices = FileDevicesSettings(**fd)
+        user["file_devices"], want["file_devices"] = block, file_devices
+    mps = MpsSettings()
     if draw(st.booleans()):
-        mps: dict[str, Any] = {}
+        block = {}
         settings: dict[str, Any] = {}
         if draw(st.booleans()):
-            mps["root"] = draw(paths)
-            settings["root"] = Path(mps["root"]).absolute()
+            block["root"] = draw(paths)
+            settings["root"] = Path(block["root"]).absolute()
         if draw(st.booleans()):
-            mps["timeout"], settings["timeout"] = draw(durations(0.1, 600))
+            block["timeout"], settings["timeout"] = draw(durations(0.1, 600))
         if draw(st.booleans()):
-            mps["exclusive_process"] = settings["exclusive_process"] = draw(st.booleans())
+            block["exclusive_process"] = settings["exclusive_process"] = draw(st.booleans())
         # replicas: 2 to 48, NVIDIA's MPS client limit per GPU (larger values are refused: test_plugin_bounds.py)
-        resources = draw(st.lists(st.tuples(resource_names, st.integers(2, 48), devices), max_size=3))
-        mps["resource"] = [{"name": n, "replicas": r, "devices": d} for n, r, d in resources]
+        resources = draw(mps_resources())
+        block["resource"] = [{"name": n, "replicas": r, "devices": d} for n, r, d in resources]
         settings["resources"] = tuple(MpsResourceSettings(name=n, replicas=r, devices=tuple(
             int(x) if x.isdigit() else x for x in d) or "all") for n, r, d in resources)
-        user["mps"], want["mps"] = mps, MpsSettings(**settings)
-    return user, PluginConfig(**want)
+        mps = MpsSettings(**settings)
+        user["mps"], want["mps"] = block, mps
+    want["collectors"] = tuple(name for name, on in (("nvidia", enabled), ("files", file_devices.dir is not None),
+                                                     ("mps", bool(mps.resources))) if on)
+    return user, replace(DEFAULTS, **want, nomad=NomadSettings(**nomad))
 
 
 @fuzz_settings()
 @given(valid_configs(), st.sampled_from(["cty", "float", "string"]))
-def test_settings_round_trip_through_nomads_encoding(case: tuple[dict[str, Any], PluginConfig], mode: str) -> None:
+def test_settings_round_trip_through_nomads_encoding(case: tuple[dict[str, Any], Settings], mode: str) -> None:
     user, want = case
     got = decode(encode_for_spec(SCHEMA, user, number_mode=mode))  # type: ignore[arg-type]
     assert got == want

@@ -1,4 +1,5 @@
-"""accelstats.mps.daemon against the test double ``tests/support/mps_double/nvidia-cuda-mps-control`` and the H200 logs.
+"""accelstats.mps (control, daemon, rules, replies, host.MpsDaemons) against the test double
+``tests/support/mps_double/nvidia-cuda-mps-control`` and the H200 logs.
 
 The double speaks the real binary's protocol (``-d`` daemonises; otherwise one command on stdin, the
 reply on stdout) and logs in the real format; its behaviour switches are files in the pipe dir
@@ -40,21 +41,18 @@ from support.mps_util import (
 )
 from support.paths import FIXTURES
 
-from accelstats.mps.daemon import (
-    Daemon,
-    DaemonStatus,
-    Manager,
-    MpsError,
-    MpsGpu,
-    MpsResource,
-    Root,
+from accelstats.mps.control import DaemonStatus
+from accelstats.mps.daemon import Daemon
+from accelstats.mps.host import MpsDaemons
+from accelstats.mps.replies import (
     parse_client_list,
+    parse_device_client_list,
     parse_log_line,
     parse_percentage,
     parse_pinned_limit,
     parse_server_list,
-    validate,
 )
+from accelstats.mps.rules import MpsError, MpsGpu, MpsResource, Root, validate
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 2.0
@@ -336,7 +334,8 @@ def test_stop_reaps_a_zombie_daemon(tmp_path: Path) -> None:
     """A starter that is a child subreaper (as a container's PID 1 is) inherits the daemon: stop() reaps it."""
     script = textwrap.dedent(f"""
         import ctypes, json, os, sys
-        from accelstats.mps.daemon import Daemon, MpsGpu, MpsResource, Root
+        from accelstats.mps.daemon import Daemon
+        from accelstats.mps.rules import MpsGpu, MpsResource, Root
         PR_SET_CHILD_SUBREAPER = 36
         assert ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
         gpu = MpsGpu({UUID0!r}, 0, {H200_BYTES}, "9.0", False)
@@ -405,7 +404,8 @@ def test_pipe_dir_not_writable(root: Path, tmp_path: Path) -> None:
         pytest.skip(reason)
     readonly = tmp_path / "ro"
     readonly.mkdir()
-    code = (f"from accelstats.mps.daemon import Daemon, MpsResource, Root; from support.mps_util import GPUS, UUID0; "
+    code = (f"from accelstats.mps.daemon import Daemon; from accelstats.mps.rules import MpsResource, Root; "
+            f"from support.mps_util import GPUS, UUID0; "
             f"Daemon(MpsResource('nvidia.com/gpu', 2, (UUID0,)), GPUS, Root({str(readonly)!r}), "
             f"binary={str(DOUBLE)!r}).start()")
     script = f"mount --bind {readonly} {readonly} && mount -o remount,bind,ro {readonly} && exec \"$@\""
@@ -619,58 +619,58 @@ def test_root_layout(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# manager
+# all daemons of a configuration (MpsDaemons)
 
 
-def test_manager_start_all_status_all_stop_all(root: Path) -> None:
+def test_daemons_start_all_status_all_stop_all(root: Path) -> None:
     resources = [MpsResource("nvidia.com/gpu", 2, (UUID0,)), MpsResource("nvidia.com/gpu.shared", 4, (UUID1, UUID2))]
-    manager = Manager(resources, GPUS, Root(root), binary=str(DOUBLE), timeout=TIMEOUT)
+    daemons = MpsDaemons(resources, GPUS, Root(root), binary=str(DOUBLE), timeout=TIMEOUT)
     try:
-        assert [d.name for d in manager.daemons()] == ["nvidia.com/gpu", "nvidia.com/gpu.shared"]
-        manager.start_all()
-        statuses = manager.status_all()
+        assert [d.name for d in daemons.daemons()] == ["nvidia.com/gpu", "nvidia.com/gpu.shared"]
+        daemons.start_all()
+        statuses = daemons.status_all()
         assert statuses["nvidia.com/gpu"].active_thread_percentage == 50.0
         assert statuses["nvidia.com/gpu"].pinned_limits_bytes == {UUID0: H200_BYTES // 2 // 2**20 * 2**20}
         assert statuses["nvidia.com/gpu.shared"].active_thread_percentage == 25.0
         assert set(statuses["nvidia.com/gpu.shared"].pinned_limits_bytes) == {UUID1, UUID2}
         assert all(s.healthy for s in statuses.values())
-        pids = [d.pid() for d in manager.daemons()]
+        pids = [d.pid() for d in daemons.daemons()]
     finally:
-        problems = manager.stop_all()
+        problems = daemons.stop_all()
     assert problems == {"nvidia.com/gpu": [], "nvidia.com/gpu.shared": []}
     assert all(pid is not None and gone(pid) for pid in pids)
     assert serving(root) == []
     assert sorted(p.name for p in root.iterdir()) == []
 
 
-def test_manager_all_or_nothing(root: Path) -> None:
+def test_daemons_all_or_nothing(root: Path) -> None:
     resources = [MpsResource("first", 2, (UUID0,)), MpsResource("second", 2, (UUID1,))]
-    manager = Manager(resources, GPUS, Root(root), binary=str(DOUBLE), timeout=TIMEOUT)
+    daemons = MpsDaemons(resources, GPUS, Root(root), binary=str(DOUBLE), timeout=TIMEOUT)
     root.mkdir()
     (root / "second").write_text("in the way\n")  # the second start fails after the first one ran
     with pytest.raises(MpsError, match=r"starting resource 'second' failed, 1 started daemon\(s\) stopped again"):
-        manager.start_all()
+        daemons.start_all()
     assert serving(root) == []
     assert sorted(p.name for p in root.iterdir()) == ["second"]
 
-    bad = Manager([MpsResource("first", 2, (UUID0,)), MpsResource("third", 49, (UUID2,))], GPUS, Root(root),
+    bad = MpsDaemons([MpsResource("first", 2, (UUID0,)), MpsResource("third", 49, (UUID2,))], GPUS, Root(root),
                   binary=str(DOUBLE), timeout=TIMEOUT)
     with pytest.raises(MpsError, match="replicas 49 exceeds"):
         bad.start_all()  # validated before anything starts
     assert not (root / "first").exists()
 
-    shared = Manager([MpsResource("a", 2, (UUID0,)), MpsResource("b", 2, (UUID0,))], GPUS, Root(root))
+    shared = MpsDaemons([MpsResource("a", 2, (UUID0,)), MpsResource("b", 2, (UUID0,))], GPUS, Root(root))
     with pytest.raises(MpsError, match="both list GPU"):
         shared.start_all()
 
 
-def test_manager_configuration_errors(root: Path) -> None:
-    assert Manager([], GPUS, Root(root)).daemons() == []
-    assert Manager([], GPUS, Root(root)).status_all() == {}
+def test_daemons_configuration_errors(root: Path) -> None:
+    assert MpsDaemons([], GPUS, Root(root)).daemons() == []
+    assert MpsDaemons([], GPUS, Root(root)).status_all() == {}
     with pytest.raises(MpsError, match="configured twice"):
-        Manager([MpsResource("a", 2, (UUID0,)), MpsResource("a", 2, (UUID1,))], GPUS, Root(root))
+        MpsDaemons([MpsResource("a", 2, (UUID0,)), MpsResource("a", 2, (UUID1,))], GPUS, Root(root))
     with pytest.raises(MpsError, match="nest"):
-        Manager([MpsResource("a", 2, (UUID0,)), MpsResource("a/b", 2, (UUID1,))], GPUS, Root(root))
+        MpsDaemons([MpsResource("a", 2, (UUID0,)), MpsResource("a/b", 2, (UUID1,))], GPUS, Root(root))
 
 
 # --------------------------------------------------------------------------------------------
@@ -766,7 +766,6 @@ def test_parse_pid_lists() -> None:
     ("[0] x\nnot a pid\n0.1\n" + "9" * 11 + ".1\n", {0: []}),
 ])
 def test_parse_device_client_list(reply: str, expected: dict[int, list[int]]) -> None:
-    from accelstats.mps.daemon import parse_device_client_list
 
     assert parse_device_client_list(reply) == expected
 

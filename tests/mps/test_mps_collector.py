@@ -20,8 +20,9 @@ import pytest
 from support.mps_util import DOUBLE, GPUS, UUID0, serving
 
 from accelstats.manager import AcceleratorManager
-from accelstats.mps.daemon import Daemon, MpsResource, Root
+from accelstats.mps.daemon import Daemon
 from accelstats.mps.host import MpsCollector
+from accelstats.mps.rules import MpsResource, Root
 from accelstats.settings import MpsResourceSettings, MpsSettings, Settings
 from collectors.model import DeviceSnapshot, MpsDaemonReading
 from collectors.replay.lib import open_replay

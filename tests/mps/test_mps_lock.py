@@ -25,7 +25,8 @@ from pathlib import Path
 import pytest
 
 from accelstats.mps import daemon as mps_daemon
-from accelstats.mps.daemon import Daemon, MpsError, MpsGpu, MpsResource, Root
+from accelstats.mps.daemon import Daemon
+from accelstats.mps.rules import MpsError, MpsGpu, MpsResource, Root
 from accelstats.nomad.mpsshares import PluginMps
 from accelstats.settings import MpsResourceSettings, MpsSettings
 

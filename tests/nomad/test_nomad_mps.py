@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 from support.mps_util import DOUBLE, GPU0, GPUS, UUID0, UUID1, gone, serving
 
-from accelstats.mps.daemon import Daemon, MpsResource, Root
+from accelstats.mps.daemon import Daemon
+from accelstats.mps.rules import MpsResource, Root
 from accelstats.nomad import devices
 from accelstats.nomad.mpsshares import PluginMps
 from accelstats.nomad.proto import device_pb2

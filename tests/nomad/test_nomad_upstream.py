@@ -62,7 +62,7 @@ from support.plugin_util import H200, binary, config, mps_stop
 from accelstats.manager import Collection
 from accelstats.mps.proc import CONTAINER_FILE_LABEL, label_for_containers
 from accelstats.nomad import devices
-from accelstats.nomad.config import PluginConfig
+from accelstats.nomad.config import DEFAULTS
 from accelstats.nomad.mpsshares import PluginMps
 from accelstats.nomad.proto import device_pb2, structs_pb2
 from accelstats.settings import MpsResourceSettings, MpsSettings
@@ -187,7 +187,8 @@ def test_mps_clients_of_every_task_driver_reach_the_daemon(tmp_path: Path) -> No
 
 
 def mps_daemon_shm() -> Path:
-    from accelstats.mps.daemon import Daemon, MpsResource, Root
+    from accelstats.mps.daemon import Daemon
+    from accelstats.mps.rules import MpsResource, Root
 
     return Daemon(MpsResource("x", 2, (UUID0,)), GPUS, Root("/tmp/unused")).shm_dir
 
@@ -283,13 +284,13 @@ def test_current_draw_and_clocks_do_not_resend_the_fingerprint() -> None:
                               clocks_hz=(("graphics", mhz * 1e6),), error="" if up else "GPU_IS_LOST")
         return Collection(snapshot=DeviceSnapshot(devices=[gpu], samples={H200: sample}, driver_version="580"))
 
-    first = devices.fingerprint(device_pb2, structs_pb2, collection(126.4, 1980), PluginConfig())
-    second = devices.fingerprint(device_pb2, structs_pb2, collection(700.0, 1755), PluginConfig(), first)
+    first = devices.fingerprint(device_pb2, structs_pb2, collection(126.4, 1980), DEFAULTS)
+    second = devices.fingerprint(device_pb2, structs_pb2, collection(700.0, 1755), DEFAULTS, first)
     assert second.groups[0].SerializeToString(deterministic=True) == first.groups[0].SerializeToString(
         deterministic=True)
-    changed = devices.fingerprint(device_pb2, structs_pb2, collection(690.0, 1700, up=False), PluginConfig(), second)
+    changed = devices.fingerprint(device_pb2, structs_pb2, collection(690.0, 1700, up=False), DEFAULTS, second)
     assert not changed.groups[0].devices[0].healthy  # health changed: the group is sent anew ...
-    again = devices.fingerprint(device_pb2, structs_pb2, collection(690.0, 1700), PluginConfig(), changed)
+    again = devices.fingerprint(device_pb2, structs_pb2, collection(690.0, 1700), DEFAULTS, changed)
     assert attrs_of(again.groups[0])["power"].int_val == 690  # ... and the next read is taken
 
 
@@ -388,11 +389,11 @@ def test_a_missing_mig_capability_node_fails_the_reserve(tmp_path: Path) -> None
     parent = Device(index=0, minor=2, uuid="GPU-A", name="NVIDIA A100-SXM4-80GB", mig_mode="enabled")
     samples = {u: DeviceSample(uuid=u, up=True, memory_total_bytes=1 << 34) for u in ("GPU-A", "MIG-1")}
     host = Collection(snapshot=DeviceSnapshot(devices=[parent, mig], samples=samples))
-    (detected,) = devices.fingerprint(device_pb2, structs_pb2, host, PluginConfig(), mig_caps=caps,
+    (detected,) = devices.fingerprint(device_pb2, structs_pb2, host, DEFAULTS, mig_caps=caps,
                                       dev_root=str(dev)).groups[0].devices
     assert not detected.healthy and f"{dev}/nvidia-caps/nvidia-cap31 does not exist" in detected.health_description
     (dev / "nvidia-caps" / "nvidia-cap31").write_text("")
-    (detected,) = devices.fingerprint(device_pb2, structs_pb2, host, PluginConfig(), mig_caps=caps,
+    (detected,) = devices.fingerprint(device_pb2, structs_pb2, host, DEFAULTS, mig_caps=caps,
                                       dev_root=str(dev)).groups[0].devices
     assert detected.healthy
     res = devices.reserve(device_pb2, snap, ["MIG-1"], caps, dev_root=str(dev))

@@ -140,9 +140,10 @@ def test_each_bound_of_the_plugin_config_is_refused_by_name(config: dict[str, An
 def test_the_largest_values_within_bounds_are_accepted() -> None:
     config = decode(packed({"ignored_gpu_ids": ["GPU-" + "1" * 252] * 1024,
                             "file_devices": {"dir": "/tmp", "vendor": "v" * 256},
-                            "mps": {"resource": [{"name": "n" * 255, "replicas": 48, "devices": ["0"] * 256}]
+                            "mps": {"resource": [{"name": "n" * 255, "replicas": 48,  # distinct: one GPU, one listing
+                                                  "devices": [str(n) for n in range(256)]}]
                                     + [{"name": f"r{n}", "replicas": 2} for n in range(255)]}}))
-    assert len(config.ignored_gpu_ids) == 1024 and config.file_devices.vendor == "v" * 256
+    assert len(config.nomad.ignored_gpu_ids) == 1024 and config.file_devices.vendor == "v" * 256
     assert len(config.mps.resources) == 256 and config.mps.resources[0].replicas == 48
     assert len(config.mps.resources[0].devices) == 256
 

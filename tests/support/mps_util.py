@@ -6,7 +6,7 @@ import os
 import time
 from pathlib import Path
 
-from accelstats.mps.daemon import MpsGpu
+from accelstats.mps.rules import MpsGpu
 
 DOUBLE_DIR = Path(__file__).resolve().parent / "mps_double"
 DOUBLE = DOUBLE_DIR / "nvidia-cuda-mps-control"
