@@ -16,10 +16,10 @@ from pathlib import Path
 
 from accelstats.cgroups import identify_with_root, parse_proc_cgroup
 from accelstats.cgroups.identity import KnownLookup
-from accelstats.fsread import read_small
 from accelstats.mps.daemon import Daemon, DaemonStatus, Manager, MpsError, MpsGpu, MpsResource, Root
 from accelstats.settings import MpsResourceSettings, MpsSettings
 from collectors.deadline import DeadlineWorker
+from collectors.fsread import read_small
 from collectors.model import DeviceSnapshot
 
 
