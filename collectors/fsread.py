@@ -3,11 +3,11 @@
 The exporter runs as root and reads files in trees that containers, runtimes and operators write:
 ``/proc/<pid>/cgroup``, ``cgroup.procs``, ``devices.list``, ``mountinfo``, sysfs's PCI ``vendor``
 files, the runtimes' state files and indexes, the web configuration and its TLS files, often through
-a mounted root (``--proc-root``, ``--cgroup-root``, ``--rootfs``, ``--sysfs-root``) where anything can
+a mounted root (``--proc-root``, ``--cgroup-root``, ``--rootfs``, ``sysfs_root``) where anything can
 stand in their place: a FIFO (an ``open`` or a ``read`` that never returns), a device (``/dev/urandom``:
 a read that never ends; a watchdog or a tape: an ``open`` that *does* something), a huge file, a
-symbolic link to any of them. Every reader calls :func:`read_regular`; nothing else in the two packages
-opens such a file itself.
+symbolic link to any of them. A reader of such a file calls :func:`read_regular` and does not open
+the file itself: the rules below live here once.
 
 How :func:`read_regular` reads ``path``:
 
@@ -146,7 +146,7 @@ def _reopen(handle: int, path: str | os.PathLike[str], st: os.stat_result, follo
         return os.open(f"/proc/self/fd/{handle}", flags)
     except FileNotFoundError as exc:
         if os.path.isdir("/proc/self/fd"):
-            return _failed(exc)  # the inode is gone (a process that exited, a file unlinked)
+            return _failed(exc)  # /proc is there: the inode is gone (a procfs file whose process exited)
     except OSError as exc:
         return _failed(exc)
     # No /proc: open the path again, and keep it only if it is still the inode that was checked.
