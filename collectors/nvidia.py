@@ -19,8 +19,6 @@ library underneath). Rules it follows:
 from __future__ import annotations
 
 import logging
-import os
-import stat
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -29,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from collectors.deadline import DeadlineWorker
+from collectors.fsread import read_regular
 from collectors.model import Device, DeviceSample, DeviceSnapshot, NoDataError, ProcessType, ProcessUsage
 from collectors.nvml_call import DeviceLostError, NvmlCaller, NvmlUnavailableError
 from collectors.pcie import PcieSampler
@@ -60,20 +59,14 @@ def nvidia_pci_devices(sysfs_root: Path) -> list[str]:
     """PCI addresses of NVIDIA devices: ``<sysfs_root>/bus/pci/devices/*/vendor`` == ``0x10de``.
 
     Returns a sorted list such as ``["0000:00:06.0"]``; an unreadable tree gives ``[]``. Each file
-    is read non-blocking, only when it is a regular file (sysfs attributes are), and at most 64
-    bytes: a FIFO or a device planted in a mounted tree cannot hang start-up.
+    is read with :func:`collectors.fsread.read_regular`: only a regular file (sysfs attributes are;
+    the ``<address>`` directories before it are links, followed), never a symbolic link, at most its
+    first 64 bytes: a FIFO or a device planted in a mounted tree cannot hang start-up nor be opened.
     """
     found = []
     for vendor in sorted((sysfs_root / "bus" / "pci" / "devices").glob("*/vendor")):
-        try:
-            fd = os.open(vendor, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-            try:
-                text = os.read(fd, 64) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
-            finally:
-                os.close(fd)
-        except OSError:
-            continue
-        if text.strip().lower() == NVIDIA_PCI_VENDOR.encode():
+        text = read_regular(vendor, 64, past_limit="truncate").data
+        if text is not None and text.strip().lower() == NVIDIA_PCI_VENDOR.encode():
             found.append(vendor.parent.name)
     return found
 

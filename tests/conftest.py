@@ -28,10 +28,16 @@ from support.tls_pki import Pki, make_pki, openssl_missing
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
-# The replay's fault, hang and XID-event tables are test support: every replay opened by the tests,
-# in this process or in an accelstats subprocess, hands them to tests/support/replay_faults.py.
-os.environ["ACCELSTATS_REPLAY_EXTENSION"] = str(REPO_ROOT / "tests" / "support" / "replay_faults.py")
-import support.replay_faults  # noqa: E402, F401 - the replay then uses this module, not a second copy
+# The replay's fault, hang and XID-event tables are test support: every replay opened by the tests hands
+# them to tests/support/replay_faults.py, registered in-process (collectors.replay.lib.register_extension):
+# here for this process, and by tests/support/site/sitecustomize.py (Python's start-up hook, first on the
+# PYTHONPATH every subprocess inherits) in each process the tests start that opens a replay.
+SITE_DIR = REPO_ROOT / "tests" / "support" / "site"
+if str(SITE_DIR) not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(SITE_DIR), *filter(None, [os.environ.get("PYTHONPATH")])])
+import support.replay_faults  # noqa: E402
+
+support.replay_faults.register()
 
 
 def in_ci() -> bool:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from accelstats.attribution.containers import cgroup_of_pids
 from accelstats.attribution.openfds import pids_in_cgroup, process_start_time
-from accelstats.fsread import read_small
+from collectors.fsread import read_small
 
 if TYPE_CHECKING:
     from accelstats.attribution.cgroupns import CgroupNamespace

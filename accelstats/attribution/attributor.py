@@ -63,8 +63,8 @@ from accelstats.cgroups import (
 from accelstats.cgroups.bpf_program import UndecidableError
 from accelstats.cgroups.devices_bpf import DeviceProgramCache, DeviceProgramsError
 from accelstats.cgroups.trust import untrusted_because
-from accelstats.fsread import read_small
 from accelstats.settings import RuntimeRoots
+from collectors.fsread import read_small
 from collectors.model import DeviceSnapshot, ProcessUsage
 
 log = logging.getLogger(__name__)

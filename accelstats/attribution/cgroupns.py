@@ -20,7 +20,7 @@ import posixpath
 from pathlib import Path
 
 from accelstats.cgroups import parse_proc_cgroup
-from accelstats.fsread import read_small
+from collectors.fsread import read_small
 
 log = logging.getLogger(__name__)
 

@@ -44,7 +44,7 @@ from accelstats.cgroups import (
     parse_proc_cgroup,
     read_devices_list_text,
 )
-from accelstats.fsread import read_small_why
+from collectors.fsread import MISSING, SMALL, read_regular
 from collectors.model import Device, DeviceSnapshot, ProcessUsage
 
 log = logging.getLogger(__name__)
@@ -154,9 +154,10 @@ def cgroup_of_pids(pids: Iterable[int], proc_root: Path, controller: str,
     found = {}
     skipped: Counter[str] = Counter()
     for pid in pids:
-        data, why = read_small_why(proc_root / str(pid) / "cgroup")
+        got = read_regular(proc_root / str(pid) / "cgroup", SMALL, past_limit="truncate")
+        data = got.data
         if data is None:
-            skipped["pid_vanished" if why == "vanished" else "pid_unreadable"] += 1
+            skipped["pid_vanished" if got.reason == MISSING else "pid_unreadable"] += 1
             continue
         # surrogateescape, as os.scandir names the walked directories: the same bytes, the same str
         parsed = parse_proc_cgroup(data.decode("utf-8", errors="surrogateescape"))

@@ -92,7 +92,6 @@ import json
 import logging
 import os
 import re
-import stat
 import threading
 import time
 from collections import OrderedDict
@@ -105,6 +104,7 @@ from accelstats.attribution.containers import ContainerMetadata
 from accelstats.attribution.runtimes import RuntimeState
 from accelstats.cgroups.identity import ContainerIdentity
 from accelstats.settings import RuntimeRoots
+from collectors.fsread import NOT_REGULAR, TOO_LARGE, read_regular
 
 log = logging.getLogger(__name__)
 
@@ -339,28 +339,17 @@ class MetadataReader:
             return None
 
     def _read_bytes(self, path: Path) -> bytes | None:
-        try:
-            # O_NONBLOCK: a FIFO planted at the path must not hang the collection.
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-        except OSError as exc:
-            if exc.errno not in _ABSENT_ERRNOS:
-                log.debug("metadata: cannot open %s: %s", path, exc)
-            return None
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                log.debug("metadata: %s is not a regular file", path)
-                return None
-            with os.fdopen(fd, "rb", closefd=False) as f:
-                data = f.read(MAX_FILE_BYTES + 1)
-        except OSError as exc:
-            log.debug("metadata: cannot read %s: %s", path, exc)
-            return None
-        finally:
-            os.close(fd)
-        if len(data) > MAX_FILE_BYTES:
+        """The bytes of the state file ``path`` (:func:`collectors.fsread.read_regular`: a regular file,
+        not a symbolic link, of at most :data:`MAX_FILE_BYTES`; a larger one is refused, counted and
+        warned about); None when it is absent, unreadable or not a regular file (logged at debug)."""
+        got = read_regular(path, MAX_FILE_BYTES, past_limit="refuse")
+        if got.reason == TOO_LARGE:
             self._malformed(path, f"larger than {MAX_FILE_BYTES} bytes, not read")
-            return None
-        return data
+        elif got.reason == NOT_REGULAR:
+            log.debug("metadata: %s is not a regular file", path)
+        elif got.data is None and got.errno not in _ABSENT_ERRNOS:
+            log.debug("metadata: cannot read %s: %s", path, got.detail)
+        return got.data
 
     @property
     def errors(self) -> int:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from accelstats.fsread import ascii_int, read_small
+from collectors.fsread import ascii_int, read_small
 
 __all__ = [
     "DEFAULT_NVIDIA_MAJOR",

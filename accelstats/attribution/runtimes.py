@@ -38,7 +38,6 @@ import json
 import logging
 import os
 import re
-import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -47,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from accelstats.settings import RuntimeRoots
+from collectors.fsread import NOT_REGULAR, TOO_LARGE, read_regular
 
 log = logging.getLogger(__name__)
 
@@ -239,22 +239,20 @@ class RuntimeState:
         cached = self._indexes.get(path)
         if cached is not None and cached.signature == signature and not cached.racy:
             return cached.entries
-        entries = dict(self._parse_index(path, st, signature))
+        entries = dict(self._parse_index(path, signature))
         self._indexes[path] = _Parsed(signature, entries, _racy(st, now))
         return entries
 
-    def _parse_index(self, path: Path, st: os.stat_result,
-                     signature: tuple[int, int, int, int]) -> Iterator[tuple[str, StorageEntry]]:
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_INDEX_BYTES:
+    def _parse_index(self, path: Path, signature: tuple[int, int, int, int]) -> Iterator[tuple[str, StorageEntry]]:
+        got = read_regular(path, MAX_INDEX_BYTES, past_limit="refuse")
+        if got.reason in (NOT_REGULAR, TOO_LARGE):
             self._bad(path, signature, f"not a regular file of at most {MAX_INDEX_BYTES} bytes")
             return
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-            with os.fdopen(fd, "rb") as f:
-                doc = json.loads(f.read(MAX_INDEX_BYTES + 1))
-        except OSError as exc:
-            log.debug("runtime state: cannot read %s: %s", path, exc)
+        if got.data is None:
+            log.debug("runtime state: cannot read %s: %s", path, got.detail)
             return
+        try:
+            doc = json.loads(got.data)
         except (ValueError, RecursionError) as exc:
             self._bad(path, signature, f"not valid JSON: {type(exc).__name__}")
             return

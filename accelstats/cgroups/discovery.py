@@ -19,6 +19,7 @@ from pathlib import Path
 
 from accelstats.cgroups.devices_list import DevicesList, parse_devices_list
 from accelstats.cgroups.identity import ContainerIdentity, KnownLookup, identify, is_host_cgroup
+from collectors.fsread import read_regular
 
 DEFAULT_MAX_DEPTH = 16
 """Directories deeper than this below the hierarchy root are not entered (counted instead)."""
@@ -181,29 +182,12 @@ def read_devices_list(directory: Path) -> DevicesList | None:
 
 
 def read_devices_list_text(directory: Path | str) -> str | None:
-    """The text of ``<directory>/devices.list`` (at most 64 KiB, invalid UTF-8 replaced), or ``None``
-    when it vanished, cannot be read, or is not a regular file (cgroupfs's is; a FIFO, a device such
-    as ``/dev/urandom`` or a directory planted in a mounted tree is refused unread). Never raises
-    ``OSError``."""
-    chunks: list[bytes] = []
-    size = 0
-    try:
-        # O_NONBLOCK: a FIFO planted as devices.list in a mounted tree must not hang the scrape.
-        fd = os.open(os.path.join(directory, "devices.list"), os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return None
-            while size < _MAX_DEVICES_LIST_BYTES:
-                chunk = os.read(fd, 16384)  # cgroupfs answers in page-sized reads; no 1 MiB buffer per file
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                size += len(chunk)
-        finally:
-            os.close(fd)
-    except OSError:
-        return None
-    return b"".join(chunks)[:_MAX_DEVICES_LIST_BYTES].decode("utf-8", errors="replace")
+    """The text of ``<directory>/devices.list`` (its first 64 KiB: a longer one is cut there, invalid
+    UTF-8 replaced), or ``None`` when it vanished, cannot be read, or is not a regular file (cgroupfs's
+    is; a FIFO, a device such as ``/dev/urandom``, a symbolic link or a directory planted in a mounted
+    tree is refused unopened: :func:`collectors.fsread.read_regular`). Never raises ``OSError``."""
+    data = read_regular(os.path.join(directory, "devices.list"), _MAX_DEVICES_LIST_BYTES, past_limit="truncate").data
+    return None if data is None else data.decode("utf-8", errors="replace")
 
 
 # Containers' devices.list texts repeat (most containers of a host share a handful of rule sets), and

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from accelstats.fsread import read_small
+from collectors.fsread import read_small
 
 DEFAULT_CGROUP_ROOT = Path("/sys/fs/cgroup")
 DEFAULT_PROC_ROOT = Path("/proc")

@@ -20,12 +20,12 @@ from typing import Any
 
 from accelstats.cgroups import identify_with_root, parse_proc_cgroup
 from accelstats.cgroups.identity import KnownLookup
-from accelstats.fsread import read_small
 from accelstats.mps.control import DEFAULT_BINARY, DaemonStatus
 from accelstats.mps.daemon import Daemon
 from accelstats.mps.rules import MpsError, MpsGpu, MpsResource, Root, check_names, validate_resources
 from accelstats.settings import MpsResourceSettings, MpsSettings
 from collectors.deadline import DeadlineWorker
+from collectors.fsread import read_small
 from collectors.model import DeviceSnapshot
 
 

@@ -323,7 +323,7 @@ class DevicePluginServicer(device_pb2_grpc.DevicePluginServicer):  # type: ignor
 def _mig_caps(state: DevicePluginState) -> dict[tuple[int, int, int], list[int]]:
     """(parent minor, gi, ci) -> the nvidia-caps minors a MIG instance's task needs, from mig-minors."""
     from accelstats.cgroups import parse_mig_minors
-    from accelstats.fsread import read_small
+    from collectors.fsread import read_small
 
     data = read_small(state.settings.proc_root / "driver" / "nvidia-caps" / "mig-minors")
     if data is None:

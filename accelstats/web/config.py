@@ -35,10 +35,8 @@ without a restart; warnings for loose file modes and dated certificates).
 from __future__ import annotations
 
 import logging
-import os
 import re
 import ssl
-import stat
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +45,7 @@ from typing import Any
 import yaml
 
 from accelstats.settings import ConfigError
+from collectors.fsread import read_regular
 
 log = logging.getLogger(__name__)
 
@@ -268,19 +267,14 @@ def _yaml_reason(exc: yaml.YAMLError) -> str:
 
 
 def _read_bytes(path: Path, limit: int = MAX_FILE_BYTES) -> bytes:
-    """The bytes of ``path``: a regular file of at most ``limit`` bytes, opened ``O_NONBLOCK`` and
-    checked with ``fstat`` before anything is read, so that a FIFO or a device named by mistake (or
-    by someone who can write the configuration) is an error rather than a read that never returns.
-    Raises OSError, or ValueError saying what is wrong. (A file on a hung network mount still blocks
-    the caller: :class:`WebConfigSource` reads only at start-up and in its own checking thread.)"""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError("not a regular file")
-        data = f.read(limit + 1)
-    if len(data) > limit:
-        raise ValueError(f"larger than {limit} bytes")
-    return data
+    """The bytes of ``path``: a regular file of at most ``limit`` bytes, or a symbolic link to one
+    (Kubernetes and certbot mount these files as links), read with
+    :func:`collectors.fsread.read_regular`: a FIFO or a device named by mistake (or by someone who
+    can write the configuration) is refused without being opened, rather than a read that never
+    returns; a larger file is refused, not cut. Raises OSError, or ValueError saying what is wrong.
+    (A file on a hung network mount still blocks the caller: :class:`WebConfigSource` reads only at
+    start-up and in its own checking thread.)"""
+    return read_regular(path, limit, past_limit="refuse", follow_symlinks=True).data_or_raise()
 
 
 def _read_bounded(path: Path) -> str:

@@ -34,13 +34,10 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import importlib.util
 import inspect
 import json
 import logging
-import os
 import re
-import sys
 import threading
 import weakref
 from collections import Counter
@@ -53,19 +50,12 @@ import pynvml
 
 from collectors.replay.state import ReplayError, ReplayEventData, ReplayEventSet, ReplayState
 
-__all__ = ["EXTENSION_ENV", "LIBRARY", "Generation", "ReplayLibrary", "ReplayedNVML", "generation_for",
-           "generations", "install", "open_replay"]
+__all__ = ["LIBRARY", "Generation", "ReplayExtension", "ReplayLibrary", "ReplayedNVML", "generation_for",
+           "generations", "install", "open_replay", "register_extension"]
 
 log = logging.getLogger(__name__)
 
 SYMBOLS_FILE = Path(__file__).with_name("symbols.json")
-EXTENSION_TABLES = ("fault", "event")  # the scenario tables only the extension reads
-EXTENSION_ENV = "ACCELSTATS_REPLAY_EXTENSION"
-"""Environment variable naming a Python file that handles scenario tables the product does not read
-(the test support's ``[[fault]]`` and ``[[event]]``): it defines ``TABLES`` (names) and
-``attach(state)``. Loaded only for a scenario that has such tables; unset in production, such a
-scenario is refused."""
-
 SUCCESS, ERR_INVALID_ARGUMENT, ERR_NOT_SUPPORTED, ERR_INSUFFICIENT_SIZE = 0, 2, 3, 7
 ERR_FUNCTION_NOT_FOUND, ERR_UNKNOWN = 13, 999
 VALUE_NOT_AVAILABLE_ULL = 2**64 - 1
@@ -616,26 +606,42 @@ class ReplayedNVML:
         return bound
 
 
+@dataclass(frozen=True)
+class ReplayExtension:
+    """Code that reads scenario tables the replay itself does not: ``tables`` (their names, e.g. the
+    test support's ``("fault", "event")``), handed to ``attach(state)`` with the scenario's tables in
+    ``state.extra``; ``attach`` may add ``state.call_hooks`` and set ``state.event_source``, and raises
+    (any exception; it becomes a ReplayError) for a table it refuses. ``name`` says where it comes from,
+    for messages."""
+
+    name: str
+    tables: tuple[str, ...]
+    attach: Callable[[ReplayState], None]
+
+
+_extension: ReplayExtension | None = None
+_extension_lock = threading.Lock()
+
+
+def register_extension(extension: ReplayExtension | None) -> ReplayExtension | None:
+    """Make ``extension`` the one that :func:`open_replay` hands its tables to, in this process, from
+    now on (None: none); returns the one it replaces. accelstats registers none, so a scenario with
+    tables only an extension reads is refused (:func:`open_replay`). Code that imports the replay
+    registers one in-process; nothing is loaded from a file or the environment."""
+    global _extension
+    with _extension_lock:
+        previous, _extension = _extension, extension
+    return previous
+
+
 def open_replay(path: str | Path, **kwargs: Any) -> ReplayedNVML:
     """Load a capture or scenario (:meth:`ReplayState.from_path`; ``kwargs``: ``clock``, ``sleep``)
-    and put it under pynvml. A scenario's ``[[fault]]`` / ``[[event]]`` tables are handed to the
-    extension named by :data:`EXTENSION_ENV` (loaded only then). Raises ReplayError (a bad file, an
-    unknown driver generation, fault tables without the extension, a failing extension, the real
-    library already loaded)."""
-    state = ReplayState.from_path(path, tables=EXTENSION_TABLES, **kwargs)
-    extension = None
-    if state.extra:  # only a scenario that asks for faults or events needs the extension
-        which = " and ".join(f"[[{k}]]" for k in EXTENSION_TABLES if k in state.extra)
-        try:
-            extension = _extension()
-        except ReplayError as exc:
-            raise ReplayError(f"{path}: {which}: {exc}") from exc
-        if extension is None:
-            raise ReplayError(f"{path}: {which}: fault and event injection is test support "
-                              f"(tests/support/replay_faults.py, through {EXTENSION_ENV}), not part of accelstats")
-        unknown = sorted(set(state.extra) - set(getattr(extension, "TABLES", ())))
-        if unknown:
-            raise ReplayError(f"{path}: {', '.join(unknown)}: not read by {EXTENSION_ENV}")
+    and put it under pynvml. A scenario's tables that the :func:`register_extension`-ed extension
+    reads (the test support's ``[[fault]]`` / ``[[event]]``) are handed to it; without one such a
+    scenario is refused. Raises ReplayError (a bad file, an unknown driver generation, fault or event
+    tables without the extension, a table the extension refuses, the real library already loaded)."""
+    extension = _extension
+    state = ReplayState.from_path(path, tables=extension.tables if extension is not None else (), **kwargs)
     key = "driver_version" if Path(path).suffix.lower() == ".toml" else "<driver_version>"
     try:
         generation_for(state.capture.driver_version)
@@ -646,7 +652,7 @@ def open_replay(path: str | Path, **kwargs: Any) -> ReplayedNVML:
     if unknown:
         raise ReplayError(f"{path}: missing_functions: {', '.join(unknown)}: not a function of any "
                           "libnvidia-ml replayed (R470-R590)")
-    if extension is not None:
+    if extension is not None and state.extra:  # only a scenario with its tables needs the extension
         try:
             extension.attach(state)
         except ReplayError:
@@ -654,31 +660,3 @@ def open_replay(path: str | Path, **kwargs: Any) -> ReplayedNVML:
         except Exception as exc:  # the extension's own errors (CaptureError for its tables)
             raise ReplayError(str(exc)) from exc
     return ReplayedNVML(state)
-
-
-def _extension() -> Any:
-    """The module named by :data:`EXTENSION_ENV` (loaded once), or None."""
-    where = os.environ.get(EXTENSION_ENV, "")
-    if not where:
-        return None
-    cached = _EXTENSIONS.get(where)
-    if cached is None:  # the test support may have imported it already: use that module
-        real = os.path.realpath(where)
-        cached = next((m for m in list(sys.modules.values())
-                       if getattr(m, "__file__", None) and os.path.realpath(str(m.__file__)) == real), None)
-    if cached is None:
-        spec = importlib.util.spec_from_file_location("accelstats_replay_extension", where)
-        if spec is None or spec.loader is None:
-            raise ReplayError(f"{EXTENSION_ENV}={where}: not a Python file")
-        cached = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = cached  # dataclasses look their module up while the file runs
-        try:
-            spec.loader.exec_module(cached)
-        except Exception as exc:  # whatever the file raises while it loads: one error naming it
-            del sys.modules[spec.name]
-            raise ReplayError(f"{EXTENSION_ENV}={where}: {type(exc).__name__}: {exc}") from exc
-        _EXTENSIONS[where] = cached
-    return cached
-
-
-_EXTENSIONS: dict[str, Any] = {}

@@ -164,7 +164,7 @@ def serve_subprocess(args: Sequence[str], log: Path, *, prefix: Sequence[str] = 
     and wait at the end."""
     port = free_port()
     cmd = [*prefix, sys.executable, "-m", "accelstats", "serve", "--listen", f"127.0.0.1:{port}", *args]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, cwd="/", env=env, stdout=out, stderr=subprocess.STDOUT)
     try:

@@ -1,10 +1,13 @@
 """Fault, hang and XID-event injection for the NVML replay: the scenario tables ``[[fault]]`` and
 ``[[event]]``. Test support, not part of accelstats.
 
-The product's replay (``collectors.replay.state``, ``collectors.replay.lib``) keeps these tables unread
-when asked to, and calls :func:`attach` through the ``ACCELSTATS_REPLAY_EXTENSION`` environment
-variable, which ``tests/conftest.py`` points at this file (so ``accelstats`` subprocesses started by
-the tests get it too). A fault runs inside the replayed C function, below the real pynvml::
+The product's replay (``collectors.replay.state``, ``collectors.replay.lib``) hands these tables to
+the extension registered in the process (:func:`collectors.replay.lib.register_extension`), and
+refuses them when none is. :func:`register` registers this module: ``tests/conftest.py`` calls it in
+the test processes, and ``tests/support/site/sitecustomize.py`` (first on the ``PYTHONPATH`` that
+conftest gives every subprocess) calls it in each process the tests start, once
+``collectors.replay.lib`` is imported there (``python -m accelstats …``, ``nomad-device-accelstats``).
+A fault runs inside the replayed C function, below the real pynvml::
 
     [[fault]]
     gpu = 1                          # NVML index; without it the fault hits that call on every GPU
@@ -143,6 +146,16 @@ def attach(state: ReplayState) -> None:
         state.call_hooks.append(FaultHook(state, faults))
     if events:
         state.event_source = ScheduledEvents(events)
+
+
+def register() -> None:
+    """Hand every scenario's ``[[fault]]`` and ``[[event]]`` tables to :func:`attach` in this process
+    (:func:`collectors.replay.lib.register_extension`; registering again changes nothing)."""
+    # imported here, not at the top: where sitecustomize's hook is on, importing collectors.replay.lib
+    # calls register(), which must then find this module complete
+    from collectors.replay.lib import ReplayExtension, register_extension
+
+    register_extension(ReplayExtension("tests/support/replay_faults.py", TABLES, attach))
 
 
 def faults_of(state: ReplayState) -> tuple[Fault, ...]:

@@ -281,17 +281,44 @@ def test_bad_driver_keys_name_the_file_and_the_key(tmp_path: Path, text: str, me
     assert str(path) in str(exc.value)
 
 
-def test_the_fault_extension_is_loaded_only_for_scenarios_that_ask_for_it(tmp_path: Path) -> None:
-    """Without the test support (as in production, or in a sandbox that hides it), a capture and a plain
-    scenario replay; a scenario with [[fault]] is refused with the reason."""
+def test_without_the_test_rig_fault_tables_are_refused_and_no_file_is_executed(tmp_path: Path) -> None:
+    """As in production: a process started without tests/support/site on PYTHONPATH registers no
+    extension. A capture and a plain scenario replay; a scenario with [[fault]] is refused with the
+    reason; and a Python file named by the environment variable that used to load the extension is not
+    executed (it would leave a mark)."""
     plain = tmp_path / "plain.toml"
     plain.write_text(f'[[gpu]]\ncapture = "{H200.as_posix()}"\n')
     faulty = tmp_path / "faulty.toml"
     faulty.write_text(plain.read_text() + '[[fault]]\ncall = "nvmlInit"\nerror = "UNKNOWN"\n')
-    env = {k: v for k, v in os.environ.items() if k != "ACCELSTATS_REPLAY_EXTENSION"}
-    env["ACCELSTATS_REPLAY_EXTENSION"] = str(tmp_path / "hidden" / "replay_faults.py")  # does not exist
+    mark = tmp_path / "executed"
+    planted = tmp_path / "planted.py"
+    planted.write_text(f"open({str(mark)!r}, 'w').close()\nTABLES = ('fault', 'event')\ndef attach(state): pass\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["ACCELSTATS_REPLAY_EXTENSION"] = str(planted)
     for path, rc in ((H200, 0), (plain, 0), (faulty, 2)):
         proc = subprocess.run([sys.executable, "-m", "accelstats", "devices", "--json", "--nvml-replay", str(path)],
                               capture_output=True, text=True, timeout=60, check=False, env=env)
         assert proc.returncode == rc, proc.stderr
-    assert "[[fault]]" in proc.stderr and "hidden/replay_faults.py" in proc.stderr
+    assert proc.stderr == (f"accelstats: error: {faulty}: [[fault]]: fault and event injection is test support "
+                           "(tests/support/replay_faults.py), not part of accelstats\n")
+    assert not mark.exists()
+
+
+def test_in_process_the_extension_is_what_was_registered(tmp_path: Path) -> None:
+    """The tests' own process has the rig registered (tests/conftest.py); without it the same scenario is
+    refused, and with it again the fault is attached."""
+    from support import replay_faults
+
+    from collectors.replay.lib import ReplayExtension, register_extension
+
+    faulty = tmp_path / "faulty.toml"
+    faulty.write_text(f'[[gpu]]\ncapture = "{H200.as_posix()}"\n[[fault]]\ncall = "nvmlInit"\nerror = "UNKNOWN"\n')
+    previous = register_extension(None)
+    try:
+        assert previous == ReplayExtension("tests/support/replay_faults.py", ("fault", "event"), replay_faults.attach)
+        with pytest.raises(ReplayError, match=r"\[\[fault\]\]: fault and event injection is test support"):
+            open_replay(faulty)
+    finally:
+        register_extension(previous)
+    nvml = open_replay(faulty)
+    assert replay_faults.faults_of(nvml.state) == (replay_faults.Fault(call="nvmlInit", error="UNKNOWN"),)
