@@ -1,8 +1,8 @@
-"""The table of collectors: name -> (factory, enabled by default) (node_exporter's registerCollector).
+"""The table of collectors: name -> (factory, enabled by default, help) (node_exporter's
+registerCollector).
 
-The ``serve`` command builds its ``--collector``/``--no-collector`` help from this table, so the
-help can never go stale. Python has no ``init()``: the table is explicit rather than filled by
-import side effects.
+The ``serve`` command builds its ``--collector`` choices and help from this table, so the help can
+never go stale. The table is explicit rather than filled by import side effects.
 """
 
 from __future__ import annotations
