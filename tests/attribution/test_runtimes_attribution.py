@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 from conftest import in_ci
-from support.prom_harness import free_port
+from support.ports import free_port
 from support.runtimes_harness import IMAGE, Containerd, Docker, Podman, gpu_nodes, token
 from support.scenarios_util import two_gpu_scenario
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import in_ci
 from prometheus_client.parser import text_string_to_metric_families
-from support.prom_harness import free_port
+from support.ports import free_port
 
 CLI = [sys.executable, "-m", "accelstats"]
 

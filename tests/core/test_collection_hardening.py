@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 from conftest import in_ci
 from support.fuse_util import HangingFuse
-from support.prom_harness import free_port
+from support.ports import free_port
 
 from accelstats.cgroups import detect_layout
 from accelstats.manager import AcceleratorManager, Collection

@@ -48,7 +48,8 @@ from typing import Any
 import pytest
 from conftest import in_ci, require_runc
 from support.dashboards import FILES, load, panels
-from support.prom_harness import PrometheusServer, ScrapeTarget, free_port, prometheus_unavailable
+from support.ports import free_port
+from support.prom_harness import PrometheusServer, ScrapeTarget, prometheus_unavailable
 from support.runc_harness import ContainerSpec, RuncContainer, docker_cgroupfs_path, docker_id
 
 pytestmark = [pytest.mark.root, pytest.mark.slow,  # a real Prometheus and runc containers

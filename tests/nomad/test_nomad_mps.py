@@ -198,7 +198,7 @@ def test_the_plugin_walks_cgroups_only_when_it_serves_metrics(fixtures_dir: Path
     """Fingerprint, Stats and Reserve use no container data; a plugin over 10 000 containers spent a third
     of a core on the walk. Counted by the collector results, not timed."""
     from support.faultmatrix_util import Plugin
-    from support.prom_harness import free_port
+    from support.ports import free_port
 
     metrics_listen = f"127.0.0.1:{free_port()}" if walks else ""
     cfg = {"nvml_replay": str(fixtures_dir / "h200" / "nvidia-smi-q.xml"), "metrics_listen": metrics_listen}

@@ -24,6 +24,7 @@ from support.nomadclient.ctymsgpack import encode_for_spec
 from support.nomadclient.launcher import PluginProcess, StreamTimeoutError, run_lifecycle
 from support.nomadclient.validate import validate_fingerprint, validate_reserve, validate_stats
 from support.plugin_util import H200, binary, config, mps_stop
+from support.ports import free_port
 
 MPS_DOUBLE = Path(__file__).resolve().parents[1] / "support" / "mps_double"  # nvidia-smi, MPS control
 
@@ -252,11 +253,7 @@ def test_metrics_listen_accounts_per_allocation(tmp_path: Path, fixtures_dir: Pa
 
 @pytest.fixture
 def unused_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port()
 
 
 def test_without_the_cookie_it_explains_and_exits_1() -> None:

@@ -22,6 +22,7 @@ import pytest
 from support.nomadclient.ctymsgpack import encode_for_spec
 from support.nomadclient.launcher import PluginProcess
 from support.plugin_util import H200, binary, config
+from support.ports import free_port
 from support.tls_pki import Pki
 
 USER, PASSWORD = "prometheus", "scrape-pw"
@@ -30,9 +31,7 @@ HASH = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()  # co
 
 @pytest.fixture
 def port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port()
 
 
 @pytest.fixture

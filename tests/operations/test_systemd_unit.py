@@ -44,7 +44,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO_ROOT, in_ci
-from support.prom_harness import free_port
+from support.ports import free_port
 
 UNIT = REPO_ROOT / "systemd" / "accelstats.service"
 DOC = REPO_ROOT / "docs" / "systemd.md"

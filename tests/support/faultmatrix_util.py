@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -47,6 +46,7 @@ from collectors.nvidia import NvidiaBackend
 from collectors.replay.lib import open_replay
 from collectors.replay.state import ReplayState
 from support.nomadclient.ctymsgpack import encode_for_spec
+from support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 H200_UUID = "GPU-5f1c2a9e-0b7d-4c3e-9a61-2d8e4f7b9c10"
@@ -132,12 +132,6 @@ def replay_exporter(tmp_path: Path, scenario: Path, *, replay: dict[str, Any] | 
     s = Settings(nvml_replay=scenario, cgroup_root=tmp_path / "cgroup", proc_root=tmp_path / "proc", **settings)
     return Exporter(s, open_replay(scenario, **(replay or {})))
 
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_healthy(proc: subprocess.Popen[bytes], port: int, log: Path, timeout: float) -> None:

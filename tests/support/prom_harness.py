@@ -31,7 +31,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -43,7 +42,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-__all__ = ["PrometheusError", "PrometheusServer", "QueryResult", "ScrapeTarget", "free_port",
+from support.ports import free_port
+
+__all__ = ["PrometheusError", "PrometheusServer", "QueryResult", "ScrapeTarget",
            "prometheus_unavailable"]
 
 _HTTP_TIMEOUT_S = 10.0
@@ -113,12 +114,6 @@ class QueryResult:
             return list(self.result)
         return []
 
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 at the time of the call."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def prometheus_unavailable(binary: str = "prometheus") -> str | None:

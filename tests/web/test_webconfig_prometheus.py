@@ -25,7 +25,8 @@ from pathlib import Path
 import bcrypt
 import pytest
 from conftest import in_ci
-from support.prom_harness import PrometheusServer, ScrapeTarget, free_port, prometheus_unavailable
+from support.ports import free_port
+from support.prom_harness import PrometheusServer, ScrapeTarget, prometheus_unavailable
 from support.tls_pki import make_pki, openssl_missing
 
 H200_UUID = "GPU-5f1c2a9e-0b7d-4c3e-9a61-2d8e4f7b9c10"
