@@ -30,7 +30,6 @@ from prometheus_client.exposition import choose_encoder
 from accelstats import __version__, catalog
 from accelstats.manager import AcceleratorManager, Collection
 from accelstats.web.exposition import FastEncoder, describe_catalog, render, supported
-from accelstats.web.head import TEXT
 
 if TYPE_CHECKING:
     from accelstats.web.source import WebConfigSource
@@ -62,6 +61,7 @@ NVIDIA_STATE = {  # accelstats_nvml_state, in words, for the landing page
     "": "NVIDIA: not read yet (the first scrape of /metrics reads it).",
 }
 ALLOW = "GET, HEAD"
+TEXT = "text/plain; charset=utf-8"
 
 # -- content negotiation ----------------------------------------------------------------------------
 

@@ -177,7 +177,6 @@ def test_the_web_wing_stays_small() -> None:
     assert web_wing_lines() <= WEB_WING_MAX_LINES
 
 
-@pytest.mark.xfail(strict=True, reason="the hand-written server is replaced by asyncio + h11 (issue 23)")
 def test_no_module_drives_sockets_itself() -> None:
     """Sockets, HTTP framing and TLS come from asyncio and h11: no module of ours imports ``selectors``
     or ``select`` (epoll, poll)."""
