@@ -52,7 +52,7 @@ import sys
 import threading
 import time
 from asyncio import sslproto
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
 from email.utils import formatdate
 from typing import TYPE_CHECKING, Any
@@ -97,7 +97,7 @@ _HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-leng
 # asyncio's SSL protocol allocates (and zeroes) a read buffer of this many bytes per connection, 256 KiB by
 # default: 1 500 TLS connections held 375 MiB. A TLS record holds at most 16 KiB, so reads of 16 KiB lose
 # nothing (docs/performance.md, the attack benchmark).
-_TLS_READ_BYTES = 16 << 10
+_TLS_READ_BYTES = 4 << 10
 
 # connection states
 _TLS_START = "tls_start"  # waiting for the first byte: TLS or not
@@ -151,6 +151,10 @@ class _Conn(asyncio.Protocol):
     """One client connection: asyncio calls it, the server's event loop alone changes it (but
     ``started``, set by the worker that takes its request)."""
 
+    __slots__ = ("client", "closed", "drained", "empty", "eof", "fed", "held", "http", "inbox", "keep_alive",
+                 "not_tls", "out", "paused", "peer", "requests", "server", "sock", "started", "state", "task",
+                 "timer", "tls", "transport", "unsent")
+
     def __init__(self, server: HTTPServer, sock: socket.socket, peer: Any, tls: bool) -> None:
         self.server = server
         self.sock = sock
@@ -166,7 +170,7 @@ class _Conn(asyncio.Protocol):
         self.fed = 0  # bytes of the inbox given to self.http
         self.empty = 0  # empty-line bytes dropped before the request being read
         self.inbox = bytearray()  # bytes read and not given to h11 (the head's rest, pipelined requests)
-        self.out: deque[memoryview] = deque()
+        self.out: list[memoryview] = []  # the answer's parts not yet handed to the transport
         self.unsent = 0
         self.keep_alive = False
         self.requests = 0
@@ -318,7 +322,7 @@ class _Conn(asyncio.Protocol):
         """Write ``out``; then the next request (``keep_alive``), or linger and close."""
         server = self.server
         server.counters.answered(str(code))
-        self.out = deque(memoryview(b) for b in out if b)
+        self.out = [memoryview(b) for b in out if b]
         self.unsent = sum(len(b) for b in self.out)
         server.unsent += self.unsent
         self.keep_alive = keep_alive and not self.eof
@@ -339,7 +343,7 @@ class _Conn(asyncio.Protocol):
             if n < len(data):
                 self.out[0] = data[n:]
             else:
-                self.out.popleft()
+                del self.out[0]
         if self.out or self.paused or self.closed:
             return  # resume_writing brings it back when the kernel has taken the rest
         if self.eof:
@@ -524,6 +528,8 @@ class HTTPServer:
                 sock.close()
                 continue
             sock.setblocking(False)
+            if sock.family in (socket.AF_INET, socket.AF_INET6):  # asyncio sets it only where proto is TCP, not 0
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn = _Conn(self, sock, peer, self.web is not None and self.web.tls_enabled)
             self.conns[conn] = None
             if conn.tls:
