@@ -13,9 +13,9 @@ if TYPE_CHECKING:
 
 def serve(manager: AcceleratorManager, host: str, port: int,
           web: WebConfigSource | None = None) -> tuple[HTTPServer, threading.Thread]:
-    """Serve ``/metrics``, ``/healthz`` and ``/`` from ``manager`` on ``host:port`` in a daemon thread
-    (:func:`accelstats.web.server.serve`, imported on first use); ``web``: the web configuration (TLS,
-    basic auth, headers). Returns ``(server, thread)``; raises OSError when the address cannot be bound."""
+    """:func:`accelstats.web.server.serve`, imported on first use: ``/metrics``, ``/healthz`` and ``/`` of
+    ``manager`` on ``host:port`` in a daemon thread, ``web`` the web configuration (TLS, basic auth,
+    headers). Returns ``(server, thread)``; raises OSError when the address cannot be bound."""
     from accelstats.web.server import serve as start
 
     return start(manager, host, port, web)

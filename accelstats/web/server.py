@@ -1,39 +1,21 @@
 """The HTTP(S) server of ``accelstats serve`` and of the Nomad plugin's ``metrics_listen``.
 
-asyncio owns the sockets, the event loop and TLS (``connect_accepted_socket`` with the web
-configuration's SSL context); h11 reads request heads and frames answers (HTTP/1.1). This module is
-the policy on top, so that clients that connect and stall cannot lock out a scrape:
+asyncio owns the sockets, the event loop and TLS; h11 reads request heads and frames answers. This
+module is the policy on top, so that clients that connect and stall cannot lock out a scrape (what each
+part prevents, and what it was measured to cost: docs/security.md, docs/performance.md):
 
-* *One event-loop thread* (``accelstats-http``) holds every connection; the WSGI app
-  (:mod:`accelstats.web.app`, wrapped by :class:`accelstats.web.auth.BasicAuth` with a web
-  configuration) runs on at most :data:`WORKERS` threads, only for a complete request head. An idle,
-  slow or handshake-stalling client costs a descriptor and the bytes it sent, never a thread.
-* *Work is shared by client address* (:class:`accelstats.web.workers.FairWorkers`): round-robin by
-  address, at most two requests of one address running, unfiltered ``/metrics`` scrapes (which share
-  one collection and body) uncapped. A request whose client has closed its side before a worker takes
-  it is neither run nor answered, as nginx does.
-* *Deadlines are totals*, fixed when a connection enters a state: the TLS handshake within
-  ``handshake_timeout`` (10 s) of the accept; a request head within ``header_timeout`` (10 s) of the
-  accept (plain), of the handshake's end (TLS) or of the first byte after keep-alive idleness;
-  keep-alive idle ``idle_timeout`` (90 s); a whole answer in the kernel within ``write_timeout`` (30 s).
-  A request waiting for a worker, or running, has none: the collection has its own.
-* *HTTP/1.1 keep-alive*, at most ``max_requests`` (1000) requests per connection, pipelined requests
-  answered in order (HTTP/1.0 gets one request per connection: h11 keeps no HTTP/1.0 connection
-  alive). A request announcing a body is answered and its connection closed. Heads are bounded:
-  ``431`` past :data:`MAX_HEAD_BYTES` or :data:`MAX_HEADERS` lines; a head h11 refuses gets ``400``;
-  ``HTTP/x.y`` other than 1.0 and 1.1 gets ``505``; up to :data:`MAX_EMPTY_LINE_BYTES` of empty lines
-  before a request are ignored (RFC 9112 §2.2), more get ``400``.
-* *Bounded connections*: at most ``max_connections`` (:func:`connection_limit`: 4096, less under a
-  low ``RLIMIT_NOFILE``). A newcomer at the limit, or ``EMFILE`` from ``accept``, closes the connection
-  longest in its state among those whose request is not running (``evicted``); when every connection
-  has a request running the newcomer is closed (``limit``). A scraper needs milliseconds from connect
-  to a complete request, so a flood would have to open ``max_connections`` connections in those
-  milliseconds to push it out, while the slots it holds are the first to go.
-* *Bounded memory for answers*: unsent answers, all connections together, stay under
-  ``output_budget`` (128 MiB); past it the connection writing longest is closed (``evicted``).
-* After a connection's last answer: half-close, then read and drop what the client still sends
-  (64 KiB, :data:`LINGER_TIMEOUT`), so that our close does not reset the answer away. Plain HTTP sent
-  to the TLS port gets Go's ``400``. Closes are counted by reason in :class:`ServerCounters`.
+* one event-loop thread holds every connection; the WSGI app runs on at most :data:`WORKERS` threads
+  (:class:`~accelstats.web.workers.FairWorkers`), only for a complete head, and not at all for a
+  client that closed its side before a worker took its request;
+* total deadlines, fixed when a connection enters a state: the TLS handshake (from the accept), the
+  request head (from the accept, the handshake's end or the first byte after keep-alive idleness),
+  keep-alive idleness, and the whole answer handed to the kernel;
+* HTTP/1.1 keep-alive (HTTP/1.0: one request per connection, h11's rule), bounded and pipelined; a
+  request announcing a body is answered, then its connection closed; heads bounded by h11 and the
+  pre-checks of :meth:`_Conn.parse`; connections bounded (:func:`connection_limit`, oldest-first
+  eviction of those whose request is not running) and unsent answers too (``output_budget``);
+* after the last answer, a half-close and a short linger; Go's ``400`` for plain HTTP on the TLS port;
+  closes counted by reason, answers by code (:class:`~accelstats.web.app.ServerCounters`).
 """
 
 from __future__ import annotations
@@ -73,40 +55,28 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_CONNECTIONS = 4096
 FD_RESERVE = 256  # descriptors kept out of the connection limit: NVML's device nodes, files read, stdio, epoll
-# Threads running the WSGI app at most: as many as the scrapers that may come at once, so that they share
-# one collection (50 concurrent scrapers of 2 MB bodies: 31/s with 16 workers, 78/s with 64; benchmarks/load.py).
+# Threads running the app at most: as many as scrapers that may come at once, so that they share a collection
+# (50 concurrent scrapers of 2 MB bodies: 31/s with 16 workers, 78/s with 64; benchmarks/load.py).
 WORKERS = 64
 WORKER_IDLE_EXIT = 5.0  # seconds an idle worker thread waits for work before it ends
-HANDSHAKE_TIMEOUT = 10.0  # seconds from accept to a finished TLS handshake
-HEADER_TIMEOUT = 10.0  # seconds for a whole request head
-IDLE_TIMEOUT = 90.0  # seconds a keep-alive connection may wait for its next request
-WRITE_TIMEOUT = 30.0  # seconds to hand a whole answer to the kernel
-LINGER_TIMEOUT = 2.0  # seconds, after our last byte, to read what the client still sends before closing
-LINGER_BYTES = 65536
-MAX_REQUESTS = 1000  # requests per connection
-MAX_HEAD_BYTES = 32768
-MAX_HEADERS = 100
-MAX_EMPTY_LINE_BYTES = 64  # CR and LF bytes ignored before one request; more is not a client's mistake
-OUTPUT_BUDGET = 128 << 20  # bytes of unsent answers, all connections together, before the oldest unread go
-_CHUNK = 256 << 10  # bytes handed to a transport at a time; the next when the kernel has taken them
+HANDSHAKE_TIMEOUT, HEADER_TIMEOUT, IDLE_TIMEOUT, WRITE_TIMEOUT = 10.0, 10.0, 90.0, 30.0  # seconds
+LINGER_TIMEOUT, LINGER_BYTES = 2.0, 65536  # after our last byte: what the client still sends is read and dropped
+MAX_REQUESTS = 1000  # per connection
+MAX_HEAD_BYTES, MAX_HEADERS = 32768, 100  # past either: 431
+MAX_EMPTY_LINE_BYTES = 64  # CR and LF bytes ignored before a request (RFC 9112 §2.2); more: 400
+OUTPUT_BUDGET = 128 << 20  # bytes of unsent answers, all connections together
+_CHUNK = 256 << 10  # bytes handed to a transport at once; the next when the kernel has taken them
 _ACCEPTS_PER_WAKE = 64
 _ACCEPT_RETRY = 0.1  # seconds before accepting again when out of descriptors with nothing to evict
 _NOT_TLS = (b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
             b"Client sent an HTTP request to an HTTPS server.\n")  # what Go's net/http answers
 _HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "date", "upgrade"})
-# asyncio's SSL protocol allocates (and zeroes) a read buffer of this many bytes per connection, 256 KiB by
-# default: 1 500 TLS connections held 375 MiB. A TLS record holds at most 16 KiB, so reads of 16 KiB lose
-# nothing (docs/performance.md, the attack benchmark).
+# asyncio's TLS protocol allocates and zeroes a read buffer of SSLProtocol.max_size bytes per connection:
+# 256 KiB, 250 MiB for 1000 connections. Request heads are small; 4 KiB reads lose nothing.
 _TLS_READ_BYTES = 4 << 10
-
-# connection states
-_TLS_START = "tls_start"  # waiting for the first byte: TLS or not
-_HANDSHAKE = "handshake"
-_READING = "reading"  # a request head, begun or not
-_IDLE = "idle"  # keep-alive, between requests
-_WORKING = "working"  # a request with a worker (queued or running): no deadline; evictable until it starts
-_WRITING = "writing"
-_LINGER = "linger"  # after our last byte: half-closed, reading until EOF
+# connection states; a request with a worker (_WORKING) has no deadline and is evictable until it starts
+_TLS_START, _HANDSHAKE, _READING, _IDLE, _WORKING, _WRITING, _LINGER = (
+    "tls_start", "handshake", "reading", "idle", "working", "writing", "linger")
 _TIMEOUT_REASON = {_TLS_START: "tls_handshake_timeout", _HANDSHAKE: "tls_handshake_timeout",
                    _READING: "header_timeout", _IDLE: "idle_timeout", _WRITING: "write_timeout"}
 
@@ -117,27 +87,23 @@ def connection_limit(default: int = DEFAULT_MAX_CONNECTIONS, reserve: int = FD_R
     """Connections to allow under this process's ``RLIMIT_NOFILE`` soft limit: ``default``, or the
     soft limit less ``reserve`` descriptors (at least half the limit) when that is lower."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return default
-    room = soft - reserve if soft - reserve >= soft // 2 else soft // 2
-    return max(1, min(default, room))
+    return default if soft == resource.RLIM_INFINITY else max(1, min(default, max(soft - reserve, soft // 2)))
 
 
 def split_target(target: str) -> tuple[str, str]:
     """``(path, query)`` of a request target in origin form (``/metrics?x``) or absolute form
     (``http://host:port/metrics?x``, path ``/`` when empty, RFC 9112 §3.2.2); raises ValueError for an
     absolute form ``urlsplit`` refuses (``http://[::1/metrics``, a port that is not a number)."""
-    if target.lower().startswith(("http://", "https://")):
-        parts = urlsplit(target)
-        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
-        return parts.path or "/", parts.query
-    path, _, query = target.partition("?")
-    return path, query
+    if not target.lower().startswith(("http://", "https://")):
+        path, _, query = target.partition("?")
+        return path, query
+    parts = urlsplit(target)
+    parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    return parts.path or "/", parts.query
 
 
-def _answer(http_conn: h11.Connection, code: int, text: str) -> list[bytes]:
-    """This server's own answer ``code`` with the body ``text``, framed by ``http_conn``; it closes the
-    connection."""
+def _own_answer(http_conn: h11.Connection, code: int, text: str) -> list[bytes]:
+    """This server's answer ``code`` (and ``Connection: close``) with the body ``text``, framed by h11."""
     body = text.encode()
     head = http_conn.send(h11.Response(status_code=code, reason=http.HTTPStatus(code).phrase, headers=[
         ("Content-Type", TEXT), ("Content-Length", str(len(body))), ("Date", formatdate(usegmt=True)),
@@ -148,46 +114,31 @@ def _answer(http_conn: h11.Connection, code: int, text: str) -> list[bytes]:
 
 
 class _Conn(asyncio.Protocol):
-    """One client connection: asyncio calls it, the server's event loop alone changes it (but
-    ``started``, set by the worker that takes its request)."""
+    """One client connection; asyncio calls it and only the event loop changes it, but ``started``
+    (set by the worker that takes its request)."""
 
     __slots__ = ("client", "closed", "drained", "empty", "eof", "fed", "held", "http", "inbox", "keep_alive",
                  "not_tls", "out", "paused", "peer", "requests", "server", "sock", "started", "state", "task",
                  "timer", "tls", "transport", "unsent")
 
     def __init__(self, server: HTTPServer, sock: socket.socket, peer: Any, tls: bool) -> None:
-        self.server = server
-        self.sock = sock
-        self.peer = peer
-        self.client = str(peer[0]) if isinstance(peer, tuple) and peer else "local"  # the key of its requests
-        self.tls = tls
-        self.not_tls: bool | None = None  # TLS port, not a TLS client: True plain HTTP, False anything else
+        self.server, self.sock, self.peer, self.tls = server, sock, peer, tls
+        self.client = str(peer[0]) if isinstance(peer, tuple) and peer else ""  # the key of its requests
+        self.not_tls: bool | None = None  # on the TLS port, not TLS: True plain HTTP, False anything else
         self.transport: asyncio.Transport | None = None
-        self.task: asyncio.Task[Any] | None = None  # connect_accepted_socket (and the TLS handshake) running
-        self.state = ""
+        self.task: asyncio.Task[Any] | None = None  # connect_accepted_socket (with the TLS handshake)
         self.timer: asyncio.TimerHandle | None = None
         self.http: h11.Connection | None = None  # the request being read or answered
-        self.fed = 0  # bytes of the inbox given to self.http
-        self.empty = 0  # empty-line bytes dropped before the request being read
-        self.inbox = bytearray()  # bytes read and not given to h11 (the head's rest, pipelined requests)
-        self.out: list[memoryview] = []  # the answer's parts not yet handed to the transport
-        self.unsent = 0
-        self.keep_alive = False
-        self.requests = 0
-        self.drained = 0
-        self.eof = False  # the client closed its side
-        self.paused = False  # the transport holds bytes the kernel did not take
-        self.held = False  # reading paused: pipelined bytes past MAX_HEAD_BYTES wait in the kernel
-        self.started = False
-        self.closed = False
-
-    # -- asyncio's calls
+        self.inbox = bytearray()  # bytes not given to h11 yet (pipelined requests)
+        self.out: list[memoryview] = []  # the answer's parts not handed to the transport yet
+        self.state = ""
+        self.fed = self.empty = self.unsent = self.requests = self.drained = 0
+        self.keep_alive = self.eof = self.paused = self.held = self.started = self.closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
-        # pause_writing whenever the kernel did not take everything (asyncio's TLS pauses at >= high)
-        transport.set_write_buffer_limits(high=1, low=0)
+        transport.set_write_buffer_limits(high=1, low=0)  # paused while the kernel has not taken it all
         if self.closed:  # evicted while asyncio made the transport
             transport.abort()
         elif self.not_tls:
@@ -201,7 +152,7 @@ class _Conn(asyncio.Protocol):
         if self.state == _LINGER:
             self.drained += len(data)
             if self.drained > LINGER_BYTES:
-                self.server.close(self)
+                self.close()
             return
         self.inbox += data
         if self.state == _IDLE:
@@ -209,18 +160,18 @@ class _Conn(asyncio.Protocol):
         if self.state == _READING:
             self.parse()
         elif len(self.inbox) > MAX_HEAD_BYTES and not self.held and self.transport is not None:
-            self.transport.pause_reading()
+            self.transport.pause_reading()  # pipelined bytes past a head's worth wait in the kernel
             self.held = True
 
     def eof_received(self) -> bool | None:
         self.eof = True
         if self.state in (_READING, _IDLE, _LINGER) or (self.state == _WORKING and not self.started):
-            self.server.close(self)
+            self.close()
             return None
-        return None if self.tls else True  # plain: kept open to finish the answer (asyncio's TLS closes)
+        return None if self.tls else True  # plain: open until the answer is written (asyncio's TLS closes)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.server.close(self)
+        self.close()
 
     def pause_writing(self) -> None:
         self.paused = True
@@ -230,8 +181,6 @@ class _Conn(asyncio.Protocol):
         if self.state == _WRITING:
             self.write()
 
-    # -- the connection's states
-
     def enter(self, state: str, timeout: float | None) -> None:
         """Put this connection in ``state`` with a deadline ``timeout`` seconds from now (None: none)."""
         if self.closed:
@@ -239,48 +188,64 @@ class _Conn(asyncio.Protocol):
         self.state = state
         if self.timer is not None:
             self.timer.cancel()
-        self.timer = self.server.loop.call_later(timeout, self.server.expire, self) if timeout is not None else None
+        self.timer = None if timeout is None else self.server.loop.call_later(timeout, self.expire)
         self.server.conns.move_to_end(self)
 
+    def expire(self) -> None:
+        self.close(_TIMEOUT_REASON.get(self.state))
+
+    def close(self, reason: str | None = None) -> None:
+        """Close now (a worker skips its request); ``reason``: counted as refused."""
+        if self.closed:
+            return
+        self.closed = True
+        server = self.server
+        server.conns.pop(self, None)
+        if reason is not None:
+            server.counters.count(reason)
+            log.debug("%s: closed (%s)", self.peer, reason)
+        if self.timer is not None:
+            self.timer.cancel()
+        server.unsent -= self.unsent
+        self.unsent, self.out = 0, []
+        if self.transport is not None:
+            self.transport.abort()
+        elif self.task is not None:
+            self.task.cancel()  # asyncio closes the transport it made; _connected closes the socket
+        else:
+            with contextlib.suppress(ValueError, OSError):
+                server.loop.remove_reader(self.sock.fileno())
+            self.sock.close()
+
     def connect(self, ctx: ssl.SSLContext | None) -> None:
-        """Hand the socket to asyncio (and its TLS handshake with ``ctx``)."""
+        """Hand the socket to asyncio, with a TLS handshake when ``ctx`` is given (our deadline comes
+        first; asyncio's is a backstop, as its TLS shutdown timeout is behind our linger's)."""
+        tls: dict[str, Any] = {} if ctx is None else {"ssl": ctx, "ssl_handshake_timeout": HANDSHAKE_TIMEOUT + 1}
         loop = self.server.loop
-        if ctx is None:
-            coro = loop.connect_accepted_socket(lambda: self, self.sock)
-        else:  # our deadline comes first; asyncio's own is a backstop
-            left = self.server.handshake_timeout + 1.0
-            if sys.version_info >= (3, 11):
-                coro = loop.connect_accepted_socket(lambda: self, self.sock, ssl=ctx, ssl_handshake_timeout=left,
-                                                    ssl_shutdown_timeout=LINGER_TIMEOUT)
-            else:
-                coro = loop.connect_accepted_socket(lambda: self, self.sock, ssl=ctx, ssl_handshake_timeout=left)
-        self.task = loop.create_task(coro)
+        self.task = loop.create_task(loop.connect_accepted_socket(lambda: self, self.sock, **tls))
         self.task.add_done_callback(self._connected)
 
     def _connected(self, task: asyncio.Task[Any]) -> None:
         self.task = None
-        exc = None if task.cancelled() else task.exception()
-        if task.cancelled() or exc is not None:
-            if exc is not None:
-                log.debug("%s: %s", self.peer, exc)  # a failed TLS handshake, a reset
-            self.server.close(self)
-            self.sock.close()  # closed already where asyncio made a transport; never started otherwise
+        if task.cancelled() or task.exception() is not None:
+            log.debug("%s: %s", self.peer, "closed" if task.cancelled() else task.exception())
+            self.close()
+            self.sock.close()  # closed already where asyncio made a transport
 
     def parse(self) -> None:
-        """Give h11 the inbox (at most :data:`MAX_HEAD_BYTES` + 1 bytes for one head) and hand a complete
+        """Give h11 the inbox, at most :data:`MAX_HEAD_BYTES` + 1 bytes for one head, and hand a complete
         request to a worker, or answer one this server does not take."""
         if self.http is None:
             self.http = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
             self.fed = self.empty = 0
-        if self.fed == 0:  # h11 refuses an empty line before a request: the first 64 bytes of them are dropped
+        if self.fed == 0:  # h11 refuses any empty line before a request: the first 64 bytes are dropped
             skip = min(len(self.inbox) - len(self.inbox.lstrip(b"\r\n")), MAX_EMPTY_LINE_BYTES - self.empty)
             del self.inbox[:skip]
             self.empty += skip
         take = min(len(self.inbox), MAX_HEAD_BYTES + 1 - self.fed)
-        if take > 0:
-            self.http.receive_data(bytes(self.inbox[:take]))
-            del self.inbox[:take]
-            self.fed += take
+        self.http.receive_data(bytes(self.inbox[:take]))
+        del self.inbox[:take]
+        self.fed += take
         try:
             request = self.http.next_event()
         except h11.RemoteProtocolError as exc:  # 431 past max_incomplete_event_size
@@ -296,27 +261,25 @@ class _Conn(asyncio.Protocol):
             path, query = split_target(request.target.decode("latin-1"))
         except ValueError:
             return self.refuse(400, "bad request target")
-        try:  # the next event is the end of a request without a body
+        try:
             bodiless = isinstance(self.http.next_event(), h11.EndOfMessage)
         except h11.RemoteProtocolError:
             bodiless = False
         self.inbox[:0] = self.http.trailing_data[0] if bodiless else b""  # pipelined requests
-        server = self.server
         self.requests += 1
+        server, self.started = self.server, False
         keep_alive = (bodiless and self.http.their_state is h11.DONE and self.requests < server.max_requests
                       and not server.stopping)
-        self.started = False
         self.enter(_WORKING, None)
         shared = (request.method in (b"GET", b"HEAD") and path in ("/metrics", "/healthz", "/")
-                  and "name[]" not in parse_qs(query))
+                  and "name[]" not in parse_qs(query))  # requests that share one collection and body
         server.workers.submit(self.client, (self, request, path, query, keep_alive), shared=shared)
         return None
 
     def refuse(self, code: int, why: str) -> None:
-        """Answer ``code`` for a request head this server does not take, then close."""
         log.debug("%s: %d: %s", self.peer, code, why)
         assert self.http is not None
-        self.answer(_answer(self.http, code, why + "\n"), False, code)
+        self.answer(_own_answer(self.http, code, why + "\n"), False, code)
 
     def answer(self, out: list[bytes], keep_alive: bool, code: int) -> None:
         """Write ``out``; then the next request (``keep_alive``), or linger and close."""
@@ -327,7 +290,6 @@ class _Conn(asyncio.Protocol):
         server.unsent += self.unsent
         self.keep_alive = keep_alive and not self.eof
         self.enter(_WRITING, server.write_timeout)
-        # Answers a client does not read stay until write_timeout: past the budget the oldest unread go.
         while server.unsent > server.output_budget and server.evict(keep=self, state=_WRITING):
             pass
         self.write()
@@ -340,31 +302,26 @@ class _Conn(asyncio.Protocol):
             n = min(len(data), _CHUNK)
             self.unsent -= n
             self.server.unsent -= n
-            if n < len(data):
-                self.out[0] = data[n:]
-            else:
-                del self.out[0]
+            self.out[0:1] = [data[n:]] if n < len(data) else []
         if self.out or self.paused or self.closed:
             return  # resume_writing brings it back when the kernel has taken the rest
         if self.eof:
-            self.server.close(self)
-        elif not self.keep_alive:
-            self.linger()
-        else:
-            self.http = None
-            if self.held:
-                self.transport.resume_reading()
-                self.held = False
-            if self.inbox:  # a pipelined request
-                self.enter(_READING, self.server.header_timeout)
-                self.parse()
-            else:
-                self.enter(_IDLE, self.server.idle_timeout)
+            return self.close()
+        if not self.keep_alive:
+            return self.linger()
+        self.http = None
+        if self.held:
+            self.transport.resume_reading()
+            self.held = False
+        if not self.inbox:
+            return self.enter(_IDLE, self.server.idle_timeout)
+        self.enter(_READING, self.server.header_timeout)  # a pipelined request
+        return self.parse()
 
     def linger(self) -> None:
-        """Half-close, then read and drop what the client still sends (:data:`LINGER_BYTES`,
-        :data:`LINGER_TIMEOUT`): closing with unread bytes would reset the connection before the client
-        read our answer. TLS: asyncio sends close_notify and waits as long for the client's."""
+        """Half-close, then read and drop what the client still sends: closing with unread bytes would
+        reset the connection before the client read our answer. TLS: asyncio sends close_notify and
+        waits as long for the client's."""
         assert self.transport is not None
         self.inbox.clear()
         self.enter(_LINGER, LINGER_TIMEOUT)
@@ -380,37 +337,29 @@ class HTTPServer:
     """The asyncio HTTP(S) server (the module docstring has the design).
 
     ``listener``: a bound, listening socket; ``app``: the WSGI app; ``web``: the web configuration
-    (TLS when ``web.tls_enabled``); ``counters``: where closes and answers are counted. Limits are
-    attributes read when used, so tests may lower them on a running server: ``max_connections``,
-    ``handshake_timeout``, ``header_timeout``, ``idle_timeout``, ``write_timeout``, ``max_requests``,
-    ``output_budget``. :meth:`serve_forever` runs the loop (in the thread :func:`serve` starts);
-    :meth:`shutdown` stops it, closing every connection, and waits; :meth:`server_close` also closes the
-    listener and the workers."""
+    (TLS when ``web.tls_enabled``); ``counters``: where closes and answers are counted. Limits are read
+    when used, so tests may lower them on a running server: ``max_connections``, ``handshake_timeout``,
+    ``header_timeout``, ``idle_timeout``, ``write_timeout``, ``max_requests``, ``output_budget``.
+    :meth:`serve_forever` runs the loop (in the thread :func:`serve` starts); :meth:`shutdown` stops it,
+    closing every connection, and waits; :meth:`server_close` also closes the listener and workers."""
 
     def __init__(self, listener: socket.socket, app: WSGIApp, web: WebConfigSource | None = None,
                  counters: ServerCounters | None = None, workers: int = WORKERS) -> None:
-        self.socket = listener
+        self.socket, self.app, self.web = listener, app, web
         self.server_address: tuple[Any, ...] = listener.getsockname()
         self.server_port: int = self.server_address[1]
-        self.app = app
-        self.web = web
         self.counters = counters if counters is not None else ServerCounters(web)
         self.max_connections = connection_limit()
-        self.handshake_timeout = HANDSHAKE_TIMEOUT
-        self.header_timeout = HEADER_TIMEOUT
-        self.idle_timeout = IDLE_TIMEOUT
-        self.write_timeout = WRITE_TIMEOUT
-        self.max_requests = MAX_REQUESTS
-        self.output_budget = OUTPUT_BUDGET
+        self.handshake_timeout, self.header_timeout = HANDSHAKE_TIMEOUT, HEADER_TIMEOUT
+        self.idle_timeout, self.write_timeout = IDLE_TIMEOUT, WRITE_TIMEOUT
+        self.max_requests, self.output_budget = MAX_REQUESTS, OUTPUT_BUDGET
         self.workers: FairWorkers[Job] = FairWorkers(workers, self._work, idle_exit=WORKER_IDLE_EXIT)
-        self.unsent = 0  # bytes of answers not yet handed to a transport, every connection together
+        self.unsent = 0  # bytes of answers not handed to a transport yet, every connection together
         self.conns: OrderedDict[_Conn, None] = OrderedDict()  # open connections, longest in their state first
         self.loop = asyncio.new_event_loop()
-        self.stopping = False
+        self.stopping = self._started = self._closed = False
         self._emfile_logged = 0.0
         self._lock = threading.Lock()
-        self._started = False
-        self._closed = False
         self._stopped = threading.Event()
         listener.setblocking(False)
 
@@ -426,73 +375,43 @@ class HTTPServer:
                 return
             self._started = True
         sslproto.SSLProtocol.max_size = _TLS_READ_BYTES  # type: ignore[attr-defined]  # not in typeshed
-        loop = self.loop
         try:
-            loop.add_reader(self.socket.fileno(), self._accept)
-            loop.run_forever()
+            self.loop.add_reader(self.socket.fileno(), self._accept)
+            self.loop.run_forever()
         finally:
             with contextlib.suppress(ValueError, OSError):
-                loop.remove_reader(self.socket.fileno())
+                self.loop.remove_reader(self.socket.fileno())
             for conn in list(self.conns):
-                self.close(conn)
-            tasks = asyncio.all_tasks(loop)
-            loop.run_until_complete(asyncio.wait(tasks, timeout=1.0) if tasks else asyncio.sleep(0))
-            loop.run_until_complete(asyncio.sleep(0))  # the transports' connection_lost: sockets closed
-            loop.close()
+                conn.close()
+            tasks = asyncio.all_tasks(self.loop)
+            self.loop.run_until_complete(asyncio.wait(tasks, timeout=1.0) if tasks else asyncio.sleep(0))
+            self.loop.run_until_complete(asyncio.sleep(0))  # the transports' connection_lost: sockets closed
+            self.loop.close()
             self._stopped.set()
 
     def shutdown(self) -> None:
         """Stop the event loop and wait until it has (returns at once when it never ran)."""
         with self._lock:
-            self.stopping = True
-            started = self._started
+            self.stopping, started = True, self._started
         if started:
             with contextlib.suppress(RuntimeError):  # closed: stopped already
                 self.loop.call_soon_threadsafe(self.loop.stop)
             self._stopped.wait()
 
     def server_close(self) -> None:
-        """Stop (:meth:`shutdown`), close the listener and the workers' queue (running jobs finish alone)
-        and the web configuration's checking thread."""
-        if self._closed:
-            return
+        """:meth:`shutdown`, then close the listener, the workers' queue (running jobs finish alone) and
+        the web configuration's checking thread (serve() was handed the source, and owns it)."""
         self.shutdown()
         with self._lock:
+            if self._closed:
+                return
             self._closed = True
         if not self.loop.is_closed():
             self.loop.close()
         self.workers.stop()
-        if self.web is not None:  # serve() was handed the source, and owns it now
+        if self.web is not None:
             self.web.close()
         self.socket.close()
-
-    # -- connections (event-loop thread)
-
-    def close(self, conn: _Conn, reason: str | None = None) -> None:
-        """Close ``conn`` now (a worker skips its request); ``reason``: counted as refused."""
-        if conn.closed:
-            return
-        conn.closed = True
-        self.conns.pop(conn, None)
-        if reason is not None:
-            self.counters.count(reason)
-            log.debug("%s: closed (%s)", conn.peer, reason)
-        if conn.timer is not None:
-            conn.timer.cancel()
-        self.unsent -= conn.unsent
-        conn.unsent = 0
-        conn.out.clear()
-        if conn.transport is not None:
-            conn.transport.abort()
-        elif conn.task is not None:
-            conn.task.cancel()  # asyncio closes the transport it made; _connected closes the socket
-        else:
-            with contextlib.suppress(ValueError, OSError):
-                self.loop.remove_reader(conn.sock.fileno())
-            conn.sock.close()
-
-    def expire(self, conn: _Conn) -> None:
-        self.close(conn, _TIMEOUT_REASON.get(conn.state))
 
     def evict(self, keep: _Conn | None = None, state: str | None = None) -> bool:
         """Close the connection longest in its state among those whose request is not running; ``state``:
@@ -500,7 +419,7 @@ class HTTPServer:
         for conn in self.conns:
             if conn is keep or (state is not None and conn.state != state) or (conn.state == _WORKING and conn.started):
                 continue
-            self.close(conn, None if conn.state == _LINGER else "evicted")
+            conn.close(None if conn.state == _LINGER else "evicted")
             return True
         return False
 
@@ -514,14 +433,12 @@ class HTTPServer:
                 if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                     log.debug("accept: %s", exc)  # ECONNABORTED and the like: that client is gone
                     continue
-                # asyncio closes an evicted connection's socket in a callback: accept again after those
-                evicted = self.evict()
-                now = time.monotonic()
+                evicted, now = self.evict(), time.monotonic()
                 if not evicted and now - self._emfile_logged > 60:
                     self._emfile_logged = now
                     log.warning("accept: %s with every connection busy; raise LimitNOFILE", exc.strerror)
-                self.loop.remove_reader(self.socket.fileno())
-                self.loop.call_later(0 if evicted else _ACCEPT_RETRY, self._resume_accept)
+                self.loop.remove_reader(self.socket.fileno())  # asyncio closes the evicted socket in a callback:
+                self.loop.call_later(0 if evicted else _ACCEPT_RETRY, self._resume_accept)  # accept after it
                 return
             if len(self.conns) >= self.max_connections and not self.evict():
                 self.counters.count("limit")
@@ -532,7 +449,7 @@ class HTTPServer:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn = _Conn(self, sock, peer, self.web is not None and self.web.tls_enabled)
             self.conns[conn] = None
-            if conn.tls:
+            if conn.tls:  # the first byte tells TLS from plain HTTP
                 conn.enter(_TLS_START, self.handshake_timeout)
                 self.loop.add_reader(sock.fileno(), self._first_byte, conn)
             else:
@@ -544,8 +461,8 @@ class HTTPServer:
             self.loop.add_reader(self.socket.fileno(), self._accept)
 
     def _first_byte(self, conn: _Conn) -> None:
-        """A TLS connection's first byte: a handshake record (0x16) starts the handshake, in the deadline
-        counted from the accept; a letter is plain HTTP, answered as Go's net/http does."""
+        """A TLS connection's first byte: a handshake record (0x16) starts the handshake, within the
+        deadline counted from the accept; a letter is plain HTTP (Go's ``400``); anything else lingers."""
         try:
             first = conn.sock.recv(1, socket.MSG_PEEK)
         except (BlockingIOError, InterruptedError):
@@ -554,49 +471,38 @@ class HTTPServer:
             log.debug("%s: connection dropped before TLS: %s", conn.peer, exc)
             first = b""
         self.loop.remove_reader(conn.sock.fileno())
-        if not first:
-            self.close(conn)
-            return
-        if first != b"\x16":
+        ctx = None
+        if first == b"\x16":
+            assert self.web is not None
+            from accelstats.web.config import WebConfigError
+
+            with contextlib.suppress(WebConfigError):  # logged by the source; fail closed
+                ctx = self.web.current()[1]
+        if ctx is not None:
+            conn.state = _HANDSHAKE  # same deadline: the handshake's counts from the accept
+            conn.connect(ctx)
+        elif first and first != b"\x16":
             log.debug("%s: not TLS (first byte %r)", conn.peer, first)
             conn.not_tls = first.isalpha()
             conn.connect(None)
-            return
-        assert self.web is not None
-        from accelstats.web.config import WebConfigError
-
-        try:
-            _, ctx = self.web.current()
-        except WebConfigError:  # logged by the source; fail closed
-            ctx = None
-        if ctx is None:
-            self.close(conn)
-            return
-        conn.state = _HANDSHAKE  # same deadline: the handshake's counts from the accept
-        conn.connect(ctx)
-
-    def _deliver(self, conn: _Conn, out: list[bytes] | None, code: int, keep_alive: bool) -> None:
-        if conn.closed:
-            return
-        if out is None:  # the client had gone before a worker took its request
-            self.close(conn)
         else:
+            conn.close()
+
+    def _deliver(self, conn: _Conn, out: list[bytes], code: int, keep_alive: bool) -> None:
+        if not conn.closed:
             conn.answer(out, keep_alive, code)
 
-    # -- requests (worker threads)
+    # -- requests, on worker threads
 
     def _work(self, job: Job) -> Callable[[], None] | None:
         """Run the app for one request; returns the call that hands the answer to the loop, None when the
-        loop closed the connection meanwhile. A plain client that has closed its side (connect, send,
-        close: a flood's cheapest request) is not answered and its request not run."""
+        loop closed the connection meanwhile: evicted, or its client closed its side (``eof_received``;
+        connect, send, close is a flood's cheapest request), which is then not run, as nginx does."""
         conn, request, path, query, keep_alive = job
         conn.started = True
         if conn.closed:
             return None
-        out: list[bytes] | None = None
-        code = 0
-        if not _peer_gone(conn):
-            out, code, keep_alive = self._respond(conn, request, path, query, keep_alive)
+        out, code, keep_alive = self._respond(conn, request, path, query, keep_alive)
 
         def deliver() -> None:
             with contextlib.suppress(RuntimeError):  # the loop is closed: the server stopped
@@ -605,9 +511,9 @@ class HTTPServer:
         return deliver
 
     def _respond(self, conn: _Conn, request: h11.Request, path: str, query: str,
-                 keep_alive: bool) -> tuple[list[bytes] | None, int, bool]:
-        """``([head, body…], status code, keep_alive)`` for one request, framed by h11; HEAD: the head
-        only, with the ``Content-Length`` the app gave, or the length of the body it returned. A failing
+                 keep_alive: bool) -> tuple[list[bytes], int, bool]:
+        """``([head, body], status code, keep_alive)`` for one request, framed by h11; HEAD: the head
+        only, with the ``Content-Length`` the app gave or the length of the body it returned. A failing
         app or a header h11 refuses: 500 and a close."""
         assert conn.http is not None
         started: list[tuple[str, list[tuple[str, str]]]] = []
@@ -626,14 +532,12 @@ class HTTPServer:
             try:
                 parts.extend(result)
             finally:
-                close = getattr(result, "close", None)
-                if close is not None:
-                    close()
+                if hasattr(result, "close"):
+                    result.close()
             if not started:
                 raise AssertionError("the app returned without start_response")
-            status, headers = started[0]
+            (status, headers), body = started[0], b"".join(parts)
             code, _, reason = status.partition(" ")
-            body = b"".join(parts)
             fields = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in headers if n.lower() not in _HOP]
             length = next((v for n, v in headers if n.lower() == "content-length"), None)
             if not head_only or body or length is not None:
@@ -645,7 +549,7 @@ class HTTPServer:
         except Exception as exc:  # a failing app or a bad header: 500, the server goes on
             log.error("%s %s: %s: %s", request.method.decode(), request.target[:200].decode("latin-1"),
                       type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))
-            return _answer(conn.http, 500, "internal error, see the exporter's log\n"), 500, False
+            return _own_answer(conn.http, 500, "internal error, see the exporter's log\n"), 500, False
         out = [conn.http.send(response) or b""]
         if body and not head_only:
             out += conn.http.send_with_data_passthrough(h11.Data(data=body)) or []  # the body itself, not a copy
@@ -658,8 +562,7 @@ class HTTPServer:
             "PATH_INFO": unquote(path, "latin-1"), "QUERY_STRING": query,
             "SERVER_PROTOCOL": "HTTP/" + request.http_version.decode("ascii"),
             "SERVER_NAME": str(self.server_address[0]), "SERVER_PORT": str(self.server_port),
-            "SERVER_SOFTWARE": f"accelstats/{__version__}",
-            "REMOTE_ADDR": conn.client if isinstance(conn.peer, tuple) else "",
+            "SERVER_SOFTWARE": f"accelstats/{__version__}", "REMOTE_ADDR": conn.client,
             "wsgi.version": (1, 0), "wsgi.url_scheme": "https" if conn.tls else "http",
             "wsgi.input": io.BytesIO(), "wsgi.errors": sys.stderr,
             "wsgi.multithread": True, "wsgi.multiprocess": False, "wsgi.run_once": False,
@@ -670,31 +573,16 @@ class HTTPServer:
             if b"_" in name:  # as wsgiref: X_Forwarded could pose as X-Forwarded
                 continue
             key = name.decode("ascii").upper().replace("-", "_")
-            if key not in ("CONTENT_TYPE", "CONTENT_LENGTH"):
-                key = "HTTP_" + key
+            key = key if key in ("CONTENT_TYPE", "CONTENT_LENGTH") else "HTTP_" + key
             text = value.decode("latin-1")
             env[key] = f"{env[key]},{text}" if key in env else text
         return env
 
 
-def _peer_gone(conn: _Conn) -> bool:
-    """Whether a plain connection's client has closed its side and sent nothing after its request (a
-    peek finds the end of the stream); the loop may not have seen it yet. TLS: False."""
-    if conn.tls or conn.closed:
-        return conn.closed
-    try:
-        return conn.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-    except (BlockingIOError, InterruptedError):
-        return False
-    except OSError:
-        return True
-
-
 def _listener(host: str, port: int) -> socket.socket:
-    """A listening TCP socket: ``host ""`` is every interface, IPv6 and IPv4 on one socket
-    (IPV6_V6ONLY off), IPv4 only where the host has no IPv6. Backlog ``SOMAXCONN`` (5 overflowed with 50
-    concurrent scrapers; benchmarks/load.py). Raises OSError whose ``strerror`` is the system's alone
-    (``create_server`` appends the address to it)."""
+    """A listening TCP socket: ``host ""`` is every interface, IPv6 and IPv4 on one socket (IPv4 only
+    where the host has no IPv6). Backlog ``SOMAXCONN`` (5 overflowed with 50 concurrent scrapers;
+    benchmarks/load.py). Raises OSError whose ``strerror`` is the system's alone."""
     try:
         if host == "" and socket.has_ipv6 and socket.has_dualstack_ipv6():
             try:
@@ -713,13 +601,10 @@ def _listener(host: str, port: int) -> socket.socket:
 
 def serve(manager: AcceleratorManager, host: str, port: int,
           web: WebConfigSource | None = None) -> tuple[HTTPServer, threading.Thread]:
-    """Start serving on ``host:port`` in a daemon thread; ``host ""`` is every interface, IPv6 and
-    IPv4 (IPv4 only where the host has no IPv6). ``web``: the ``--web-config`` file (TLS when it has
-    ``tls_server_config``; basic auth and headers through :class:`accelstats.web.auth.BasicAuth`).
-
-    Returns ``(server, thread)``; call ``server.shutdown()`` then ``server.server_close()`` to stop.
-    Raises OSError when the address cannot be bound (e.g. EADDRINUSE).
-    """
+    """Serve ``manager`` on ``host:port`` (``""``: every interface, IPv6 and IPv4) in a daemon thread;
+    ``web``: the ``--web-config`` file (TLS, and basic auth and headers through
+    :class:`accelstats.web.auth.BasicAuth`). Returns ``(server, thread)``; ``server.shutdown()`` then
+    ``server.server_close()`` stop it. Raises OSError when the address cannot be bound."""
     counters = ServerCounters(web)
     # the process_* and python_* families every client_python exporter has, read per scrape
     own = (ProcessCollector(registry=None), PlatformCollector(registry=None),
