@@ -68,6 +68,7 @@ OUTPUT_BUDGET = 128 << 20  # bytes of unsent answers, all connections together
 _CHUNK = 256 << 10  # bytes handed to a transport at once; the next when the kernel has taken them
 _ACCEPTS_PER_WAKE = 64
 _ACCEPT_RETRY = 0.1  # seconds before accepting again when out of descriptors with nothing to evict
+_SWEEP = 0.1  # seconds between two looks at the deadlines (while there are connections)
 _NOT_TLS = (b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
             b"Client sent an HTTP request to an HTTPS server.\n")  # what Go's net/http answers
 _HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "date", "upgrade"})
@@ -117,9 +118,9 @@ class _Conn(asyncio.Protocol):
     """One client connection; asyncio calls it and only the event loop changes it, but ``started``
     (set by the worker that takes its request)."""
 
-    __slots__ = ("client", "closed", "drained", "empty", "eof", "fed", "held", "http", "inbox", "keep_alive",
-                 "not_tls", "out", "paused", "peer", "requests", "server", "sock", "started", "state", "task",
-                 "timer", "tls", "transport", "unsent")
+    __slots__ = ("client", "closed", "deadline", "drained", "empty", "eof", "fed", "held", "http", "inbox",
+                 "keep_alive", "not_tls", "out", "paused", "peer", "requests", "server", "sock", "started", "state",
+                 "task", "tls", "transport", "unsent")
 
     def __init__(self, server: HTTPServer, sock: socket.socket, peer: Any, tls: bool) -> None:
         self.server, self.sock, self.peer, self.tls = server, sock, peer, tls
@@ -127,11 +128,10 @@ class _Conn(asyncio.Protocol):
         self.not_tls: bool | None = None  # on the TLS port, not TLS: True plain HTTP, False anything else
         self.transport: asyncio.Transport | None = None
         self.task: asyncio.Task[Any] | None = None  # connect_accepted_socket (with the TLS handshake)
-        self.timer: asyncio.TimerHandle | None = None
         self.http: h11.Connection | None = None  # the request being read or answered
         self.inbox = bytearray()  # bytes not given to h11 yet (pipelined requests)
         self.out: list[memoryview] = []  # the answer's parts not handed to the transport yet
-        self.state = ""
+        self.state, self.deadline = "", 0.0
         self.fed = self.empty = self.unsent = self.requests = self.drained = 0
         self.keep_alive = self.eof = self.paused = self.held = self.started = self.closed = False
 
@@ -183,16 +183,10 @@ class _Conn(asyncio.Protocol):
 
     def enter(self, state: str, timeout: float | None) -> None:
         """Put this connection in ``state`` with a deadline ``timeout`` seconds from now (None: none)."""
-        if self.closed:
-            return
-        self.state = state
-        if self.timer is not None:
-            self.timer.cancel()
-        self.timer = None if timeout is None else self.server.loop.call_later(timeout, self.expire)
-        self.server.conns.move_to_end(self)
-
-    def expire(self) -> None:
-        self.close(_TIMEOUT_REASON.get(self.state))
+        if not self.closed:
+            self.state = state
+            self.deadline = self.server.loop.time() + timeout if timeout is not None else float("inf")
+            self.server.conns.move_to_end(self)
 
     def close(self, reason: str | None = None) -> None:
         """Close now (a worker skips its request); ``reason``: counted as refused."""
@@ -204,8 +198,6 @@ class _Conn(asyncio.Protocol):
         if reason is not None:
             server.counters.count(reason)
             log.debug("%s: closed (%s)", self.peer, reason)
-        if self.timer is not None:
-            self.timer.cancel()
         server.unsent -= self.unsent
         self.unsent, self.out = 0, []
         if self.transport is not None:
@@ -261,8 +253,10 @@ class _Conn(asyncio.Protocol):
             path, query = split_target(request.target.decode("latin-1"))
         except ValueError:
             return self.refuse(400, "bad request target")
+        bodiless = not any(n == b"transfer-encoding" or (n == b"content-length" and v.strip(b"0"))
+                           for n, v in request.headers)  # a body announced, even an empty chunked one: closed after
         try:
-            bodiless = isinstance(self.http.next_event(), h11.EndOfMessage)
+            bodiless = bodiless and isinstance(self.http.next_event(), h11.EndOfMessage)
         except h11.RemoteProtocolError:
             bodiless = False
         self.inbox[:0] = self.http.trailing_data[0] if bodiless else b""  # pipelined requests
@@ -358,6 +352,8 @@ class HTTPServer:
         self.conns: OrderedDict[_Conn, None] = OrderedDict()  # open connections, longest in their state first
         self.loop = asyncio.new_event_loop()
         self.stopping = self._started = self._closed = False
+        self._sweeping: asyncio.TimerHandle | None = None
+        self._tcp = listener.family in (socket.AF_INET, socket.AF_INET6)
         self._emfile_logged = 0.0
         self._lock = threading.Lock()
         self._stopped = threading.Event()
@@ -444,34 +440,49 @@ class HTTPServer:
                 self.counters.count("limit")
                 sock.close()
                 continue
-            sock.setblocking(False)
-            if sock.family in (socket.AF_INET, socket.AF_INET6):  # asyncio sets it only where proto is TCP, not 0
+            if self._tcp:  # asyncio sets it only where the socket's proto is IPPROTO_TCP; accept() gives 0
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn = _Conn(self, sock, peer, self.web is not None and self.web.tls_enabled)
             self.conns[conn] = None
-            if conn.tls:  # the first byte tells TLS from plain HTTP
+            if self._sweeping is None:
+                self._sweeping = self.loop.call_later(_SWEEP, self._sweep)
+            if conn.tls:  # in a TLS flood the first flight is there at the accept: no watch for it
                 conn.enter(_TLS_START, self.handshake_timeout)
-                self.loop.add_reader(sock.fileno(), self._first_byte, conn)
-            else:
+                self._first_byte(conn, watched=False)
+            else:  # watched from the start: requests are read in the order they came
                 conn.enter(_READING, self.header_timeout)
-                conn.connect(None)
+                self.loop.add_reader(sock.fileno(), self._first_byte, conn)
+
+    def _sweep(self) -> None:
+        """Close the connections past their deadline (counted by the state they were in)."""
+        now = self.loop.time()
+        for conn in [c for c in self.conns if c.deadline <= now]:
+            conn.close(_TIMEOUT_REASON.get(conn.state))
+        self._sweeping = self.loop.call_later(_SWEEP, self._sweep) if self.conns else None
 
     def _resume_accept(self) -> None:
         if not self.stopping:
             self.loop.add_reader(self.socket.fileno(), self._accept)
 
-    def _first_byte(self, conn: _Conn) -> None:
-        """A TLS connection's first byte: a handshake record (0x16) starts the handshake, within the
-        deadline counted from the accept; a letter is plain HTTP (Go's ``400``); anything else lingers."""
+    def _first_byte(self, conn: _Conn, watched: bool = True) -> None:
+        """Hand a connection to asyncio once its first byte is there (an idle one costs a descriptor and
+        a watch, no transport; in a flood the byte is there at the accept). On the TLS port a handshake
+        record (0x16) starts the handshake, within the deadline counted from the accept; a letter is
+        plain HTTP (Go's ``400``); anything else lingers. ``watched``: the loop watches the socket."""
         try:
-            first = conn.sock.recv(1, socket.MSG_PEEK)
+            first = conn.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)  # asyncio makes it non-blocking
         except (BlockingIOError, InterruptedError):
+            if not watched:
+                self.loop.add_reader(conn.sock.fileno(), self._first_byte, conn)
             return
         except OSError as exc:
             log.debug("%s: connection dropped before TLS: %s", conn.peer, exc)
             first = b""
-        self.loop.remove_reader(conn.sock.fileno())
+        if watched:
+            self.loop.remove_reader(conn.sock.fileno())
         ctx = None
+        if first and not conn.tls:
+            return conn.connect(None)
         if first == b"\x16":
             assert self.web is not None
             from accelstats.web.config import WebConfigError
