@@ -168,7 +168,7 @@ class _Conn(asyncio.Protocol):
         if self.state in (_READING, _IDLE, _LINGER) or (self.state == _WORKING and not self.started):
             self.close()
             return None
-        return None if self.tls else True  # plain: open until the answer is written (asyncio's TLS closes)
+        return True if self.not_tls is not None or not self.tls else None  # plain: open until the answer is out
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.close()
@@ -290,14 +290,14 @@ class _Conn(asyncio.Protocol):
 
     def write(self) -> None:
         assert self.transport is not None
-        while self.out and not self.paused:
+        while self.out and not self.paused and not self.transport.is_closing():  # closing: connection_lost follows
             data = self.out[0]
             self.transport.write(data[:_CHUNK])
             n = min(len(data), _CHUNK)
             self.unsent -= n
             self.server.unsent -= n
             self.out[0:1] = [data[n:]] if n < len(data) else []
-        if self.out or self.paused or self.closed:
+        if self.out or self.paused or self.closed or self.transport.is_closing():
             return  # resume_writing brings it back when the kernel has taken the rest
         if self.eof:
             return self.close()
