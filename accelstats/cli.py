@@ -181,8 +181,8 @@ def main() -> None:
 @source_options
 def serve(listen: str | None, collectors: tuple[str, ...], web_config: str | None, **opts: Any) -> None:
     """Serve /metrics, /healthz and / until SIGTERM or SIGINT."""
+    from accelstats.web import serve as start_server
     from accelstats.web.config import WebConfigError
-    from accelstats.web.server import serve as start_server
     from accelstats.web.source import WebConfigSource
 
     settings, origin = build_settings(listen=listen, collectors=collectors, **opts)

@@ -128,7 +128,7 @@ class DevicePluginState:
             self._metrics_server, self._metrics_listen, self._metrics_web_config = None, "", None
         if listen:
             from accelstats.config import parse_listen
-            from accelstats.web.server import serve
+            from accelstats.web import serve
 
             host, port = parse_listen(listen)
             try:

@@ -1,15 +1,11 @@
-"""The WSGI app of ``accelstats serve`` and its negotiation (served by :mod:`accelstats.web.server`).
+"""The WSGI app of ``accelstats serve`` (served by :mod:`accelstats.web.server`).
 
-**The app.** ``make_app`` is the WSGI app: ``/metrics`` (one collection shared by concurrent scrapes,
-encoded once per collection and format, :class:`SharedExposition`), ``/healthz`` and a landing page
-at ``/``. Only GET and HEAD are answered; any other method gets ``405`` with ``Allow: GET, HEAD``
-and never runs a collection. HEAD answers carry the headers a GET would and no body (``HEAD
-/metrics`` does not collect, for probes, so it has no ``Content-Length``). ``Accept`` chooses the
-format among those :func:`negotiate` knows (text 0.0.4 / 1.0.0, OpenMetrics 1.0.0); an element it
-does not know (``application/openmetrics-text; version=x``) is passed over, never a 500.
-``Accept-Encoding`` is read with its q-values (:func:`gzip_wanted`: ``gzip;q=0`` means no gzip).
-
-The server's own counters (:class:`ServerCounters`) are here too: the app renders them after the
+``/metrics`` (one collection shared by concurrent scrapes, encoded once per collection and format:
+:class:`SharedExposition`), ``/healthz`` and a landing page at ``/``. GET and HEAD only: any other
+method gets ``405`` with ``Allow: GET, HEAD`` and never collects; HEAD gets a GET's headers and no body
+(``HEAD /metrics`` does not collect, so it has no ``Content-Length``). ``Accept`` chooses the format
+(:func:`negotiate`; an unknown element is passed over, never a 500), ``Accept-Encoding`` gzip with its
+q-values (:func:`gzip_wanted`). The server's own counters (:class:`ServerCounters`) follow the
 collection's families.
 """
 
@@ -29,8 +25,7 @@ from prometheus_client.exposition import choose_encoder
 
 from accelstats import __version__, catalog
 from accelstats.manager import AcceleratorManager, Collection
-from accelstats.web.exposition import FastEncoder, describe_catalog, render, supported
-from accelstats.web.head import TEXT
+from accelstats.web.exposition import AccelstatsCollector, FastEncoder, supported
 
 if TYPE_CHECKING:
     from accelstats.web.source import WebConfigSource
@@ -62,6 +57,7 @@ NVIDIA_STATE = {  # accelstats_nvml_state, in words, for the landing page
     "": "NVIDIA: not read yet (the first scrape of /metrics reads it).",
 }
 ALLOW = "GET, HEAD"
+TEXT = "text/plain; charset=utf-8"
 
 # -- content negotiation ----------------------------------------------------------------------------
 
@@ -137,45 +133,22 @@ def negotiate(accept: str) -> tuple[Encoder, str, str]:
 # -- the WSGI app -----------------------------------------------------------------------------------
 
 
+# zlib level of gzipped bodies (benchmarks/exposition.py): for the 2.2 MB body of 8 GPUs x 1000 containers,
+# levels 1 to 3 took 10 ms for 390 KB, level 6 22 ms for 356 KB, level 9 (gzip's default) 36 ms for 344 KB.
 GZIP_LEVEL = 1
-"""zlib level of gzipped bodies, chosen by measurement (benchmarks/exposition.py, docs/performance.md):
-for the 2.2 MB body of 8 GPUs x 1000 containers, levels 1 to 3 took 10 ms for 390 KB, level 6 22 ms
-for 356 KB, level 9 (the gzip module's default) 36 ms for 344 KB."""
-
-MAX_FILTERS = 16
-"""Different ``name[]`` filters whose bodies are kept per collection (Prometheus sends none; a
-federation or a debugging client a few)."""
-
-
-class _OneCollection:
-    """A collector over one finished collection (rendered, never collected again), described by the
-    catalog so that a registry can find its families by name (``name[]`` filters)."""
-
-    def __init__(self, collection: Collection) -> None:
-        self.collection = collection
-
-    def describe(self) -> Iterator[Metric]:
-        """The catalog's families, without samples."""
-        return describe_catalog()
-
-    def collect(self) -> Iterator[Metric]:
-        """The families of the one collection (:func:`render`)."""
-        return render(self.collection)
+MAX_FILTERS = 16  # name[] filters whose bodies are kept per collection (Prometheus sends none)
 
 
 class SharedExposition:
     """``/metrics`` bodies shared by the scrapes that share a collection.
 
-    :meth:`AcceleratorManager.collect` hands one collection to every scrape that arrived while it
-    ran; rendering and encoding it is the larger part of a big scrape (63 of 121 ms for 8 GPUs and
-    1000 containers, docs/performance.md), so the encoded body (and its gzip) is kept for the newest
-    collection, per format chosen by the ``Accept`` header (:func:`negotiate`), per gzip
-    (:func:`gzip_wanted`) and per ``name[]`` filter (client_python's ``restricted_registry``: the
-    families named), the filtered ones for at most :data:`MAX_FILTERS` different filters per
-    collection (more are encoded for their request alone: a client varying its filter cannot make the
-    cache grow). ``extra`` collectors (the server's counters) are encoded after the collection's
-    families, read when the body is encoded. Filtered bodies were once client_python's own app,
-    uncached: a flood of filtered requests cost an encoding each and held every scrape behind them.
+    :meth:`AcceleratorManager.collect` hands one collection to every scrape that arrived while it ran,
+    and rendering and encoding it is the larger part of a big scrape (63 of 121 ms for 8 GPUs and 1000
+    containers, docs/performance.md): the body is kept for the newest collection, per format
+    (:func:`negotiate`), gzip (:func:`gzip_wanted`) and ``name[]`` filter (client_python's
+    ``restricted_registry``), filtered ones for at most :data:`MAX_FILTERS` filters per collection (a
+    client varying its filter cannot grow the cache). ``extra`` collectors (the server's counters) follow
+    the collection's families, read when the body is encoded.
     """
 
     def __init__(self, manager: AcceleratorManager, extra: Sequence[_Collector] = (), fast: bool = True) -> None:
@@ -228,7 +201,7 @@ class SharedExposition:
                 plain = self.fast.encode(collection, fmt).encode("utf-8") + encoder(rest)
             else:
                 registry = CollectorRegistry(auto_describe=False)
-                registry.register(_OneCollection(collection))
+                registry.register(AccelstatsCollector(lambda: collection))
                 for collector in self.extra:
                     registry.register(collector)
                 plain = encoder(registry.restricted_registry(wanted) if wanted is not None else registry)

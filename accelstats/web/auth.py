@@ -1,44 +1,23 @@
 """Basic auth and extra response headers from the web configuration file, as a WSGI wrapper.
 
-Behaviour follows exporter-toolkit's ``web/handler.go``: the configuration is consulted on every
-request (:class:`~accelstats.web.source.WebConfigSource` reloads it in its own thread when it changed,
-the request waiting up to :data:`~accelstats.web.source.REQUEST_WAIT` seconds for the check it starts,
-and keeps the last good one while a change is refused), the configured headers go on every response,
-and with ``basic_auth_users`` set a request needs ``Authorization: Basic`` with a listed user and the
-password of its bcrypt hash. A wrong or missing one gets ``401`` with ``WWW-Authenticate: Basic
-realm="accelstats"``.
+As exporter-toolkit's ``web/handler.go``: the configuration in force is consulted on every request
+(:class:`~accelstats.web.source.WebConfigSource`), its headers go on every response, and with
+``basic_auth_users`` a request needs ``Authorization: Basic`` with a listed user and the password of
+its bcrypt hash, else ``401`` with ``WWW-Authenticate: Basic realm="accelstats"``. ``/healthz``
+answers without credentials (a liveness probe needs no secret; it says only ``ok``). Client
+certificates, when required, are checked by TLS for every path, before any request is read.
 
-One difference, on purpose: ``/healthz`` answers without credentials (a liveness probe should not need
-a secret, and it says only ``ok``); ``/``, ``/metrics`` and everything else need them. TLS client
-certificates, when required, are checked for every path, before any request is read.
-
-The password check (:meth:`BasicAuth.verify`):
-
-* **No user enumeration by timing.** User names are compared in constant time against every configured
-  user, and every failed check does the bcrypt work of one check at the highest configured cost: an
-  unknown user is checked against a dummy hash of that cost (made once per process, random salt and
-  checksum), and a known user whose hash has a lower cost is, after its wrong password, checked against
-  dummy hashes that make up the difference (:meth:`BasicAuth.verify`). exporter-toolkit checks unknown
-  users against a fixed cost-10 hash instead, which a cost-12 hash tells apart: 68 ms against 258 ms;
-  before this padding, a cost-4 user next to a cost-10 one was told apart the same way (1.1 ms against
-  60 ms).
-* **bcrypt once per scraper.** A success is cached: up to :data:`CACHE_SIZE` keys, least recently used
-  out, each an HMAC-SHA256 under a per-process random key of user, stored hash and password (no
-  password is kept; a changed password or hash is a different key). Failures are not cached.
-* **Guesses cannot starve a scraper.** There is no global lock. At most :data:`BCRYPT_SLOTS` bcrypt
-  checks run at once (pyca's bcrypt releases the GIL) and at most :data:`MAX_WAITING` wait, two per
-  client address; a cached success never waits. A freed slot goes to the address served least
-  recently (:class:`CheckGate`: round-robin by address), so a flood of wrong passwords from other
-  addresses, one or many, delays a first login by the checks running when it arrives and at most one
-  per other address, not by the flood's queue; a full waiting room gives up a check of the address
-  with the most waiting, then of the most loaded one, never a client's only check while another
-  address has two. A check that is shed or that waited :data:`MAX_WAIT` seconds is answered ``503``
-  with ``Retry-After: 1``: a waiting check holds one of the HTTP server's worker threads, so waiting
-  is bounded in number and time. Clients that share an address share its turn: a flood from the
-  scraper's own address can still delay it.
-* **Failures are logged** at info level, at most one line a second (with how many were left out): the
-  client address and the user name when it is a configured one (an unknown "user name" may be a
-  password typed in the wrong field). Nothing secret is ever logged.
+* **No user enumeration by timing** (:meth:`BasicAuth.verify`): names are compared in constant time
+  against every user, and every failed check costs one bcrypt check at the highest configured cost
+  (an unknown user against a dummy hash of that cost, a cheaper user's wrong password padded with
+  dummy checks). exporter-toolkit's fixed cost-10 dummy tells a cost-12 user apart: 68 ms against 258 ms.
+* **bcrypt once per scraper**: successes are cached (:data:`CACHE_SIZE` HMAC-SHA256 keys of user,
+  hash and password under a per-process key: no password is kept); failures are not.
+* **Guesses cannot starve a scraper** (:class:`CheckGate`): at most :data:`BCRYPT_SLOTS` checks run
+  and :data:`MAX_WAITING` wait, served round-robin by client address; a shed check, or one that waited
+  :data:`MAX_WAIT` seconds, gets ``503`` with ``Retry-After: 1``. A cached success never waits.
+* **Failures are logged** at info level, at most a line a second: the client address and the user name
+  when it is a configured one (an unknown "name" may be a password typed in the wrong field).
 """
 
 from __future__ import annotations
@@ -58,13 +37,11 @@ from typing import Any
 
 import bcrypt
 
+from accelstats.web.app import StartResponse, WSGIApp
 from accelstats.web.config import WebConfig, WebConfigError
 from accelstats.web.source import REQUEST_WAIT, WebConfigSource
 
 log = logging.getLogger(__name__)
-
-StartResponse = Callable[..., Any]
-WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 
 CACHE_SIZE = 256  # successful checks remembered (a few scrapers, a few users each)
 REALM = "accelstats"
@@ -121,25 +98,20 @@ class _Waiter:
 
 
 class CheckGate:
-    """At most ``slots`` holders at once, and at most ``max_waiting`` waiters (``per_source`` per
-    client address); a waiter gives up after ``max_wait`` seconds.
+    """At most ``slots`` holders at once and ``max_waiting`` waiters (``per_source`` per client
+    address); a waiter gives up after ``max_wait`` seconds.
 
-    **Serving** is round-robin by address: a freed slot goes to the address served least recently (one
-    never served first; ties: the address that began waiting first), newest waiter first within it.
-    An address that keeps the slots busy with guesses is always the one that waits, so a check from
-    an address with nothing else waiting gets a slot after the checks running when it arrives plus at
-    most one per other waiting address.
+    **Serving**: a freed slot goes to the address served least recently (never served first; ties: the
+    one waiting longest), its newest waiter first. So a check from an address with nothing else waiting
+    gets a slot after the checks running when it arrives and at most one per other waiting address.
 
     **Shedding** (the shed waiter's :meth:`acquire` returns False at once): a newcomer whose address
-    has ``per_source`` waiting pushes out the oldest of them. When the waiting room is full, the
-    newcomer counts as one more waiting check of its address and the victim is the address with the
-    most waiting checks; ties go against the more loaded address (:meth:`load`: its arrivals, decayed
-    with a half-life of :data:`LOAD_HALF_LIFE` seconds), then against the one that arrived most
-    recently, which is the newcomer itself when it ties. The victim's oldest waiter is shed, or the
-    newcomer is refused when it is the victim. So the only waiting check of an address is never shed
-    while another address has two or more, and a flood from several addresses sheds its own checks,
-    not a client that sends one. The gate holds at most ``slots + max_waiting`` threads whatever the
-    flood (the HTTP server's worker pool must be larger: each waiter is a worker thread blocked).
+    has ``per_source`` waiting pushes out the oldest of them. In a full waiting room the victim is the
+    address with the most waiting checks (the newcomer counting as one more of its own), then the more
+    loaded one (:meth:`load`), then the one that arrived last; its oldest waiter is shed, or the
+    newcomer refused when the victim is its own address with nothing waiting. An address's only
+    waiting check is never shed while another has two. The gate holds at most ``slots + max_waiting``
+    threads (HTTP workers, of which the server has more).
     """
 
     def __init__(self, slots: int, max_wait: float, max_waiting: int = 4, per_source: int = 2,

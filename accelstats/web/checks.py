@@ -23,15 +23,11 @@ _TLS_NAMES = {v: k for k, v in TLS_VERSIONS.items()}
 
 
 def weakening(old: WebConfig, new: WebConfig) -> tuple[str, str] | None:
-    """``(key, reason)`` when ``new`` may not replace ``old`` while running, else None.
-
-    Refused: turning TLS off (``tls_server_config`` removed or empty) or on (the listening socket is
-    plain: switching needs a restart either way), turning basic auth off (``basic_auth_users`` removed
-    or empty), and lowering ``client_auth_type`` (RequireAndVerifyClientCert > VerifyClientCertIfGiven >
-    NoClientCert) or ``min_version``. A file written in place is briefly empty or cut short, and so
-    looks like each of these; a deliberate change of this kind takes a restart. Fewer users, other
-    passwords, other headers or certificates are not a weakening.
-    """
+    """``(key, reason)`` when ``new`` may not replace ``old`` while running, else None: TLS turned off or
+    on (the listening socket is plain or not), basic auth turned off, ``client_auth_type``
+    (RequireAndVerifyClientCert > VerifyClientCertIfGiven > NoClientCert) or ``min_version`` lowered. A
+    file written in place is briefly empty or cut short, and so looks like each of these. Fewer users,
+    other passwords, headers or certificates are not a weakening."""
     if (old.tls is None) != (new.tls is None):
         return ("tls_server_config", "removed (or empty): turning TLS off needs a restart" if new.tls is None
                 else "added: switching from HTTP to HTTPS needs a restart")

@@ -1,35 +1,16 @@
 """The web configuration file of Prometheus' exporter-toolkit (``accelstats serve --web-config FILE``).
 
 The format is exporter-toolkit's ``docs/web-configuration.md`` (YAML, read strictly: an unknown or
-duplicated key is an error), so one file serves node_exporter and accelstats alike::
-
-    tls_server_config:
-      cert_file: server.pem            # relative paths: relative to this file's directory
-      key_file: server.key
-      client_auth_type: RequireAndVerifyClientCert   # NoClientCert (default), VerifyClientCertIfGiven
-      client_ca_file: clients-ca.pem
-      min_version: TLS12               # TLS10 .. TLS13; default TLS12 .. TLS13
-      cipher_suites: [TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256]   # Go names; TLS 1.2 and below
-    http_server_config:
-      headers: {X-Frame-Options: deny}
-    basic_auth_users:
-      prometheus: $2b$10$...           # bcrypt hashes only
-
-What Python's ``ssl`` cannot do the way Go's ``crypto/tls`` does is refused with the key named rather
-than approximated: ``RequestClientCert``/``RequireAnyClientCert`` (accepting a client certificate
-without verifying it), inline ``cert``/``key`` (OpenSSL loads the chain from files),
-``curve_preferences``, ``client_allowed_sans`` and ``rate_limit``. ``http_server_config.http2`` is
-accepted and has no effect: accelstats serves HTTP/1.1 only (ALPN ``http/1.1``), which every HTTP/2
-client falls back to. Every error is a :class:`WebConfigError`:
-``web config /etc/accelstats/web.yml: tls_server_config.cert_file: …``; no error or log line ever holds
-a bcrypt hash or any other value of ``basic_auth_users`` (YAML errors name the line and column, never
-quote the line). The file is read only when it is a regular file of at most :data:`MAX_FILE_BYTES`, and
-a document that aliases expand past :data:`MAX_NODES` nodes ("billion laughs") is an error, as Go's
-yaml.v2 refuses "excessive aliasing".
-
-Reloading while running, and the checks a reload must pass, are in :mod:`accelstats.web.source`
-(:class:`~accelstats.web.source.WebConfigSource`) and :mod:`accelstats.web.checks` (what may not change
-without a restart; warnings for loose file modes and dated certificates).
+duplicated key is an error; docs/web-config.md has an example), so one file serves node_exporter and
+accelstats alike. What Python's ``ssl`` cannot do as Go's ``crypto/tls`` does is refused with the key
+named rather than approximated (client certificates accepted unverified, inline ``cert``/``key``,
+``curve_preferences``, ``client_allowed_sans``, ``rate_limit``); ``http_server_config.http2`` is
+accepted and has no effect (HTTP/1.1 only, ALPN ``http/1.1``). Every error is a
+:class:`WebConfigError` naming the file and the key, and none ever holds a bcrypt hash or another value
+of ``basic_auth_users`` (YAML errors name the line and column, never quote it). Files are read only
+when regular and at most :data:`MAX_FILE_BYTES`; aliases expanding past :data:`MAX_NODES` nodes are an
+error, as Go's yaml.v2 refuses "excessive aliasing". Reloads: :mod:`accelstats.web.source`,
+:mod:`accelstats.web.checks`.
 """
 
 from __future__ import annotations

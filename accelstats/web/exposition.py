@@ -1,29 +1,15 @@
 """The Prometheus exposition of a collection: prometheus_client families and the fast encoder.
 
 **Families** (:func:`render`, :class:`AccelstatsCollector`): the catalog's rows of one collection as
-``prometheus_client`` metric families; ``describe()`` yields the same families without samples, so
-registering never touches NVML (client_python's custom-collector pattern; no global Gauges set from
-threads). ``accelstats dump`` prints :func:`exposition`.
+``prometheus_client`` metric families; ``describe()`` yields them without samples, so registering never
+touches NVML. ``accelstats dump`` prints :func:`exposition`.
 
-**The fast encoder** (:class:`FastEncoder`): prometheus_client stays the data model and the reference
-(its encoders write :func:`render`'s families), but for a large host most of a scrape went into building
-``Metric``/``Sample`` objects and re-checking every label name of every sample on the way out
-(docs/performance.md). :class:`FastEncoder` writes the same bytes from the catalog's readers directly:
-
-* a family's HELP/TYPE/UNIT lines are rendered once per format;
-* a sample's label string (``{name="value",…}``, names sorted, values escaped as the reference does)
-  is rendered once and kept for the next scrape, keyed by the family and the label values, so a
-  container or GPU seen the scrape before costs a dictionary lookup. Two generations: each encoding
-  starts a new one and takes over what it uses from the last, so the cache holds what the last two
-  scrapes used (containers gone since are dropped) and never grows with churn;
-* only the value is formatted per scrape (client_python's ``floatToGoString``).
-
-Formats: Prometheus text 0.0.4 (and 1.0.0) and OpenMetrics 1.0.0, with the ``underscores`` (default)
-or ``allow-utf-8`` escaping — which leave accelstats' names, all in the legacy character set,
-unchanged. Other escapings (``dots``, ``values``) rewrite names: :func:`supported` says no and the
-caller uses prometheus_client's encoder. Byte-identical output is checked by
-``tests/web/test_exposition.py`` on every fixture capture, an 8-GPU, 1000-container host and edge cases
-(escapes, NaN, ±Inf, -0.0, empty label values).
+**The fast encoder** (:class:`FastEncoder`) writes the bytes prometheus_client's encoders write for
+those families (text 0.0.4 and 1.0.0, OpenMetrics 1.0.0, escapings that leave names unchanged:
+:func:`supported`) from the catalog's readers directly: header lines rendered once per format, a
+sample's label string once per family and label values and kept for the next scrape (two generations:
+what the last two scrapes used), only values formatted per scrape. ``tests/web/test_exposition.py``
+checks the bytes against the reference on every fixture, an 8-GPU 1000-container host and edge cases.
 """
 
 from __future__ import annotations
@@ -65,14 +51,15 @@ def render(collection: Collection) -> Iterator[Metric]:
 
 
 class AccelstatsCollector:
-    """prometheus_client custom collector: one manager collection per scrape, rendered from the catalog."""
+    """prometheus_client custom collector of the catalog's families: ``collect`` gives the collection to
+    render (a manager's, fresh or shared, per scrape; or one finished collection, never collected again)."""
 
-    def __init__(self, manager: AcceleratorManager) -> None:
-        self.manager = manager
+    def __init__(self, collect: Callable[[], Collection]) -> None:
+        self._collect = collect
 
     def collect(self) -> Iterator[Metric]:
-        """Yield every family for a fresh (or concurrently shared) collection."""
-        yield from render(self.manager.collect())
+        """Yield every family of the collection :attr:`collect` gives."""
+        yield from render(self._collect())
 
     def describe(self) -> Iterator[Metric]:
         """Yield every family of the catalog without samples (no NVML call at registration)."""
@@ -89,7 +76,7 @@ def describe_catalog() -> Iterator[Metric]:
 def make_registry(manager: AcceleratorManager) -> CollectorRegistry:
     """A registry of our own (never the global REGISTRY) holding only :class:`AccelstatsCollector`."""
     registry = CollectorRegistry(auto_describe=True)
-    registry.register(AccelstatsCollector(manager))
+    registry.register(AccelstatsCollector(manager.collect))
     return registry
 
 

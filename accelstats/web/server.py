@@ -1,104 +1,51 @@
-"""The HTTP server of ``accelstats serve`` (and of the Nomad plugin's ``metrics_listen``); the WSGI app
-it serves is :mod:`accelstats.web.app`.
+"""The HTTP(S) server of ``accelstats serve`` and of the Nomad plugin's ``metrics_listen``.
 
-**The server** (:class:`HTTPServer`, started by :func:`serve`) is built so that clients that connect
-and then stall cannot lock out a scrape:
+asyncio owns the sockets, the event loop and TLS; h11 reads request heads and frames answers. This
+module is the policy on top, so that clients that connect and stall cannot lock out a scrape (what each
+part prevents, and what it was measured to cost: docs/security.md, docs/performance.md):
 
-* *One event-loop thread owns every socket.* ``accelstats-http`` (:mod:`selectors`, epoll) accepts,
-  runs TLS handshakes non-blocking, reads request heads, keeps idle keep-alive connections and writes
-  answers. A pool of at most :data:`WORKERS` threads (started on demand, gone after
-  :data:`WORKER_IDLE_EXIT` idle seconds) runs the WSGI app, and only for a request whose head is
-  complete. An idle, slow-header or handshake-stalling client costs one file descriptor and the bytes
-  it sent, never a thread: the server runs at most 1 + :data:`WORKERS` threads however many
-  connections are open. The loop reads at most :data:`_READS_PER_EVENT` times from one connection per
-  turn, so a client that never stops sending cannot keep it from the others or from the deadlines.
-* *Work is shared by client address* (:class:`accelstats.web.workers.FairWorkers`): requests wait per
-  address and are taken round-robin, at most two of one address running at once (scrapes of
-  ``/metrics`` without a filter excepted: concurrent ones share a collection and its encoded body, so
-  many at once cost little more than one), so a flood from one address, or a few, does not queue a
-  scrape from another. A request whose client has closed its side
-  by the time a worker takes it (connect, send, close: a flood's cheapest form) is not run and not
-  answered, as nginx does.
-* *Deadlines are totals*, fixed when a connection enters a state and never moved by a byte arriving:
-  the TLS handshake within ``handshake_timeout`` (10 s) of the accept; a request head within
-  ``header_timeout`` (10 s) of the accept (plain), of the handshake's end (TLS) or of the first
-  byte after an idle keep-alive; keep-alive idle ``idle_timeout`` (90 s: at Prometheus' default 1 min
-  scrape interval a scraper keeps its connection, and pays one TLS handshake, not one per scrape); a
-  whole answer written within ``write_timeout`` (30 s). A request waiting for a worker, or running,
-  has no deadline: that is the app's (the collection's own deadlines).
-* *HTTP/1.1 with keep-alive* (HTTP/1.0 too, when the client asks with ``Connection: keep-alive``), at
-  most ``max_requests`` (1000) requests per connection, pipelined requests answered in order. A
-  request that announces a body (no GET or HEAD needs one) is answered and its connection closed, so
-  no unread body can be taken for the next request. Heads are read by :mod:`accelstats.web.head`
-  (bounded in bytes and lines, ``431``; a malformed one gets ``400`` and a close).
-* *Bounded connections.* At most ``max_connections``: :data:`DEFAULT_MAX_CONNECTIONS` (4096), and
-  never more than ``RLIMIT_NOFILE`` less :data:`FD_RESERVE` descriptors kept for NVML, the files a
-  collection reads and the process itself (:func:`connection_limit`; ``systemd/accelstats.service``
-  sets ``LimitNOFILE=8192``). A connection that arrives at the limit makes room: the connection that
-  has been longest in its current state among those whose request is not running (still handshaking
-  or sending its head, idle between requests, its request waiting for a worker, or having its answer
-  written) is closed (counted as ``evicted``). Only when every connection has a request running is
-  the newcomer closed at once (``limit``). Oldest-first eviction is what lets a scrape through a
-  flood: a scraper needs a few milliseconds from connect to a complete request, so a client holding
-  every slot would have to open ``max_connections`` new connections within those milliseconds to
-  push it out, while the slots it holds are the first to go; an idle keep-alive scraper that loses
-  its connection just opens another. The same eviction answers ``EMFILE`` from ``accept``.
-* *Bounded memory for answers.* Answers not yet sent, all connections together, are kept under
-  ``output_budget`` (:data:`OUTPUT_BUDGET`, 128 MiB, each connection's bytes counted even where the
-  body is shared): past it the connection that has been writing longest is closed (``evicted``), so
-  clients that ask and never read cannot make the exporter hold their answers until ``write_timeout``.
-* *Counted:* every connection the server closes on its own, by reason, in
-  ``accelstats_http_connections_refused_total{reason}`` (:data:`REFUSED_REASONS`): ``limit``,
-  ``evicted``, ``tls_handshake_timeout``, ``header_timeout``, ``idle_timeout`` (keep-alive idle),
-  ``write_timeout``; rendered from the server's own counters into ``/metrics``
-  (:class:`ServerCounters`), with ``accelstats_web_config_reload_failures_total`` when a web
-  configuration is in use.
-
-Why one module of ~750 lines: :class:`HTTPServer` is one state machine over the sockets it owns
-(states, deadlines, eviction order and the hand-off to workers); the pieces that stand alone are
-elsewhere (the app in :mod:`accelstats.web.app`, head parsing in :mod:`accelstats.web.head`), and
-cutting the machine further would spread one connection's transitions over several files.
-
-With a web configuration file (``--web-config``, :mod:`accelstats.web.config`): TLS, basic auth and
-extra headers (:mod:`accelstats.web.auth`). Plain HTTP sent to the TLS port gets Go's ``400`` answer.
+* one event-loop thread holds every connection; the WSGI app runs on at most :data:`WORKERS` threads
+  (:class:`~accelstats.web.workers.FairWorkers`), only for a complete head, and not at all for a
+  client that closed its side before a worker took its request;
+* total deadlines, fixed when a connection enters a state: the TLS handshake (from the accept), the
+  request head (from the accept, the handshake's end or the first byte after keep-alive idleness),
+  keep-alive idleness, and the whole answer handed to the kernel;
+* HTTP/1.1 keep-alive (HTTP/1.0: one request per connection, h11's rule), bounded and pipelined; a
+  request announcing a body is answered, then its connection closed; heads bounded by h11 and the
+  pre-checks of :meth:`_Conn.parse`; connections bounded (:func:`connection_limit`, oldest-first
+  eviction of those whose request is not running) and unsent answers too (``output_budget``);
+* after the last answer, a half-close and a short linger; Go's ``400`` for plain HTTP on the TLS port;
+  closes counted by reason, answers by code (:class:`~accelstats.web.app.ServerCounters`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
+import http
 import io
 import logging
 import os
 import resource
-import select
-import selectors
 import socket
 import ssl
 import sys
 import threading
 import time
-from collections import OrderedDict, deque
+from asyncio import sslproto
+from collections import OrderedDict
 from collections.abc import Callable
 from email.utils import formatdate
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs, unquote
+from urllib.parse import parse_qs, unquote, urlsplit
 
+import h11
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
 from accelstats import __version__
 from accelstats.manager import AcceleratorManager
-from accelstats.web.app import ServerCounters, WSGIApp, make_app
-from accelstats.web.head import (
-    MAX_EMPTY_LINE_BYTES,
-    MAX_HEAD_BYTES,
-    BadRequestError,
-    Request,
-    head_end,
-    parse_head,
-    simple_answer,
-    strip_empty_lines,
-)
+from accelstats.web.app import TEXT, ServerCounters, WSGIApp, make_app
 from accelstats.web.workers import FairWorkers
 
 if TYPE_CHECKING:  # the web-config stack (PyYAML, bcrypt) is imported only when --web-config is given
@@ -106,301 +53,371 @@ if TYPE_CHECKING:  # the web-config stack (PyYAML, bcrypt) is imported only when
 
 log = logging.getLogger(__name__)
 
-
-# -- the server -------------------------------------------------------------------------------------
-
 DEFAULT_MAX_CONNECTIONS = 4096
 FD_RESERVE = 256  # descriptors kept out of the connection limit: NVML's device nodes, files read, stdio, epoll
-# Threads running the WSGI app at most. As many as the scrapers that may come at once, so that they share
-# one collection (AcceleratorManager.collect shares a collection only among callers waiting in it): 50
-# concurrent scrapers of 2 MB bodies were served 31/s with 16 workers (7.8 scrapes per collection) and
-# 78/s with 64 (23 per collection; 77/s with a thread per connection), benchmarks/load.py.
+# Threads running the app at most: as many as scrapers that may come at once, so that they share a collection
+# (50 concurrent scrapers of 2 MB bodies: 31/s with 16 workers, 78/s with 64; benchmarks/load.py).
 WORKERS = 64
 WORKER_IDLE_EXIT = 5.0  # seconds an idle worker thread waits for work before it ends
-HANDSHAKE_TIMEOUT = 10.0  # seconds from accept to a finished TLS handshake
-HEADER_TIMEOUT = 10.0  # seconds for a whole request head
-IDLE_TIMEOUT = 90.0  # seconds a keep-alive connection may wait for its next request
-WRITE_TIMEOUT = 30.0  # seconds to write a whole answer
-LINGER_TIMEOUT = 2.0  # seconds, after our last byte, to read what the client still sends before closing
-MAX_REQUESTS = 1000  # requests per connection
-_SWEEP = 0.1  # seconds between deadline checks
+HANDSHAKE_TIMEOUT, HEADER_TIMEOUT, IDLE_TIMEOUT, WRITE_TIMEOUT = 10.0, 10.0, 90.0, 30.0  # seconds
+LINGER_TIMEOUT, LINGER_BYTES = 2.0, 65536  # after our last byte: what the client still sends is read and dropped
+MAX_REQUESTS = 1000  # per connection
+MAX_HEAD_BYTES, MAX_HEADERS = 32768, 100  # past either: 431
+MAX_EMPTY_LINE_BYTES = 64  # CR and LF bytes ignored before a request (RFC 9112 §2.2); more: 400
+OUTPUT_BUDGET = 128 << 20  # bytes of unsent answers, all connections together
+_CHUNK = 1 << 20  # bytes handed to a transport at once; the next when the kernel has taken them
 _ACCEPTS_PER_WAKE = 64
-_READS_PER_EVENT = 4  # recv() calls for one connection per turn of the loop (16 KiB each)
-OUTPUT_BUDGET = 128 << 20  # bytes of unsent answers, all connections together, before the oldest unread go
-_CHUNK = 1 << 20  # bytes per send(): the kernel takes what fits in the socket buffer
+_ACCEPT_RETRY = 0.1  # seconds before accepting again when out of descriptors with nothing to evict
+_SWEEP = 0.1  # seconds between two looks at the deadlines (while there are connections)
 _NOT_TLS = (b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
             b"Client sent an HTTP request to an HTTPS server.\n")  # what Go's net/http answers
 _HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "date", "upgrade"})
+# asyncio's TLS protocol allocates and zeroes a read buffer of SSLProtocol.max_size bytes per connection:
+# 256 KiB, 250 MiB for 1000 connections. Request heads are small; 4 KiB reads lose nothing.
+_TLS_READ_BYTES = 4 << 10
+# connection states; a request with a worker (_WORKING) has no deadline and is evictable until it starts
+_TLS_START, _HANDSHAKE, _READING, _IDLE, _WORKING, _WRITING, _LINGER = (
+    "tls_start", "handshake", "reading", "idle", "working", "writing", "linger")
+_TIMEOUT_REASON = {_TLS_START: "tls_handshake_timeout", _HANDSHAKE: "tls_handshake_timeout",
+                   _READING: "header_timeout", _IDLE: "idle_timeout", _WRITING: "write_timeout"}
+
+Job = tuple["_Conn", h11.Request, str, str, bool]  # connection, request, path, query, keep-alive
 
 
 def connection_limit(default: int = DEFAULT_MAX_CONNECTIONS, reserve: int = FD_RESERVE) -> int:
     """Connections to allow under this process's ``RLIMIT_NOFILE`` soft limit: ``default``, or the
     soft limit less ``reserve`` descriptors (at least half the limit) when that is lower."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return default
-    room = soft - reserve if soft - reserve >= soft // 2 else soft // 2
-    return max(1, min(default, room))
+    return default if soft == resource.RLIM_INFINITY else max(1, min(default, max(soft - reserve, soft // 2)))
 
 
-# connection states: what the event loop waits for
-_TLS_START = "tls_start"  # the first byte (TLS or not)
-_HANDSHAKE = "handshake"
-_READING = "reading"  # a request head, begun or not
-_IDLE = "idle"  # keep-alive, between requests
-_WORKING = "working"  # a request with a worker (queued or running): no deadline; evictable until it starts
-_WRITING = "writing"
-_LINGER = "linger"  # after our last byte: half-closed, reading until EOF
-_TIMEOUT_REASON = {_TLS_START: "tls_handshake_timeout", _HANDSHAKE: "tls_handshake_timeout",
-                   _READING: "header_timeout", _IDLE: "idle_timeout", _WRITING: "write_timeout"}
+def split_target(target: str) -> tuple[str, str]:
+    """``(path, query)`` of a request target in origin form (``/metrics?x``) or absolute form
+    (``http://host:port/metrics?x``, path ``/`` when empty, RFC 9112 §3.2.2); raises ValueError for an
+    absolute form ``urlsplit`` refuses (``http://[::1/metrics``, a port that is not a number)."""
+    if not target.lower().startswith(("http://", "https://")):
+        path, _, query = target.partition("?")
+        return path, query
+    parts = urlsplit(target)
+    parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    return parts.path or "/", parts.query
 
 
-class _Conn:
-    """One client connection, owned by the event loop."""
+def _own_answer(http_conn: h11.Connection, code: int, text: str) -> list[bytes]:
+    """This server's answer ``code`` (and ``Connection: close``) with the body ``text``, framed by h11."""
+    body = text.encode()
+    head = http_conn.send(h11.Response(status_code=code, reason=http.HTTPStatus(code).phrase, headers=[
+        ("Content-Type", TEXT), ("Content-Length", str(len(body))), ("Date", formatdate(usegmt=True)),
+        ("Connection", "close")]))
+    http_conn.send(h11.Data(data=body))
+    http_conn.send(h11.EndOfMessage())
+    return [head or b"", body]
 
-    __slots__ = ("buf", "closed", "deadline", "drained", "empty", "events", "keep_alive", "out", "peer", "requests",
-                 "sock", "started", "state", "tls", "unsent")
 
-    def __init__(self, sock: socket.socket, peer: Any, tls: bool) -> None:
-        self.sock = sock
-        self.peer = peer
-        self.tls = tls
-        self.state = ""
-        self.deadline = 0.0
-        self.events = 0  # selector events registered; 0 = not registered
-        self.buf = bytearray()
-        self.out: deque[memoryview] = deque()
-        self.keep_alive = False
-        self.requests = 0
-        self.drained = 0  # bytes read and dropped after our last byte
-        self.empty = 0  # CR and LF bytes dropped before the request being read
-        self.unsent = 0  # bytes of the answer not yet sent
-        self.started = False  # a worker took its request (set by the worker)
-        self.closed = False  # closed by the event loop (read by workers: skip its request)
+class _Conn(asyncio.Protocol):
+    """One client connection; asyncio calls it and only the event loop changes it, but ``started``
+    (set by the worker that takes its request)."""
 
-    @property
-    def client(self) -> str:
-        """The client's address: the key its requests are queued under."""
-        return str(self.peer[0]) if isinstance(self.peer, tuple) and self.peer else "local"
+    __slots__ = ("client", "closed", "deadline", "drained", "empty", "eof", "fed", "held", "http", "inbox",
+                 "keep_alive", "not_tls", "out", "paused", "peer", "requests", "server", "sock", "started", "state",
+                 "task", "tls", "transport", "unsent")
+
+    def __init__(self, server: HTTPServer, sock: socket.socket, peer: Any, tls: bool) -> None:
+        self.server, self.sock, self.peer, self.tls = server, sock, peer, tls
+        self.client = str(peer[0]) if isinstance(peer, tuple) and peer else ""  # the key of its requests
+        self.not_tls: bool | None = None  # on the TLS port, not TLS: True plain HTTP, False anything else
+        self.transport: asyncio.Transport | None = None
+        self.task: asyncio.Task[Any] | None = None  # connect_accepted_socket (with the TLS handshake)
+        self.http: h11.Connection | None = None  # the request being read or answered
+        self.inbox = bytearray()  # bytes not given to h11 yet (pipelined requests)
+        self.out: list[memoryview] = []  # the answer's parts not handed to the transport yet
+        self.state, self.deadline = "", 0.0
+        self.fed = self.empty = self.unsent = self.requests = self.drained = 0
+        self.keep_alive = self.eof = self.paused = self.held = self.started = self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        transport.set_write_buffer_limits(high=1, low=0)  # paused while the kernel has not taken it all
+        if self.closed:  # evicted while asyncio made the transport
+            transport.abort()
+        elif self.not_tls:
+            self.answer([_NOT_TLS], False, 400)
+        elif self.not_tls is not None:
+            self.linger()
+        elif self.state == _HANDSHAKE:
+            self.enter(_READING, self.server.header_timeout)
+
+    def data_received(self, data: bytes) -> None:
+        if self.state == _LINGER:
+            self.drained += len(data)
+            if self.drained > LINGER_BYTES:
+                self.close()
+            return
+        self.inbox += data
+        if self.state == _IDLE:
+            self.enter(_READING, self.server.header_timeout)
+        if self.state == _READING:
+            self.parse()
+        elif len(self.inbox) > MAX_HEAD_BYTES and not self.held and self.transport is not None:
+            self.transport.pause_reading()  # pipelined bytes past a head's worth wait in the kernel
+            self.held = True
+
+    def eof_received(self) -> bool | None:
+        self.eof = True
+        if self.state in (_READING, _IDLE, _LINGER) or (self.state == _WORKING and not self.started):
+            self.close()
+            return None
+        return True if self.not_tls is not None or not self.tls else None  # plain: open until the answer is out
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.close()
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        if self.state == _WRITING:
+            self.write()
+
+    def enter(self, state: str, timeout: float | None) -> None:
+        """Put this connection in ``state`` with a deadline ``timeout`` seconds from now (None: none)."""
+        if not self.closed:
+            self.state = state
+            self.deadline = self.server.loop.time() + timeout if timeout is not None else float("inf")
+            self.server.conns.move_to_end(self)
+
+    def close(self, reason: str | None = None) -> None:
+        """Close now (a worker skips its request); ``reason``: counted as refused."""
+        if self.closed:
+            return
+        self.closed = True
+        server = self.server
+        server.conns.pop(self, None)
+        if reason is not None:
+            server.counters.count(reason)
+            log.debug("%s: closed (%s)", self.peer, reason)
+        server.unsent -= self.unsent
+        self.unsent, self.out = 0, []
+        if self.transport is not None:
+            self.transport.abort()
+        elif self.task is not None:
+            self.task.cancel()  # asyncio closes the transport it made; _connected closes the socket
+        else:
+            with contextlib.suppress(ValueError, OSError):
+                server.loop.remove_reader(self.sock.fileno())
+            self.sock.close()
+
+    def connect(self, ctx: ssl.SSLContext | None) -> None:
+        """Hand the socket to asyncio, with a TLS handshake when ``ctx`` is given (our deadline comes
+        first; asyncio's is a backstop, as its TLS shutdown timeout is behind our linger's)."""
+        tls: dict[str, Any] = {} if ctx is None else {"ssl": ctx, "ssl_handshake_timeout": HANDSHAKE_TIMEOUT + 1}
+        loop = self.server.loop
+        self.task = loop.create_task(loop.connect_accepted_socket(lambda: self, self.sock, **tls))
+        self.task.add_done_callback(self._connected)
+
+    def _connected(self, task: asyncio.Task[Any]) -> None:
+        self.task = None
+        if task.cancelled() or task.exception() is not None:
+            log.debug("%s: %s", self.peer, "closed" if task.cancelled() else task.exception())
+            self.close()
+            self.sock.close()  # closed already where asyncio made a transport
+
+    def parse(self) -> None:
+        """Give h11 the inbox, at most :data:`MAX_HEAD_BYTES` + 1 bytes for one head, and hand a complete
+        request to a worker, or answer one this server does not take."""
+        if self.http is None:
+            self.http = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+            self.fed = self.empty = 0
+        if self.fed == 0:  # h11 refuses any empty line before a request: the first 64 bytes are dropped
+            skip = min(len(self.inbox) - len(self.inbox.lstrip(b"\r\n")), MAX_EMPTY_LINE_BYTES - self.empty)
+            del self.inbox[:skip]
+            self.empty += skip
+        take = min(len(self.inbox), MAX_HEAD_BYTES + 1 - self.fed)
+        self.http.receive_data(bytes(self.inbox[:take]))
+        del self.inbox[:take]
+        self.fed += take
+        try:
+            request = self.http.next_event()
+        except h11.RemoteProtocolError as exc:  # 431 past max_incomplete_event_size
+            return self.refuse(exc.error_status_hint, str(exc))
+        if request is h11.NEED_DATA:
+            return None
+        assert isinstance(request, h11.Request)
+        if request.http_version not in (b"1.0", b"1.1"):
+            return self.refuse(505, "HTTP version")
+        if len(request.headers) > MAX_HEADERS:
+            return self.refuse(431, "too many header lines")
+        try:
+            path, query = split_target(request.target.decode("latin-1"))
+        except ValueError:
+            return self.refuse(400, "bad request target")
+        bodiless = not any(n == b"transfer-encoding" or (n == b"content-length" and v.strip(b"0"))
+                           for n, v in request.headers)  # a body announced, even an empty chunked one: closed after
+        try:
+            bodiless = bodiless and isinstance(self.http.next_event(), h11.EndOfMessage)
+        except h11.RemoteProtocolError:
+            bodiless = False
+        self.inbox[:0] = self.http.trailing_data[0] if bodiless else b""  # pipelined requests
+        self.requests += 1
+        server, self.started = self.server, False
+        keep_alive = (bodiless and self.http.their_state is h11.DONE and self.requests < server.max_requests
+                      and not server.stopping)
+        self.enter(_WORKING, None)
+        shared = (request.method in (b"GET", b"HEAD") and path in ("/metrics", "/healthz", "/")
+                  and "name[]" not in parse_qs(query))  # requests that share one collection and body
+        server.workers.submit(self.client, (self, request, path, query, keep_alive), shared=shared)
+        return None
+
+    def refuse(self, code: int, why: str) -> None:
+        log.debug("%s: %d: %s", self.peer, code, why)
+        assert self.http is not None
+        self.answer(_own_answer(self.http, code, why + "\n"), False, code)
+
+    def answer(self, out: list[bytes], keep_alive: bool, code: int) -> None:
+        """Write ``out``; then the next request (``keep_alive``), or linger and close."""
+        server = self.server
+        server.counters.answered(str(code))
+        self.out = [memoryview(b) for b in out if b]
+        self.unsent = sum(len(b) for b in self.out)
+        server.unsent += self.unsent
+        self.keep_alive = keep_alive and not self.eof
+        self.enter(_WRITING, server.write_timeout)
+        while server.unsent > server.output_budget and server.evict(keep=self, state=_WRITING):
+            pass
+        self.write()
+
+    def write(self) -> None:
+        assert self.transport is not None
+        while self.out and not self.paused and not self.transport.is_closing():  # closing: connection_lost follows
+            data = self.out[0]
+            self.transport.write(data[:_CHUNK])
+            n = min(len(data), _CHUNK)
+            self.unsent -= n
+            self.server.unsent -= n
+            self.out[0:1] = [data[n:]] if n < len(data) else []
+        if self.out or self.paused or self.closed or self.transport.is_closing():
+            return  # resume_writing brings it back when the kernel has taken the rest
+        if self.eof:
+            return self.close()
+        if not self.keep_alive:
+            return self.linger()
+        self.http = None
+        if self.held:
+            self.transport.resume_reading()
+            self.held = False
+        if not self.inbox:
+            return self.enter(_IDLE, self.server.idle_timeout)
+        self.enter(_READING, self.server.header_timeout)  # a pipelined request
+        return self.parse()
+
+    def linger(self) -> None:
+        """Half-close, then read and drop what the client still sends: closing with unread bytes would
+        reset the connection before the client read our answer. TLS: asyncio sends close_notify and
+        waits as long for the client's."""
+        assert self.transport is not None
+        self.inbox.clear()
+        self.enter(_LINGER, LINGER_TIMEOUT)
+        if self.held:
+            self.transport.resume_reading()
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        else:
+            self.transport.close()
 
 
 class HTTPServer:
-    """The event-loop HTTP(S) server (the module docstring has the design).
+    """The asyncio HTTP(S) server (the module docstring has the design).
 
     ``listener``: a bound, listening socket; ``app``: the WSGI app; ``web``: the web configuration
-    (TLS when ``web.tls_enabled``); ``counters``: where refused connections are counted. Limits are
-    attributes read when used, so tests may lower them on a running server: ``max_connections``,
-    ``handshake_timeout``, ``header_timeout``, ``idle_timeout``, ``write_timeout``, ``max_requests``.
-    :meth:`serve_forever` runs the loop (in the thread :func:`serve` starts); :meth:`shutdown` stops it
-    and waits; :meth:`server_close` closes the listener, every connection and the workers."""
+    (TLS when ``web.tls_enabled``); ``counters``: where closes and answers are counted. Limits are read
+    when used, so tests may lower them on a running server: ``max_connections``, ``handshake_timeout``,
+    ``header_timeout``, ``idle_timeout``, ``write_timeout``, ``max_requests``, ``output_budget``.
+    :meth:`serve_forever` runs the loop (in the thread :func:`serve` starts); :meth:`shutdown` stops it,
+    closing every connection, and waits; :meth:`server_close` also closes the listener and workers."""
 
     def __init__(self, listener: socket.socket, app: WSGIApp, web: WebConfigSource | None = None,
                  counters: ServerCounters | None = None, workers: int = WORKERS) -> None:
-        self.socket = listener
+        self.socket, self.app, self.web = listener, app, web
         self.server_address: tuple[Any, ...] = listener.getsockname()
         self.server_port: int = self.server_address[1]
-        self.app = app
-        self.web = web
         self.counters = counters if counters is not None else ServerCounters(web)
         self.max_connections = connection_limit()
-        self.handshake_timeout = HANDSHAKE_TIMEOUT
-        self.header_timeout = HEADER_TIMEOUT
-        self.idle_timeout = IDLE_TIMEOUT
-        self.write_timeout = WRITE_TIMEOUT
-        self.max_requests = MAX_REQUESTS
-        self.workers: FairWorkers[tuple[_Conn, Request, bool]] = FairWorkers(workers, self._work,
-                                                                             idle_exit=WORKER_IDLE_EXIT)
-        self.output_budget = OUTPUT_BUDGET
-        self._unsent = 0  # bytes of answers not yet sent, every connection together
-        self._conns: set[_Conn] = set()
-        self._evictable: OrderedDict[_Conn, None] = OrderedDict()  # oldest state change first
-        self._done: deque[tuple[_Conn, list[bytes] | None, bool]] = deque()
-        self._selector = selectors.DefaultSelector()
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
-        listener.setblocking(False)
-        self._selector.register(listener, selectors.EVENT_READ, self._accept)
-        self._selector.register(self._wake_r, selectors.EVENT_READ, self._drain_wake)
-        # Connections whose request waits for a worker, watched for the client closing its side
-        # (EPOLLRDHUP alone: pipelined bytes do not wake it); the epoll is itself watched by the loop.
-        self._gone: Any = None
-        self._gone_fds: dict[int, _Conn] = {}
-        if hasattr(select, "epoll") and hasattr(select, "EPOLLRDHUP"):
-            self._gone = select.epoll()
-            self._selector.register(self._gone, selectors.EVENT_READ, self._on_gone)
-        self._accept_paused_until = 0.0
+        self.handshake_timeout, self.header_timeout = HANDSHAKE_TIMEOUT, HEADER_TIMEOUT
+        self.idle_timeout, self.write_timeout = IDLE_TIMEOUT, WRITE_TIMEOUT
+        self.max_requests, self.output_budget = MAX_REQUESTS, OUTPUT_BUDGET
+        self.workers: FairWorkers[Job] = FairWorkers(workers, self._work, idle_exit=WORKER_IDLE_EXIT)
+        self.unsent = 0  # bytes of answers not handed to a transport yet, every connection together
+        self.conns: OrderedDict[_Conn, None] = OrderedDict()  # open connections, longest in their state first
+        self.loop = asyncio.new_event_loop()
+        self.stopping = self._started = self._closed = False
+        self._sweeping: asyncio.TimerHandle | None = None
+        self._tcp = listener.family in (socket.AF_INET, socket.AF_INET6)
         self._emfile_logged = 0.0
-        self._stop = False
-        self._started = False
-        self._closed = False
+        self._lock = threading.Lock()
         self._stopped = threading.Event()
-
-    # -- lifecycle
-
-    def serve_forever(self) -> None:
-        """Run the event loop until :meth:`shutdown`."""
-        self._started = True
-        try:
-            next_sweep = time.monotonic() + _SWEEP
-            while not self._stop:
-                # Idle (no connection, accepting): nothing has a deadline, so sleep until a client or
-                # the wake-up socket comes (a scrape every 15 s costs no wake-ups in between).
-                idle = not self._conns and not self._accept_paused_until
-                timeout = None if idle else max(0.0, next_sweep - time.monotonic())
-                for key, _mask in self._selector.select(timeout):
-                    data = key.data
-                    if isinstance(data, _Conn):
-                        if data in self._conns:  # not closed by an eviction earlier in this round
-                            self._on_event(data)
-                        continue
-                    try:
-                        data()  # the listener or the wake-up socket
-                    except Exception:  # a bug here must not end the loop
-                        log.exception("HTTP server: unexpected error")
-                now = time.monotonic()
-                if idle:
-                    next_sweep = now + _SWEEP  # the first deadline check comes a sweep after the wake-up
-                elif now >= next_sweep:
-                    self._sweep(now)
-                    next_sweep = now + _SWEEP
-        finally:
-            self._stopped.set()
-
-    def shutdown(self) -> None:
-        """Stop the event loop and wait until it has (returns at once when it never ran)."""
-        self._stop = True
-        self._wake()
-        if self._started:
-            self._stopped.wait()
-
-    def server_close(self) -> None:
-        """Close the listener, every connection, the workers' queue (running jobs finish alone)."""
-        if self._closed:
-            return
-        if self._started and not self._stopped.is_set():
-            self.shutdown()
-        self._closed = True
-        self.workers.stop()
-        if self.web is not None:  # its checking thread: serve() was handed the source, and owns it now
-            self.web.close()
-        for conn in list(self._conns):
-            self._close(conn)
-        self._selector.close()
-        if self._gone is not None:
-            self._gone.close()
-        for sock in (self.socket, self._wake_r, self._wake_w):
-            sock.close()
+        listener.setblocking(False)
 
     @property
     def connections(self) -> int:
         """Open client connections (for tests and benchmarks)."""
-        return len(self._conns)
+        return len(self.conns)
 
-    # -- event loop helpers
-
-    def _wake(self) -> None:
-        with contextlib.suppress(OSError):  # full (a wake is pending anyway) or closed (the server is closing)
-            self._wake_w.send(b"\0")
-
-    def _drain_wake(self) -> None:
+    def serve_forever(self) -> None:
+        """Run the event loop until :meth:`shutdown`; every connection is closed on the way out."""
+        with self._lock:
+            if self.stopping or self._closed:
+                return
+            self._started = True
+        sslproto.SSLProtocol.max_size = _TLS_READ_BYTES  # type: ignore[attr-defined]  # not in typeshed
         try:
-            while self._wake_r.recv(4096):
-                pass
-        except (BlockingIOError, InterruptedError):
-            pass
-        while self._done:
-            conn, out, keep_alive = self._done.popleft()
-            if conn not in self._conns:
+            self.loop.add_reader(self.socket.fileno(), self._accept)
+            self.loop.run_forever()
+        finally:
+            with contextlib.suppress(ValueError, OSError):
+                self.loop.remove_reader(self.socket.fileno())
+            for conn in list(self.conns):
+                conn.close()
+            tasks = asyncio.all_tasks(self.loop)
+            self.loop.run_until_complete(asyncio.wait(tasks, timeout=1.0) if tasks else asyncio.sleep(0))
+            self.loop.run_until_complete(asyncio.sleep(0))  # the transports' connection_lost: sockets closed
+            self.loop.close()
+            self._stopped.set()
+
+    def shutdown(self) -> None:
+        """Stop the event loop and wait until it has (returns at once when it never ran)."""
+        with self._lock:
+            self.stopping, started = True, self._started
+        if started:
+            with contextlib.suppress(RuntimeError):  # closed: stopped already
+                self.loop.call_soon_threadsafe(self.loop.stop)
+            self._stopped.wait()
+
+    def server_close(self) -> None:
+        """:meth:`shutdown`, then close the listener, the workers' queue (running jobs finish alone) and
+        the web configuration's checking thread (serve() was handed the source, and owns it)."""
+        self.shutdown()
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if not self.loop.is_closed():
+            self.loop.close()
+        self.workers.stop()
+        if self.web is not None:
+            self.web.close()
+        self.socket.close()
+
+    def evict(self, keep: _Conn | None = None, state: str | None = None) -> bool:
+        """Close the connection longest in its state among those whose request is not running; ``state``:
+        only among those in that state; never ``keep``. False when there is none."""
+        for conn in self.conns:
+            if conn is keep or (state is not None and conn.state != state) or (conn.state == _WORKING and conn.started):
                 continue
-            self._unwatch_gone(conn)
-            if out is None:  # the client had gone before a worker took its request
-                self._close(conn)
-            else:
-                self._start_writing(conn, out, keep_alive)
-
-    def _on_gone(self) -> None:
-        """Close the connections whose client closed its side while their request waited for a worker:
-        connect, send, close is a flood's cheapest request, and each would hold a connection slot
-        until a worker came to it."""
-        for fd, _ in self._gone.poll(0, 256):
-            conn = self._gone_fds.get(fd)
-            if conn is None:
-                with contextlib.suppress(OSError, ValueError):
-                    self._gone.unregister(fd)
-                continue
-            self._unwatch_gone(conn)
-            if conn in self._conns and not conn.started:
-                self._close(conn)
-
-    def _unwatch_gone(self, conn: _Conn) -> None:
-        """Stop watching ``conn`` for its client closing (its request started, or it is closing)."""
-        if self._gone is None:
-            return
-        fd = conn.sock.fileno()
-        if fd >= 0 and self._gone_fds.get(fd) is conn:
-            del self._gone_fds[fd]
-            with contextlib.suppress(OSError, ValueError):
-                self._gone.unregister(fd)
-
-    def _want(self, conn: _Conn, events: int) -> None:
-        if events == conn.events:
-            return
-        if conn.events and events:
-            self._selector.modify(conn.sock, events, conn)
-        elif events:
-            self._selector.register(conn.sock, events, conn)
-        else:
-            self._selector.unregister(conn.sock)
-        conn.events = events
-
-    def _enter(self, conn: _Conn, state: str, timeout: float | None, events: int = selectors.EVENT_READ) -> None:
-        """Put ``conn`` in ``state`` with a deadline ``timeout`` seconds from now (None: none)."""
-        conn.state = state
-        conn.deadline = time.monotonic() + timeout if timeout is not None else float("inf")
-        self._evictable.pop(conn, None)
-        self._evictable[conn] = None  # _WORKING too: evictable while its request waits for a worker
-        self._want(conn, events)
-
-    def _close(self, conn: _Conn, reason: str | None = None) -> None:
-        if conn not in self._conns:
-            return
-        if reason is not None:
-            self.counters.count(reason)
-            log.debug("%s: closed (%s)", conn.peer, reason)
-        self._unwatch_gone(conn)
-        self._conns.discard(conn)
-        self._evictable.pop(conn, None)
-        conn.closed = True
-        self._unsent -= conn.unsent
-        conn.unsent = 0
-        conn.out.clear()
-        if conn.events:
-            with contextlib.suppress(KeyError, ValueError):  # the selector is closed
-                self._selector.unregister(conn.sock)
-            conn.events = 0
-        with contextlib.suppress(OSError):
-            conn.sock.close()
-
-    def _evict_one(self, keep: _Conn | None = None, state: str | None = None) -> bool:
-        """Close the connection longest in its state among those whose request is not running
-        (handshaking, reading a head, idle, queued for a worker, writing, lingering); ``state``: only
-        among those in that state; never ``keep``. False when there is none."""
-        for conn in self._evictable:
-            if conn is keep or (state is not None and conn.state != state):
-                continue
-            if conn.state == _WORKING and conn.started:
-                continue  # its request runs: the work is done or nearly; the answer follows
-            self._close(conn, None if conn.state == _LINGER else "evicted")
+            conn.close(None if conn.state == _LINGER else "evicted")
             return True
         return False
-
-    def _sweep(self, now: float) -> None:
-        if self._accept_paused_until and now >= self._accept_paused_until:
-            self._accept_paused_until = 0.0
-            self._selector.register(self.socket, selectors.EVENT_READ, self._accept)
-        for conn in [c for c in self._conns if c.deadline <= now]:
-            self._close(conn, _TIMEOUT_REASON.get(conn.state))
 
     def _accept(self) -> None:
         for _ in range(_ACCEPTS_PER_WAKE):
@@ -409,221 +426,110 @@ class HTTPServer:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    if self._evict_one():
-                        continue
-                    now = time.monotonic()
-                    if now - self._emfile_logged > 60:
-                        self._emfile_logged = now
-                        log.warning("accept: %s with every connection busy; raise LimitNOFILE", exc.strerror)
-                    self._selector.unregister(self.socket)  # back in the next sweep
-                    self._accept_paused_until = now + _SWEEP
-                    return
-                log.debug("accept: %s", exc)  # ECONNABORTED and the like: that client is gone
-                continue
-            if len(self._conns) >= self.max_connections and not self._evict_one():
+                if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    log.debug("accept: %s", exc)  # ECONNABORTED and the like: that client is gone
+                    continue
+                evicted, now = self.evict(), time.monotonic()
+                if not evicted and now - self._emfile_logged > 60:
+                    self._emfile_logged = now
+                    log.warning("accept: %s with every connection busy; raise LimitNOFILE", exc.strerror)
+                self.loop.remove_reader(self.socket.fileno())  # asyncio closes the evicted socket in a callback:
+                self.loop.call_later(0 if evicted else _ACCEPT_RETRY, self._resume_accept)  # accept after it
+                return
+            if len(self.conns) >= self.max_connections and not self.evict():
                 self.counters.count("limit")
                 sock.close()
                 continue
-            try:
-                self._setup(sock, peer)
-            except OSError as exc:  # the client reset the connection already
-                log.debug("%s: %s", peer, exc)
-                sock.close()
+            if self._tcp:  # asyncio sets it only where the socket's proto is IPPROTO_TCP; accept() gives 0
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = _Conn(self, sock, peer, self.web is not None and self.web.tls_enabled)
+            self.conns[conn] = None
+            if self._sweeping is None:
+                self._sweeping = self.loop.call_later(_SWEEP, self._sweep)
+            if conn.tls:  # in a TLS flood the first flight is there at the accept: no watch for it
+                conn.enter(_TLS_START, self.handshake_timeout)
+                self._first_byte(conn, watched=False)
+            else:  # watched from the start: requests are read in the order they came
+                conn.enter(_READING, self.header_timeout)
+                self.loop.add_reader(sock.fileno(), self._first_byte, conn)
 
-    def _setup(self, sock: socket.socket, peer: Any) -> None:
-        sock.setblocking(False)
-        if sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        tls = self.web is not None and self.web.tls_enabled
-        conn = _Conn(sock, peer, tls)
-        self._conns.add(conn)
-        if tls:
-            self._enter(conn, _TLS_START, self.handshake_timeout)
-        else:
-            self._enter(conn, _READING, self.header_timeout)
+    def _sweep(self) -> None:
+        """Close the connections past their deadline (counted by the state they were in)."""
+        now = self.loop.time()
+        for conn in [c for c in self.conns if c.deadline <= now]:
+            conn.close(_TIMEOUT_REASON.get(conn.state))
+        self._sweeping = self.loop.call_later(_SWEEP, self._sweep) if self.conns else None
 
-    def _on_event(self, conn: _Conn) -> None:
+    def _resume_accept(self) -> None:
+        if not self.stopping:
+            self.loop.add_reader(self.socket.fileno(), self._accept)
+
+    def _first_byte(self, conn: _Conn, watched: bool = True) -> None:
+        """Hand a connection to asyncio once its first byte is there (an idle one costs a descriptor and
+        a watch, no transport; in a flood the byte is there at the accept). On the TLS port a handshake
+        record (0x16) starts the handshake, within the deadline counted from the accept; a letter is
+        plain HTTP (Go's ``400``); anything else lingers. ``watched``: the loop watches the socket."""
         try:
-            state = conn.state
-            if state == _TLS_START:
-                self._tls_start(conn)
-            elif state == _HANDSHAKE:
-                self._handshake(conn)
-            elif state in (_READING, _IDLE):
-                self._read(conn)
-            elif state == _WRITING:
-                self._write(conn)
-            elif state == _LINGER:
-                self._linger_read(conn)
-        except Exception:  # a bug with one connection must not end the loop for all
-            log.exception("%s: unexpected error, connection closed", conn.peer)
-            self._close(conn)
-
-    # -- TLS
-
-    def _tls_start(self, conn: _Conn) -> None:
-        try:
-            first = conn.sock.recv(1, socket.MSG_PEEK)
+            first = conn.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)  # asyncio makes it non-blocking
         except (BlockingIOError, InterruptedError):
+            if not watched:
+                self.loop.add_reader(conn.sock.fileno(), self._first_byte, conn)
             return
         except OSError as exc:
             log.debug("%s: connection dropped before TLS: %s", conn.peer, exc)
-            self._close(conn)
-            return
-        if not first:
-            self._close(conn)
-            return
-        if first != b"\x16":  # every TLS connection starts with a handshake record (0x16)
+            first = b""
+        if watched:
+            self.loop.remove_reader(conn.sock.fileno())
+        ctx = None
+        if first and not conn.tls:
+            return conn.connect(None)
+        if first == b"\x16":
+            assert self.web is not None
+            from accelstats.web.config import WebConfigError
+
+            with contextlib.suppress(WebConfigError):  # logged by the source; fail closed
+                ctx = self.web.current()[1]
+        if ctx is not None:
+            conn.state = _HANDSHAKE  # same deadline: the handshake's counts from the accept
+            conn.connect(ctx)
+        elif first and first != b"\x16":
             log.debug("%s: not TLS (first byte %r)", conn.peer, first)
-            if first.isalpha():  # a method name: plain HTTP, answered as Go's net/http does
-                self._start_writing(conn, [_NOT_TLS], False)
-            else:
-                self._linger(conn)
-            return
-        assert self.web is not None
-        from accelstats.web.config import WebConfigError
+            conn.not_tls = first.isalpha()
+            conn.connect(None)
+        else:
+            conn.close()
 
-        try:
-            _, ctx = self.web.current()
-        except WebConfigError:  # logged by the source; fail closed
-            self._close(conn)
-            return
-        if ctx is None:
-            self._close(conn)
-            return
-        self._want(conn, 0)  # wrap_socket detaches the plain socket: register the TLS one instead
-        conn.sock = ctx.wrap_socket(conn.sock, server_side=True, do_handshake_on_connect=False)
-        conn.state = _HANDSHAKE  # same deadline: the handshake's counts from the accept
-        self._handshake(conn)
+    def _deliver(self, conn: _Conn, out: list[bytes], code: int, keep_alive: bool) -> None:
+        if not conn.closed:
+            conn.answer(out, keep_alive, code)
 
-    def _handshake(self, conn: _Conn) -> None:
-        assert isinstance(conn.sock, ssl.SSLSocket)
-        try:
-            conn.sock.do_handshake()
-        except ssl.SSLWantReadError:
-            self._want(conn, selectors.EVENT_READ)
-            return
-        except ssl.SSLWantWriteError:
-            self._want(conn, selectors.EVENT_WRITE)
-            return
-        except OSError as exc:  # ssl.SSLError included
-            log.debug("%s: TLS handshake failed: %s", conn.peer, exc)
-            self._close(conn)
-            return
-        self._enter(conn, _READING, self.header_timeout)
-        self._read(conn)  # the request may have come with the handshake's last flight, decrypted already
+    # -- requests, on worker threads
 
-    # -- requests
-
-    def _read(self, conn: _Conn) -> None:
-        conn.empty += strip_empty_lines(conn.buf)
-        reads = 0
-        while head_end(conn.buf) < 0 and len(conn.buf) <= MAX_HEAD_BYTES:
-            if conn.empty > MAX_EMPTY_LINE_BYTES:
-                self._start_writing(conn, [simple_answer("400 Bad Request", b"empty lines instead of a request\n")],
-                                    False)
-                return
-            if reads == _READS_PER_EVENT and not (isinstance(conn.sock, ssl.SSLSocket) and conn.sock.pending()):
-                return  # the loop's turn: other clients, and the deadlines, come first (epoll brings it back)
-            reads += 1
-            try:
-                data = conn.sock.recv(16384)
-            except (BlockingIOError, InterruptedError, ssl.SSLWantReadError):
-                self._want(conn, selectors.EVENT_READ)
-                return
-            except ssl.SSLWantWriteError:
-                self._want(conn, selectors.EVENT_WRITE)
-                return
-            except OSError as exc:
-                log.debug("%s: %s", conn.peer, exc)
-                self._close(conn)
-                return
-            if not data:
-                self._close(conn)
-                return
-            if conn.state == _IDLE:  # the next request begins: its head has header_timeout from now
-                self._enter(conn, _READING, self.header_timeout)
-            conn.buf += data
-            conn.empty += strip_empty_lines(conn.buf)
-        self._dispatch(conn)
-
-    def _dispatch(self, conn: _Conn) -> None:
-        """Hand the complete head in ``conn.buf`` to a worker (or answer a bad one here)."""
-        end = head_end(conn.buf)
-        if end < 0 or end > MAX_HEAD_BYTES + 4:
-            too_large = simple_answer("431 Request Header Fields Too Large", b"request head too large\n")
-            self._start_writing(conn, [too_large], False)
-            return
-        head = bytes(conn.buf[:end]).rstrip(b"\r\n")
-        del conn.buf[:end]
-        try:
-            request = parse_head(head)
-        except BadRequestError as exc:
-            log.debug("%s: %s: %s", conn.peer, exc.status, exc)
-            self._start_writing(conn, [simple_answer(exc.status, f"{exc}\n".encode())], False)
-            return
-        conn.requests += 1
-        conn.empty = 0
-        conn.started = False
-        keep_alive = request.keep_alive and conn.requests < self.max_requests and not self._stop
-        self._enter(conn, _WORKING, None, 0)
-        if self._gone is not None:
-            with contextlib.suppress(OSError):
-                fd = conn.sock.fileno()
-                self._gone.register(fd, select.EPOLLRDHUP)
-                self._gone_fds[fd] = conn
-        self.workers.submit(conn.client, (conn, request, keep_alive), shared=_shared_answer(request))
-
-    def _environ(self, conn: _Conn, request: Request) -> dict[str, Any]:
-        env: dict[str, Any] = {
-            "REQUEST_METHOD": request.method, "SCRIPT_NAME": "", "PATH_INFO": unquote(request.path, "latin-1"),
-            "QUERY_STRING": request.query, "SERVER_PROTOCOL": request.version,
-            "SERVER_NAME": str(self.server_address[0]), "SERVER_PORT": str(self.server_port),
-            "SERVER_SOFTWARE": f"accelstats/{__version__}",
-            "REMOTE_ADDR": conn.client if isinstance(conn.peer, tuple) else "",
-            "wsgi.version": (1, 0), "wsgi.url_scheme": "https" if conn.tls else "http",
-            "wsgi.input": io.BytesIO(), "wsgi.errors": sys.stderr,
-            "wsgi.multithread": True, "wsgi.multiprocess": False, "wsgi.run_once": False,
-        }
-        if conn.tls:
-            env["HTTPS"] = "on"
-        for name, value in request.headers:
-            if "_" in name:  # as wsgiref: X_Forwarded could pose as X-Forwarded
-                continue
-            key = name.upper().replace("-", "_")
-            if key not in ("CONTENT_TYPE", "CONTENT_LENGTH"):
-                key = "HTTP_" + key
-            env[key] = f"{env[key]},{value}" if key in env else value
-        return env
-
-    def _work(self, job: tuple[_Conn, Request, bool]) -> Callable[[], None] | None:
-        """On a worker: run the app for one request; returns the call that hands the answer to the loop,
-        None when the loop closed the connection meanwhile (evicted). A client that has closed its
-        side (``POLLRDHUP``: it sent FIN, e.g. connect, send, close) is not answered and its request
-        not run, as nginx does ("client prematurely closed connection"): such requests cost a flood
-        nothing and would delay the scrapes behind them."""
-        conn, request, keep_alive = job
+    def _work(self, job: Job) -> Callable[[], None] | None:
+        """Run the app for one request; returns the call that hands the answer to the loop, None when the
+        loop closed the connection meanwhile: evicted, or its client closed its side (``eof_received``;
+        connect, send, close is a flood's cheapest request), which is then not run, as nginx does."""
+        conn, request, path, query, keep_alive = job
         conn.started = True
         if conn.closed:
             return None
-        out: list[bytes] | None
-        if _peer_gone(conn.sock):
-            out = None
-        else:
-            out, keep_alive = self._respond(conn, request, keep_alive)
+        out, code, keep_alive = self._respond(conn, request, path, query, keep_alive)
 
         def deliver() -> None:
-            self._done.append((conn, out, keep_alive))
-            self._wake()
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the server stopped
+                self.loop.call_soon_threadsafe(self._deliver, conn, out, code, keep_alive)
 
         return deliver
 
-    def _respond(self, conn: _Conn, request: Request, keep_alive: bool) -> tuple[list[bytes], bool]:
-        """Run the app; ``([head, body], keep_alive)``. HEAD: the head only, with the ``Content-Length``
-        the app gave, or the length of the body it returned."""
+    def _respond(self, conn: _Conn, request: h11.Request, path: str, query: str,
+                 keep_alive: bool) -> tuple[list[bytes], int, bool]:
+        """``([head, body], status code, keep_alive)`` for one request, framed by h11; HEAD: the head
+        only, with the ``Content-Length`` the app gave or the length of the body it returned. A failing
+        app or a header h11 refuses: 500 and a close."""
+        assert conn.http is not None
         started: list[tuple[str, list[tuple[str, str]]]] = []
         parts: list[bytes] = []
+        head_only = request.method == b"HEAD"
 
         def start_response(status: str, headers: list[tuple[str, str]],
                            exc_info: Any = None) -> Callable[[bytes], None]:
@@ -633,147 +539,61 @@ class HTTPServer:
             return parts.append
 
         try:
-            result = self.app(self._environ(conn, request), start_response)
+            result = self.app(self._environ(conn, request, path, query), start_response)
             try:
                 parts.extend(result)
             finally:
-                close = getattr(result, "close", None)
-                if close is not None:
-                    close()
+                if hasattr(result, "close"):
+                    result.close()
             if not started:
                 raise AssertionError("the app returned without start_response")
-            status, headers = started[0]
-            body = b"".join(parts)
-            lines = [f"HTTP/1.1 {status}"]
-            length = None
-            for name, value in headers:
-                if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
-                    raise ValueError(f"header {name!r}: line break in the value")
-                if name.lower() == "content-length":
-                    length = value
-                if name.lower() not in _HOP:
-                    lines.append(f"{name}: {value}")
-            if request.method != "HEAD":
-                lines.append(f"Content-Length: {len(body)}")
-            elif length is not None or body:
-                lines.append(f"Content-Length: {length if length is not None else len(body)}")
-            lines.append(f"Date: {formatdate(usegmt=True)}")
+            (status, headers), body = started[0], b"".join(parts)
+            code, _, reason = status.partition(" ")
+            fields = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in headers if n.lower() not in _HOP]
+            length = next((v for n, v in headers if n.lower() == "content-length"), None)
+            if not head_only or body or length is not None:
+                fields.append((b"Content-Length", (length if head_only and length else str(len(body))).encode()))
+            fields.append((b"Date", formatdate(usegmt=True).encode()))
             if not keep_alive:
-                lines.append("Connection: close")
-            elif request.version == "HTTP/1.0":
-                lines.append("Connection: keep-alive")
-            head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+                fields.append((b"Connection", b"close"))
+            response = h11.Response(status_code=int(code), reason=reason.encode("latin-1"), headers=fields)
         except Exception as exc:  # a failing app or a bad header: 500, the server goes on
-            log.error("%s %s: %s: %s", request.method, request.target[:200], type(exc).__name__, exc,
-                      exc_info=log.isEnabledFor(logging.DEBUG))
-            return [simple_answer("500 Internal Server Error", b"internal error, see the exporter's log\n")], False
-        return ([head] if request.method == "HEAD" or not body else [head, body]), keep_alive
+            log.error("%s %s: %s: %s", request.method.decode(), request.target[:200].decode("latin-1"),
+                      type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))
+            return _own_answer(conn.http, 500, "internal error, see the exporter's log\n"), 500, False
+        out = [conn.http.send(response) or b""]
+        if body and not head_only:
+            out += conn.http.send_with_data_passthrough(h11.Data(data=body)) or []  # the body itself, not a copy
+        conn.http.send(h11.EndOfMessage())
+        return out, response.status_code, keep_alive
 
-    # -- answers
-
-    def _start_writing(self, conn: _Conn, out: list[bytes], keep_alive: bool) -> None:
-        if out and out[0][:5] == b"HTTP/" and out[0][8:9] == b" " and out[0][9:12].isdigit():
-            self.counters.answered(out[0][9:12].decode())
-        conn.out = deque(memoryview(b) for b in out if b)
-        conn.keep_alive = keep_alive
-        conn.unsent = sum(len(b) for b in conn.out)
-        self._unsent += conn.unsent
-        self._enter(conn, _WRITING, self.write_timeout, selectors.EVENT_WRITE)
-        # Answers a client does not read stay in memory until write_timeout: past the budget the
-        # oldest unread ones go (each connection's bytes counted, shared bodies as often as shared).
-        while self._unsent > self.output_budget and self._evict_one(keep=conn, state=_WRITING):
-            pass
-        self._write(conn)
-
-    def _write(self, conn: _Conn) -> None:
-        while conn.out:
-            data = conn.out[0]
-            try:
-                n = conn.sock.send(data[:_CHUNK])  # TLS: a retry after WANT_WRITE passes the same bytes
-            except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError):
-                self._want(conn, selectors.EVENT_WRITE)
-                return
-            except ssl.SSLWantReadError:
-                self._want(conn, selectors.EVENT_READ)
-                return
-            except OSError as exc:
-                log.debug("%s: %s", conn.peer, exc)
-                self._close(conn)
-                return
-            conn.unsent -= n
-            self._unsent -= n
-            if n < len(data):
-                conn.out[0] = data[n:]
-            else:
-                conn.out.popleft()
-        if not conn.keep_alive:
-            self._linger(conn)
-            return
-        self._enter(conn, _IDLE if not conn.buf else _READING,
-                    self.idle_timeout if not conn.buf else self.header_timeout)
-        self._read(conn)  # a pipelined request, or bytes TLS has decrypted already
-
-    def _linger(self, conn: _Conn) -> None:
-        """Half-close, then read (and drop) what the client still sends, up to 64 KiB or
-        :data:`LINGER_TIMEOUT`: closing with unread bytes would reset the connection before the client
-        read our answer."""
-        conn.buf = bytearray()
-        try:
-            conn.sock.shutdown(socket.SHUT_WR)  # on TLS this also drops the TLS layer: no close_notify
-        except OSError:
-            self._close(conn)
-            return
-        self._enter(conn, _LINGER, LINGER_TIMEOUT)
-        self._linger_read(conn)
-
-    def _linger_read(self, conn: _Conn) -> None:
-        while True:
-            try:
-                data = conn.sock.recv(16384)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                self._close(conn)
-                return
-            conn.drained += len(data)
-            if not data or conn.drained > 65536:
-                self._close(conn)
-                return
-
-
-def _shared_answer(request: Request) -> bool:
-    """Whether concurrent requests like ``request`` share their cost: ``/metrics`` without a ``name[]``
-    filter joins the collection in progress and its encoded body; ``/healthz`` and ``/`` cost
-    nothing. Other requests (filtered ones, any other path) are capped per client address."""
-    if request.method not in ("GET", "HEAD") or request.path not in ("/metrics", "/healthz", "/"):
-        return False
-    return "name[]" not in parse_qs(request.query)
-
-
-def _peer_gone(sock: socket.socket) -> bool:
-    """Whether the client has closed its side of ``sock`` or the connection failed (``poll`` with
-    ``POLLRDHUP``, Linux; without it, a FIN shows as readable with nothing to read, which is not
-    told apart from a pipelined request: False)."""
-    rdhup = getattr(select, "POLLRDHUP", 0)
-    if not rdhup:
-        return False
-    try:
-        fd = sock.fileno()
-        if fd < 0:
-            return True
-        poller = select.poll()
-        poller.register(fd, rdhup | select.POLLHUP | select.POLLERR)
-        return bool(poller.poll(0))
-    except (OSError, ValueError):
-        return True
+    def _environ(self, conn: _Conn, request: h11.Request, path: str, query: str) -> dict[str, Any]:
+        env: dict[str, Any] = {
+            "REQUEST_METHOD": request.method.decode("ascii"), "SCRIPT_NAME": "",
+            "PATH_INFO": unquote(path, "latin-1"), "QUERY_STRING": query,
+            "SERVER_PROTOCOL": "HTTP/" + request.http_version.decode("ascii"),
+            "SERVER_NAME": str(self.server_address[0]), "SERVER_PORT": str(self.server_port),
+            "SERVER_SOFTWARE": f"accelstats/{__version__}", "REMOTE_ADDR": conn.client,
+            "wsgi.version": (1, 0), "wsgi.url_scheme": "https" if conn.tls else "http",
+            "wsgi.input": io.BytesIO(), "wsgi.errors": sys.stderr,
+            "wsgi.multithread": True, "wsgi.multiprocess": False, "wsgi.run_once": False,
+        }
+        if conn.tls:
+            env["HTTPS"] = "on"
+        for name, value in request.headers:  # h11 gives names in lower case
+            if b"_" in name:  # as wsgiref: X_Forwarded could pose as X-Forwarded
+                continue
+            key = name.decode("ascii").upper().replace("-", "_")
+            key = key if key in ("CONTENT_TYPE", "CONTENT_LENGTH") else "HTTP_" + key
+            text = value.decode("latin-1")
+            env[key] = f"{env[key]},{text}" if key in env else text
+        return env
 
 
 def _listener(host: str, port: int) -> socket.socket:
-    """A listening TCP socket: ``host ""`` is every interface, IPv6 and IPv4 on one socket
-    (IPV6_V6ONLY off), IPv4 only where the host has no IPv6. Backlog: ``SOMAXCONN`` (socketserver's
-    default of 5 overflowed with 50 concurrent scrapers; benchmarks/load.py), capped by the kernel at
-    net.core.somaxconn. Raises OSError whose ``strerror`` is the system's alone (``create_server``
-    appends the address to it)."""
+    """A listening TCP socket: ``host ""`` is every interface, IPv6 and IPv4 on one socket (IPv4 only
+    where the host has no IPv6). Backlog ``SOMAXCONN`` (5 overflowed with 50 concurrent scrapers;
+    benchmarks/load.py). Raises OSError whose ``strerror`` is the system's alone."""
     try:
         if host == "" and socket.has_ipv6 and socket.has_dualstack_ipv6():
             try:
@@ -792,13 +612,10 @@ def _listener(host: str, port: int) -> socket.socket:
 
 def serve(manager: AcceleratorManager, host: str, port: int,
           web: WebConfigSource | None = None) -> tuple[HTTPServer, threading.Thread]:
-    """Start serving on ``host:port`` in a daemon thread; ``host ""`` is every interface, IPv6 and
-    IPv4 (IPv4 only where the host has no IPv6). ``web``: the ``--web-config`` file (TLS when it has
-    ``tls_server_config``; basic auth and headers through :class:`accelstats.web.auth.BasicAuth`).
-
-    Returns ``(server, thread)``; call ``server.shutdown()`` then ``server.server_close()`` to stop.
-    Raises OSError when the address cannot be bound (e.g. EADDRINUSE).
-    """
+    """Serve ``manager`` on ``host:port`` (``""``: every interface, IPv6 and IPv4) in a daemon thread;
+    ``web``: the ``--web-config`` file (TLS, and basic auth and headers through
+    :class:`accelstats.web.auth.BasicAuth`). Returns ``(server, thread)``; ``server.shutdown()`` then
+    ``server.server_close()`` stop it. Raises OSError when the address cannot be bound."""
     counters = ServerCounters(web)
     # the process_* and python_* families every client_python exporter has, read per scrape
     own = (ProcessCollector(registry=None), PlatformCollector(registry=None),

@@ -1,17 +1,12 @@
 """The web configuration in force, reloaded while the exporter runs (``--web-config FILE``).
 
-:class:`WebConfigSource` re-reads the file, and the certificate, key and CA files, when one of them
-changes, as exporter-toolkit re-reads them per connection: a thread of its own looks at them when a
-connection or request asks and at least once a second, so the HTTP server's event loop never blocks on
-a file (a FIFO named as a certificate, a hung network mount). Every file is read only when it is a
-regular file of bounded size; bcrypt costs above :data:`BCRYPT_MAX_COST` and header values that cannot
-be sent (CR, LF, NUL, control characters, beyond Latin-1) are errors.
-A reload never lowers security: a changed file that is broken (empty, half written, invalid, a key
-that does not match its certificate) or that would turn basic auth or TLS off, switch to HTTPS, or
-lower ``client_auth_type`` or ``min_version`` is refused; the configuration in force stays, one error
-is logged per refused change and :attr:`WebConfigSource.reload_failures` counts it. Those changes
-need a restart. :func:`security_warnings` (a world-writable file, a world-readable private key, a
-certificate outside its validity period) are logged at start and at every reload.
+Files are looked at by a thread of their own (:class:`WebConfigSource`), so that the HTTP server's
+event loop never blocks on one (a FIFO named as a certificate, a hung network mount); every file is
+read only when it is a regular file of bounded size (:mod:`accelstats.web.config`). A reload never
+lowers security (:func:`~accelstats.web.checks.weakening`): a changed file that is broken or would
+turn basic auth or TLS off, switch to HTTPS, or lower ``client_auth_type`` or ``min_version`` is
+refused, the configuration in force stays, one error is logged and counted; those changes take a
+restart. :func:`~accelstats.web.checks.security_warnings` are logged at start and at every reload.
 """
 
 from __future__ import annotations
@@ -56,22 +51,15 @@ REQUEST_WAIT = 0.25  # seconds a request waits for the check it starts (never fo
 class WebConfigSource:
     """The web configuration in force, reloaded when the file or a file it names changes.
 
-    Construction loads and checks everything, in the caller's thread (raises :class:`WebConfigError`),
-    logs :func:`security_warnings` and starts one daemon thread, ``accelstats-web-config``, which alone
-    looks at the files from then on: ``tls_enabled`` is fixed then. The checking thread ``stat``-s the
-    watched files when :meth:`current` asks and at least every :data:`CHECK_INTERVAL` seconds, and when
-    one changed it reads them again. A change is applied when it loads in full and :func:`weakening`
-    has nothing against it (the warnings are logged again); otherwise it is refused: the configuration
-    in force stays, one error naming the file, the key and the reason is logged, and
-    ``reload_failures`` (refused changes since start, for ``accelstats_web_config_reload_failures_total``)
-    goes up by one. The next change is tried again. Files are ``stat``-ed before they are read, so a
-    change made while reading is seen next time.
-
-    :meth:`current` never touches a file, so the HTTP server's event loop, which calls it for every
-    TLS connection, never blocks on one: a file on a hung network mount stalls the checking thread
-    alone (and with it only reloads), and a FIFO or device named as a file is refused before it is
-    read (:func:`_read_bytes`). The thread ends after :meth:`close`, or within :data:`CHECK_INTERVAL`
-    once nothing refers to the source any more.
+    Construction loads and checks everything in the caller's thread (raises :class:`WebConfigError`),
+    logs the warnings and starts one daemon thread, ``accelstats-web-config``, which alone looks at the
+    files from then on (``tls_enabled`` is fixed at start). It ``stat``-s the watched files when
+    :meth:`current` asks and at least every :data:`CHECK_INTERVAL` seconds, before reading them (a
+    change made while reading is seen next time), and reloads when one changed: a change that loads in
+    full and does not weaken security applies; another is refused: one error naming the file, the key
+    and the reason, and ``reload_failures`` (``accelstats_web_config_reload_failures_total``) goes up.
+    :meth:`current` never touches a file: a hung mount stalls the checking thread alone. The thread
+    ends after :meth:`close`, or within :data:`CHECK_INTERVAL` once nothing refers to the source.
     """
 
     def __init__(self, path: Path) -> None:

@@ -1,13 +1,9 @@
 """The HTTP server's worker threads, shared fairly between clients (:mod:`accelstats.web.server`).
 
-A flood of requests from one client, or from a few, must not queue a scraper behind it: the server
-once ran jobs in arrival order, so 4000 requests sent by connect-send-close clients in 0.3 s held the
-next scrape for 3 s, and requests that each cost an encoding (``name[]`` filters) held every scrape
-past Prometheus' 10 s timeout. Here jobs wait per *key* (the client's address) and are taken
-round-robin across keys, at most :data:`PER_CLIENT` running for one key, so a scrape from an address
-with nothing else waiting starts as soon as a thread is free and its turn comes: after at most one
-job of each other waiting address. This is the order :class:`accelstats.web.auth.CheckGate` gives
-bcrypt checks, for the same reason.
+Jobs wait per *key* (the client's address) and are taken round-robin across keys, at most
+:data:`PER_CLIENT` running for one key, so a scrape from an address with nothing else waiting starts
+as soon as a thread is free, after at most one job of each other waiting address: a flood from one
+address, or a few, does not queue it. :class:`accelstats.web.auth.CheckGate` orders bcrypt checks the same way.
 """
 
 from __future__ import annotations
@@ -20,11 +16,9 @@ from typing import Generic, TypeVar
 
 Job = TypeVar("Job")
 
+# Jobs of one key running at once at most: a scraper and an operator's curl from one host; one process
+# (the GIL): with 2 per address a flooding address leaves a scrape a third of the CPU, not a 65th.
 PER_CLIENT = 2
-"""Jobs of one key (client address) running at once at most: enough for a scraper and an operator's
-``curl`` from one host (a second request of that address waits only for the first), few enough that
-one address cannot take the CPU from the others (one process, the GIL: 64 running encodings would
-leave a 65th a sixty-fifth of it; with 2 per address a flooding address leaves a scrape a third)."""
 
 
 class FairWorkers(Generic[Job]):
