@@ -75,6 +75,8 @@ _HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-leng
 # asyncio's TLS protocol allocates and zeroes a read buffer of SSLProtocol.max_size bytes per connection:
 # 256 KiB, 250 MiB for 1000 connections. Request heads are small; 4 KiB reads lose nothing.
 _TLS_READ_BYTES = 4 << 10
+_TLS_RECORD_MAX = 5 + (16 << 10) + 256  # a TLS record's header and its longest body (RFC 8446 §5.1, 5.2)
+_TCP_CLOSING = frozenset({7, 8, 9})  # TCP_CLOSE, TCP_CLOSE_WAIT, TCP_LAST_ACK (include/net/tcp_states.h)
 # connection states; a request with a worker (_WORKING) has no deadline and is evictable until it starts
 _TLS_START, _HANDSHAKE, _READING, _IDLE, _WORKING, _WRITING, _LINGER = (
     "tls_start", "handshake", "reading", "idle", "working", "writing", "linger")
@@ -120,7 +122,7 @@ class _Conn(asyncio.Protocol):
 
     __slots__ = ("client", "closed", "deadline", "drained", "empty", "eof", "fed", "held", "http", "inbox",
                  "keep_alive", "not_tls", "out", "paused", "peer", "requests", "server", "sock", "started", "state",
-                 "task", "tls", "transport", "unsent")
+                 "task", "tls", "transport", "unsent", "wait")
 
     def __init__(self, server: HTTPServer, sock: socket.socket, peer: Any, tls: bool) -> None:
         self.server, self.sock, self.peer, self.tls = server, sock, peer, tls
@@ -134,6 +136,7 @@ class _Conn(asyncio.Protocol):
         self.state, self.deadline = "", 0.0
         self.fed = self.empty = self.unsent = self.requests = self.drained = 0
         self.keep_alive = self.eof = self.paused = self.held = self.started = self.closed = False
+        self.wait = 0.0  # seconds until the first TLS record is looked at again (doubling, at most 50 ms)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -355,6 +358,7 @@ class HTTPServer:
         self._sweeping: asyncio.TimerHandle | None = None
         self._tcp = listener.family in (socket.AF_INET, socket.AF_INET6)
         self._emfile_logged = 0.0
+        self._peek = bytearray(_TLS_RECORD_MAX)  # what the loop peeks at before a connection goes to asyncio
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         listener.setblocking(False)
@@ -465,36 +469,49 @@ class HTTPServer:
             self.loop.add_reader(self.socket.fileno(), self._accept)
 
     def _first_byte(self, conn: _Conn, watched: bool = True) -> None:
-        """Hand a connection to asyncio once its first byte is there (an idle one costs a descriptor and
-        a watch, no transport; in a flood the byte is there at the accept). On the TLS port a handshake
-        record (0x16) starts the handshake, within the deadline counted from the accept; a letter is
-        plain HTTP (Go's ``400``); anything else lingers. ``watched``: the loop watches the socket."""
-        try:
-            first = conn.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)  # asyncio makes it non-blocking
+        """Hand a connection to asyncio once its first bytes are there (an idle one costs a descriptor and
+        a watch, no transport; in a flood they are there at the accept). On the TLS port a handshake
+        record (0x16) starts the handshake once the whole first record has come (its length is in the
+        record header, RFC 8446 §5.1: a client that sends half a ClientHello costs no TLS session), within
+        the deadline counted from the accept; a letter is plain HTTP (Go's ``400``); anything else
+        lingers. ``watched``: the loop watches the socket."""
+        if conn.closed:
+            return
+        try:  # asyncio makes the socket non-blocking
+            n = conn.sock.recv_into(self._peek, _TLS_RECORD_MAX if conn.tls else 1,
+                                    socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            first = bytes(self._peek[:min(n, 5)])
         except (BlockingIOError, InterruptedError):
             if not watched:
                 self.loop.add_reader(conn.sock.fileno(), self._first_byte, conn)
             return
         except OSError as exc:
             log.debug("%s: connection dropped before TLS: %s", conn.peer, exc)
-            first = b""
+            first, n = b"", 0
         if watched:
             self.loop.remove_reader(conn.sock.fileno())
-        ctx = None
         if first and not conn.tls:
             return conn.connect(None)
-        if first == b"\x16":
+        record = 5 + int.from_bytes(first[3:5], "big") if n >= 5 else 5  # header and body
+        if first[:1] == b"\x16" and n < min(record, _TLS_RECORD_MAX):
+            # the rest of the record is on its way: look again later (a watch would fire at once, since
+            # the bytes are there but not taken), sooner for a client that is merely split in segments;
+            # a client that closed its side meanwhile (TCP_INFO's state, tcp(7)) will not send it
+            if self._tcp and conn.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] in _TCP_CLOSING:
+                return conn.close()
+            conn.wait = min(2 * conn.wait or 0.001, 0.05)
+            self.loop.call_later(conn.wait, self._first_byte, conn, False)
+            return
+        ctx = None
+        if first[:1] == b"\x16":
             assert self.web is not None
-            from accelstats.web.config import WebConfigError
-
-            with contextlib.suppress(WebConfigError):  # logged by the source; fail closed
-                ctx = self.web.current()[1]
+            ctx = self.web.in_force()[1]
         if ctx is not None:
             conn.state = _HANDSHAKE  # same deadline: the handshake's counts from the accept
             conn.connect(ctx)
-        elif first and first != b"\x16":
-            log.debug("%s: not TLS (first byte %r)", conn.peer, first)
-            conn.not_tls = first.isalpha()
+        elif first and first[:1] != b"\x16":
+            log.debug("%s: not TLS (first byte %r)", conn.peer, first[:1])
+            conn.not_tls = first[:1].isalpha()
             conn.connect(None)
         else:
             conn.close()

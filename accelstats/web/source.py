@@ -160,6 +160,12 @@ class WebConfigSource:
                 self._cond.wait_for(lambda: self._finished >= target, wait)
         return self._state
 
+    def in_force(self) -> tuple[WebConfig, ssl.SSLContext | None]:
+        """``(config, ssl_context)`` in force, without asking for a check: what the event loop hands each
+        TLS handshake (a connection flood must not make the checking thread look at the files once per
+        connection; a new certificate applies within :data:`CHECK_INTERVAL`)."""
+        return self._state
+
     def sync(self, timeout: float = 10.0) -> bool:
         """Wait until a check that began after this call has finished (a change made before the call is
         then applied or refused); False after ``timeout`` seconds (the thread is stuck on a file)."""
