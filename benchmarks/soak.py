@@ -6,7 +6,7 @@ default, so 100 000 scrapes take minutes) and the client (``http.client``, one n
 request: the server keeps connections alive, but a new one each time exercises every part of a
 connection's life). HTTP rather than ``generate_latest`` alone because what could leak per scrape
 is as much the server's as the collection's: the socket and its state in the event loop, the worker
-threads, the WSGI app, the request objects; a
+threads, the app, the request objects; a
 client in the same process keeps nothing between requests, so it cannot hide a leak, and a leak on
 either side shows in the one RSS. ``--in-process`` times ``generate_latest`` on the registry
 instead (collection, rendering and encoding only).

@@ -1,4 +1,5 @@
-"""The WSGI app of ``accelstats serve`` (served by :mod:`accelstats.web.server`).
+"""The app of ``accelstats serve``: a request in, ``(status, headers, body)`` out (served by
+:mod:`accelstats.web.server`, which frames the answer).
 
 ``/metrics`` (one collection shared by concurrent scrapes, encoded once per collection and format:
 :class:`SharedExposition`), ``/healthz`` and a landing page at ``/``. GET and HEAD only: any other
@@ -15,13 +16,15 @@ import gzip
 import html
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
 
 from accelstats import __version__, catalog
 from accelstats.manager import AcceleratorManager, Collection
@@ -32,14 +35,23 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-StartResponse = Callable[..., Any]
-WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
+
+@dataclass(frozen=True)
+class Request:
+    """One request as the app sees it: ``method`` (``"GET"``), ``path`` (percent-decoded as Latin-1),
+    ``query`` (as sent), ``headers`` (lower-case names; a repeated field's values joined by ``,``, RFC
+    9110 §5.3), ``client`` (the peer's address; ``""`` when unknown)."""
+
+    method: str
+    path: str
+    query: str = ""
+    headers: Mapping[str, str] = field(default_factory=dict)
+    client: str = ""
+
+
+Answer = tuple[int, list[tuple[str, str]], bytes]  # status code, headers, body (the server frames it)
+App = Callable[[Request], Answer]
 Encoder = Callable[[Any], bytes]
-
-
-class _Collector(Protocol):
-    def collect(self) -> Iterable[Metric]: ...
-
 
 LANDING = """<!doctype html>
 <html><head><title>accelstats</title></head><body>
@@ -130,7 +142,7 @@ def negotiate(accept: str) -> tuple[Encoder, str, str]:
     return encoder, content_type, canonical
 
 
-# -- the WSGI app -----------------------------------------------------------------------------------
+# -- the app -----------------------------------------------------------------------------------------
 
 
 # zlib level of gzipped bodies (benchmarks/exposition.py): for the 2.2 MB body of 8 GPUs x 1000 containers,
@@ -151,7 +163,7 @@ class SharedExposition:
     the collection's families, read when the body is encoded.
     """
 
-    def __init__(self, manager: AcceleratorManager, extra: Sequence[_Collector] = (), fast: bool = True) -> None:
+    def __init__(self, manager: AcceleratorManager, extra: Sequence[Collector] = (), fast: bool = True) -> None:
         self.manager = manager
         self.extra = tuple(extra)
         self.fast = FastEncoder() if fast else None  # None: prometheus_client's encoders for every body
@@ -215,12 +227,12 @@ class SharedExposition:
         return body
 
 
-def make_app(manager: AcceleratorManager, extra: Sequence[_Collector] = ()) -> WSGIApp:
-    """WSGI app: ``/metrics`` (a body shared by scrapes that share a collection, see
+def make_app(manager: AcceleratorManager, extra: Sequence[Collector] = ()) -> App:
+    """The app: ``/metrics`` (a body shared by scrapes that share a collection, see
     :class:`SharedExposition`; gzip and OpenMetrics by request; ``name[]`` filters the same
-    way), ``/healthz``, ``/``; GET and HEAD only (405 otherwise, no collection);
-    HEAD without a body and, on ``/metrics``, without collecting. ``extra``: collectors whose families
-    follow the collection's (the server's counters)."""
+    way), ``/healthz``, ``/``; GET and HEAD only (405 otherwise, no collection); HEAD of ``/metrics``
+    collects nothing and answers an empty body (the server sends no body for HEAD). ``extra``:
+    collectors whose families follow the collection's (the server's counters)."""
     shared = SharedExposition(manager, extra)
 
     def landing() -> bytes:
@@ -232,37 +244,24 @@ def make_app(manager: AcceleratorManager, extra: Sequence[_Collector] = ()) -> W
                                             devices=len(snap.devices) if snap is not None else 0)
         return LANDING.format(version=__version__, nvidia=nvidia).encode()
 
-    def metrics(environ: dict[str, Any], start_response: StartResponse, head: bool) -> Iterable[bytes]:
-        _, content_type, canonical = negotiate(environ.get("HTTP_ACCEPT", ""))
-        compress = gzip_wanted(environ.get("HTTP_ACCEPT_ENCODING", ""))
-        if head:  # probes: no collection, so no Content-Length either
-            encoding = [("Content-Encoding", "gzip")] if compress else []
-            start_response("200 OK", [("Content-Type", content_type), *encoding])
-            return []
-        names = parse_qs(environ.get("QUERY_STRING", "")).get("name[]")
-        body, headers = shared.body(canonical, "gzip" if compress else "", names)
-        start_response("200 OK", headers + [("Content-Length", str(len(body)))])
-        return [body]
+    def metrics(request: Request) -> Answer:
+        _, content_type, canonical = negotiate(request.headers.get("accept", ""))
+        compress = gzip_wanted(request.headers.get("accept-encoding", ""))
+        if request.method == "HEAD":  # probes: no collection, so no Content-Length either
+            return 200, [("Content-Type", content_type)] + ([("Content-Encoding", "gzip")] if compress else []), b""
+        body, headers = shared.body(canonical, "gzip" if compress else "", parse_qs(request.query).get("name[]"))
+        return 200, headers, body
 
-    def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        method = environ.get("REQUEST_METHOD", "GET")
-        path = environ.get("PATH_INFO", "/")
-        if method not in ("GET", "HEAD"):
-            body = b"method not allowed: use GET or HEAD\n"
-            start_response("405 Method Not Allowed",
-                           [("Content-Type", TEXT), ("Allow", ALLOW), ("Content-Length", str(len(body)))])
-            return [body]
-        head = method == "HEAD"
-        if path == "/metrics":
-            return metrics(environ, start_response, head)
-        if path == "/healthz":
-            status, content_type, body = "200 OK", TEXT, b"ok\n"
-        elif path == "/":
-            status, content_type, body = "200 OK", "text/html; charset=utf-8", landing()
-        else:
-            status, content_type, body = "404 Not Found", TEXT, b"not found: try /metrics\n"
-        start_response(status, [("Content-Type", content_type), ("Content-Length", str(len(body)))])
-        return [] if head else [body]
+    def app(request: Request) -> Answer:
+        if request.method not in ("GET", "HEAD"):
+            return 405, [("Content-Type", TEXT), ("Allow", ALLOW)], b"method not allowed: use GET or HEAD\n"
+        if request.path == "/metrics":
+            return metrics(request)
+        if request.path == "/healthz":
+            return 200, [("Content-Type", TEXT)], b"ok\n"
+        if request.path == "/":
+            return 200, [("Content-Type", "text/html; charset=utf-8")], landing()
+        return 404, [("Content-Type", TEXT)], b"not found: try /metrics\n"
 
     return app
 
@@ -272,7 +271,7 @@ def make_app(manager: AcceleratorManager, extra: Sequence[_Collector] = ()) -> W
 REFUSED_REASONS = ("limit", "evicted", "tls_handshake_timeout", "header_timeout", "idle_timeout", "write_timeout")
 
 
-class ServerCounters:
+class ServerCounters(Collector):
     """The server's own counters as a collector: ``accelstats_http_connections_refused_total{reason}``
     (catalog.HTTP_REFUSED; every reason of :data:`REFUSED_REASONS`, from 0),
     ``accelstats_http_requests_total{code}`` (catalog.HTTP_REQUESTS: answers written, by status code;
@@ -284,6 +283,7 @@ class ServerCounters:
     is safe."""
 
     def __init__(self, web: WebConfigSource | None = None) -> None:
+        super().__init__()
         self.web = web
         self.refused = dict.fromkeys(REFUSED_REASONS, 0)
         self.answers: dict[str, int] = {"200": 0}

@@ -1,4 +1,4 @@
-"""Basic auth and extra response headers from the web configuration file, as a WSGI wrapper.
+"""Basic auth and extra response headers from the web configuration file, wrapped around the app.
 
 As exporter-toolkit's ``web/handler.go``: the configuration in force is consulted on every request
 (:class:`~accelstats.web.source.WebConfigSource`), its headers go on every response, and with
@@ -32,13 +32,12 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable
 
 import bcrypt
 
-from accelstats.web.app import StartResponse, WSGIApp
-from accelstats.web.config import WebConfig, WebConfigError
+from accelstats.web.app import TEXT, Answer, App, Request
+from accelstats.web.config import WebConfig
 from accelstats.web.source import REQUEST_WAIT, WebConfigSource
 
 log = logging.getLogger(__name__)
@@ -244,12 +243,12 @@ class _FailureLog:
 
 
 class BasicAuth:
-    """WSGI wrapper: configured headers on every response; basic auth when ``basic_auth_users`` is set.
+    """The app wrapped: configured headers on every answer; basic auth when ``basic_auth_users`` is set.
 
     ``slots`` (default :data:`BCRYPT_SLOTS`) and ``max_wait`` (default :data:`MAX_WAIT`, seconds)
     configure the :class:`CheckGate` in front of bcrypt."""
 
-    def __init__(self, app: WSGIApp, source: WebConfigSource, slots: int | None = None,
+    def __init__(self, app: App, source: WebConfigSource, slots: int | None = None,
                  max_wait: float = MAX_WAIT) -> None:
         self.app = app
         self.source = source
@@ -260,32 +259,23 @@ class BasicAuth:
         self._dummies: dict[int, bytes] = {}  # cost -> dummy hash
         self._failures = _FailureLog(LOG_INTERVAL)
 
-    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        try:
-            config, _ = self.source.current(REQUEST_WAIT)
-        except WebConfigError:  # not raised since reloads keep the last good configuration; kept safe
-            start_response("500 Internal Server Error", [("Content-Type", "text/plain; charset=utf-8")])
-            return [b"web configuration is broken, see the exporter's log\n"]
+    def __call__(self, request: Request) -> Answer:
+        config, _ = self.source.current(REQUEST_WAIT)
+        code, headers, body = self._answer(config, request)
+        present = {name.lower() for name, _ in headers}
+        return code, headers + [(n, v) for n, v in config.headers if n.lower() not in present], body
 
-        def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
-            present = {name.lower() for name, _ in headers}
-            extra = [(n, v) for n, v in config.headers if n.lower() not in present]
-            return start_response(status, headers + extra, exc_info)
-
-        if not config.users or environ.get("PATH_INFO", "/") in OPEN_PATHS:
-            return self.app(environ, start)
-        creds = parse_basic(environ.get("HTTP_AUTHORIZATION", ""))
+    def _answer(self, config: WebConfig, request: Request) -> Answer:
+        if not config.users or request.path in OPEN_PATHS:
+            return self.app(request)
+        creds = parse_basic(request.headers.get("authorization", ""))
         if creds is not None:
-            ok = self.verify(config, *creds, peer=str(environ.get("REMOTE_ADDR", "")))
+            ok = self.verify(config, *creds, peer=request.client)
             if ok:
-                return self.app(environ, start)
+                return self.app(request)
             if ok is None:
-                start("503 Service Unavailable", [("Content-Type", "text/plain; charset=utf-8"),
-                                                  ("Retry-After", "1")])
-                return [b"too many password checks waiting, try again\n"]
-        start("401 Unauthorized", [("Content-Type", "text/plain; charset=utf-8"),
-                                   ("WWW-Authenticate", f'Basic realm="{REALM}"')])
-        return [b"Unauthorized\n"]
+                return 503, [("Content-Type", TEXT), ("Retry-After", "1")], b"too many password checks, try again\n"
+        return 401, [("Content-Type", TEXT), ("WWW-Authenticate", f'Basic realm="{REALM}"')], b"Unauthorized\n"
 
     def check(self, config: WebConfig, user: bytes, password: bytes) -> bool:
         """True when ``user`` is configured and ``password`` matches its bcrypt hash (cached when true);

@@ -4,7 +4,7 @@ asyncio owns the sockets, the event loop and TLS; h11 reads request heads and fr
 module is the policy on top, so that clients that connect and stall cannot lock out a scrape (what each
 part prevents, and what it was measured to cost: docs/security.md, docs/performance.md):
 
-* one event-loop thread holds every connection; the WSGI app runs on at most :data:`WORKERS` threads
+* one event-loop thread holds every connection; the app runs on at most :data:`WORKERS` threads
   (:class:`~accelstats.web.workers.FairWorkers`), only for a complete head, and not at all for a
   client that closed its side before a worker took its request;
 * total deadlines, fixed when a connection enters a state: the TLS handshake (from the accept), the
@@ -24,13 +24,11 @@ import asyncio
 import contextlib
 import errno
 import http
-import io
 import logging
 import os
 import resource
 import socket
 import ssl
-import sys
 import threading
 import time
 from asyncio import sslproto
@@ -43,9 +41,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import h11
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
-from accelstats import __version__
 from accelstats.manager import AcceleratorManager
-from accelstats.web.app import TEXT, ServerCounters, WSGIApp, make_app
+from accelstats.web.app import TEXT, App, Request, ServerCounters, make_app
 from accelstats.web.workers import FairWorkers
 
 if TYPE_CHECKING:  # the web-config stack (PyYAML, bcrypt) is imported only when --web-config is given
@@ -333,14 +330,14 @@ class _Conn(asyncio.Protocol):
 class HTTPServer:
     """The asyncio HTTP(S) server (the module docstring has the design).
 
-    ``listener``: a bound, listening socket; ``app``: the WSGI app; ``web``: the web configuration
+    ``listener``: a bound, listening socket; ``app``: :data:`~accelstats.web.app.App`; ``web``: the web configuration
     (TLS when ``web.tls_enabled``); ``counters``: where closes and answers are counted. Limits are read
     when used, so tests may lower them on a running server: ``max_connections``, ``handshake_timeout``,
     ``header_timeout``, ``idle_timeout``, ``write_timeout``, ``max_requests``, ``output_budget``.
     :meth:`serve_forever` runs the loop (in the thread :func:`serve` starts); :meth:`shutdown` stops it,
     closing every connection, and waits; :meth:`server_close` also closes the listener and workers."""
 
-    def __init__(self, listener: socket.socket, app: WSGIApp, web: WebConfigSource | None = None,
+    def __init__(self, listener: socket.socket, app: App, web: WebConfigSource | None = None,
                  counters: ServerCounters | None = None, workers: int = WORKERS) -> None:
         self.socket, self.app, self.web = listener, app, web
         self.server_address: tuple[Any, ...] = listener.getsockname()
@@ -540,40 +537,26 @@ class HTTPServer:
 
     def _respond(self, conn: _Conn, request: h11.Request, path: str, query: str,
                  keep_alive: bool) -> tuple[list[bytes], int, bool]:
-        """``([head, body], status code, keep_alive)`` for one request, framed by h11; HEAD: the head
-        only, with the ``Content-Length`` the app gave or the length of the body it returned. A failing
-        app or a header h11 refuses: 500 and a close."""
+        """``([head, body], status code, keep_alive)`` for one request, framed by h11, with
+        ``Content-Length`` (none for an empty answer to HEAD: ``HEAD /metrics`` does not collect), ``Date``
+        and ``Connection: close`` when not kept alive; HEAD: the head only. A failing app or a header
+        h11 refuses: 500 and a close."""
         assert conn.http is not None
-        started: list[tuple[str, list[tuple[str, str]]]] = []
-        parts: list[bytes] = []
+        headers: dict[str, str] = {}
+        for name, value in request.headers:  # h11 gives names in lower case
+            text, key = value.decode("latin-1"), name.decode("ascii")
+            headers[key] = f"{headers[key]},{text}" if key in headers else text
         head_only = request.method == b"HEAD"
-
-        def start_response(status: str, headers: list[tuple[str, str]],
-                           exc_info: Any = None) -> Callable[[bytes], None]:
-            if started and exc_info is None:
-                raise AssertionError("start_response called twice without exc_info")
-            started[:] = [(status, list(headers))]
-            return parts.append
-
         try:
-            result = self.app(self._environ(conn, request, path, query), start_response)
-            try:
-                parts.extend(result)
-            finally:
-                if hasattr(result, "close"):
-                    result.close()
-            if not started:
-                raise AssertionError("the app returned without start_response")
-            (status, headers), body = started[0], b"".join(parts)
-            code, _, reason = status.partition(" ")
-            fields = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in headers if n.lower() not in _HOP]
-            length = next((v for n, v in headers if n.lower() == "content-length"), None)
-            if not head_only or body or length is not None:
-                fields.append((b"Content-Length", (length if head_only and length else str(len(body))).encode()))
-            fields.append((b"Date", formatdate(usegmt=True).encode()))
+            code, fields, body = self.app(Request(request.method.decode("ascii"), unquote(path, "latin-1"), query,
+                                                  headers, conn.client))
+            framed = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in fields if n.lower() not in _HOP]
+            if body or not head_only:
+                framed.append((b"Content-Length", str(len(body)).encode()))
+            framed.append((b"Date", formatdate(usegmt=True).encode()))
             if not keep_alive:
-                fields.append((b"Connection", b"close"))
-            response = h11.Response(status_code=int(code), reason=reason.encode("latin-1"), headers=fields)
+                framed.append((b"Connection", b"close"))
+            response = h11.Response(status_code=code, reason=http.HTTPStatus(code).phrase, headers=framed)
         except Exception as exc:  # a failing app or a bad header: 500, the server goes on
             log.error("%s %s: %s: %s", request.method.decode(), request.target[:200].decode("latin-1"),
                       type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))
@@ -583,28 +566,6 @@ class HTTPServer:
             out += conn.http.send_with_data_passthrough(h11.Data(data=body)) or []  # the body itself, not a copy
         conn.http.send(h11.EndOfMessage())
         return out, response.status_code, keep_alive
-
-    def _environ(self, conn: _Conn, request: h11.Request, path: str, query: str) -> dict[str, Any]:
-        env: dict[str, Any] = {
-            "REQUEST_METHOD": request.method.decode("ascii"), "SCRIPT_NAME": "",
-            "PATH_INFO": unquote(path, "latin-1"), "QUERY_STRING": query,
-            "SERVER_PROTOCOL": "HTTP/" + request.http_version.decode("ascii"),
-            "SERVER_NAME": str(self.server_address[0]), "SERVER_PORT": str(self.server_port),
-            "SERVER_SOFTWARE": f"accelstats/{__version__}", "REMOTE_ADDR": conn.client,
-            "wsgi.version": (1, 0), "wsgi.url_scheme": "https" if conn.tls else "http",
-            "wsgi.input": io.BytesIO(), "wsgi.errors": sys.stderr,
-            "wsgi.multithread": True, "wsgi.multiprocess": False, "wsgi.run_once": False,
-        }
-        if conn.tls:
-            env["HTTPS"] = "on"
-        for name, value in request.headers:  # h11 gives names in lower case
-            if b"_" in name:  # as wsgiref: X_Forwarded could pose as X-Forwarded
-                continue
-            key = name.decode("ascii").upper().replace("-", "_")
-            key = key if key in ("CONTENT_TYPE", "CONTENT_LENGTH") else "HTTP_" + key
-            text = value.decode("latin-1")
-            env[key] = f"{env[key]},{text}" if key in env else text
-        return env
 
 
 def _listener(host: str, port: int) -> socket.socket:

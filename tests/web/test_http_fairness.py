@@ -24,7 +24,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from support.http_attack_util import closed_within, exchange, metric, read_until
 
 from accelstats.manager import AcceleratorManager
 from accelstats.settings import Settings
-from accelstats.web.app import SharedExposition
+from accelstats.web.app import App, SharedExposition
 from accelstats.web.server import HTTPServer, serve
 from accelstats.web.workers import PER_CLIENT, FairWorkers
 from collectors.replay.lib import open_replay
@@ -212,14 +212,9 @@ def test_unfiltered_scrapes_from_one_address_run_together(server: Server) -> Non
             sock.close()
 
 
-def big_app(size: int) -> Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]:
+def big_app(size: int) -> App:
     body = b"x" * size
-
-    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
-        return [body]
-
-    return app
+    return lambda request: (200, [("Content-Type", "text/plain")], body)
 
 
 def test_unread_answers_past_the_output_budget_are_dropped_oldest_first() -> None:

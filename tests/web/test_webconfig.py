@@ -432,7 +432,7 @@ def test_successful_checks_are_cached_failures_are_not(tmp_path: Path, monkeypat
     path = tmp_path / "web.yml"
     path.write_text(f"basic_auth_users:\n  prometheus: '{HASH}'\n")
     source = WebConfigSource(path)
-    auth = webauth.BasicAuth(lambda environ, start_response: [], source)
+    auth = webauth.BasicAuth(lambda request: (200, [], b""), source)
     calls = []
     real = bcrypt.checkpw
 

@@ -44,6 +44,7 @@ from accelstats.settings import Settings
 from accelstats.web import auth as webauth
 from accelstats.web import checks as webchecks
 from accelstats.web import source as websource
+from accelstats.web.app import Request
 from accelstats.web.config import WebConfigError, load_web_config
 from accelstats.web.server import serve
 from accelstats.web.source import WebConfigSource
@@ -306,7 +307,7 @@ def test_an_unknown_user_costs_what_a_known_user_with_a_wrong_password_costs(tmp
     path = tmp_path / "web.yml"
     path.write_text(users_block(prometheus=known, grafana=other))
     source = WebConfigSource(path)
-    auth = webauth.BasicAuth(lambda environ, start_response: [], source)
+    auth = webauth.BasicAuth(lambda request: (200, [], b""), source)
     config = source.current()[0]
     assert not auth.check(config, b"nobody", b"warm-up")
     known_s, unknown_s = [], []
@@ -322,7 +323,7 @@ def test_successes_are_cached_per_password_and_hash_and_no_password_is_kept(
     path = tmp_path / "web.yml"
     path.write_text(users_block(prometheus=HASH))
     source = WebConfigSource(path)
-    auth = webauth.BasicAuth(lambda environ, start_response: [], source)
+    auth = webauth.BasicAuth(lambda request: (200, [], b""), source)
     calls: list[bytes] = []
     real = bcrypt.checkpw
 
@@ -393,14 +394,12 @@ def test_a_check_that_gets_no_bcrypt_slot_is_answered_503_with_retry_after(tmp_p
     answered 503 with ``Retry-After: 1``, neither 401 (the password was not wrong) nor a wait."""
     path = tmp_path / "web.yml"
     path.write_text(users_block(prometheus=HASH))
-    auth = webauth.BasicAuth(lambda environ, start_response: [b"metrics"], WebConfigSource(path))
+    auth = webauth.BasicAuth(lambda request: (200, [], b"metrics"), WebConfigSource(path))
     auth.gate.acquire = lambda source: False  # type: ignore[method-assign]
-    environ = {"PATH_INFO": "/metrics", "REMOTE_ADDR": "192.0.2.7",
-               "HTTP_AUTHORIZATION": "Basic " + base64.b64encode(f"prometheus:{PASSWORD}".encode()).decode()}
-    answered: list[tuple[str, list[tuple[str, str]]]] = []
-    body = auth(environ, lambda status, headers, exc_info=None: answered.append((status, headers)))
-    assert answered[0][0] == "503 Service Unavailable" and ("Retry-After", "1") in answered[0][1]
-    assert b"metrics" not in b"".join(body)
+    basic = "Basic " + base64.b64encode(f"prometheus:{PASSWORD}".encode()).decode()
+    code, headers, body = auth(Request("GET", "/metrics", headers={"authorization": basic}, client="192.0.2.7"))
+    assert code == 503 and ("Retry-After", "1") in headers
+    assert b"metrics" not in body
 
 
 def test_a_failed_login_is_logged_at_info_without_secrets(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -409,12 +408,9 @@ def test_a_failed_login_is_logged_at_info_without_secrets(tmp_path: Path, caplog
     source = WebConfigSource(path)
     caplog.set_level(logging.DEBUG)
     for user, password in ((b"prometheus", b"a-wrong-guess"), (PASSWORD.encode(), PASSWORD.encode())):
-        auth = webauth.BasicAuth(lambda environ, start_response: [], source)
-        environ = {"PATH_INFO": "/metrics", "REMOTE_ADDR": "192.0.2.7",
-                   "HTTP_AUTHORIZATION": "Basic " + base64.b64encode(user + b":" + password).decode()}
-        answered: list[str] = []
-        auth(environ, lambda status, headers, exc_info=None, into=answered: into.append(status))
-        assert answered == ["401 Unauthorized"]
+        auth = webauth.BasicAuth(lambda request: (200, [], b""), source)
+        basic = "Basic " + base64.b64encode(user + b":" + password).decode()
+        assert auth(Request("GET", "/metrics", headers={"authorization": basic}, client="192.0.2.7"))[0] == 401
     lines = [r.getMessage() for r in caplog.records if r.name == "accelstats.web.auth" and r.levelno == logging.INFO]
     assert len(lines) == 2, lines
     assert "192.0.2.7" in lines[0] and "'prometheus'" in lines[0] and "wrong password" in lines[0]
@@ -835,7 +831,7 @@ def test_a_failed_check_costs_the_highest_configured_cost_whatever_the_users_cos
     path = tmp_path / "web.yml"
     path.write_text(users_block(fast=fast, slow=slow))
     source = WebConfigSource(path)
-    auth = webauth.BasicAuth(lambda environ, start_response: [], source)
+    auth = webauth.BasicAuth(lambda request: (200, [], b""), source)
     config = source.current()[0]
     assert not auth.check(config, b"nobody", b"warm-up")
     took: dict[str, list[float]] = {"fast user, wrong password": [], "slow user, wrong password": [],
