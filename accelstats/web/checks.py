@@ -4,19 +4,18 @@
 :func:`weakening` names the change a running exporter refuses (basic auth or TLS off, TLS switched on,
 a lower ``client_auth_type`` or ``min_version``): those take a restart. :func:`security_warnings`
 lists a world-writable file, a world-readable private key and a certificate outside its validity
-period (read from the certificate's DER with :func:`certificate_validity`, no library needed).
+period (:func:`certificate_validity`).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import re
 import stat
 from datetime import datetime, timezone
 from pathlib import Path
 
-from accelstats.web.config import BCRYPT_WARN_COST, TLS_VERSIONS, WebConfig, _key_name, _read_bounded, _redact
+from cryptography import x509
+
+from accelstats.web.config import BCRYPT_WARN_COST, TLS_VERSIONS, WebConfig, _key_name, _read_bytes, _redact
 
 _CLIENT_AUTH_RANK = {"NoClientCert": 0, "VerifyClientCertIfGiven": 1, "RequireAndVerifyClientCert": 2}
 _TLS_NAMES = {v: k for k, v in TLS_VERSIONS.items()}
@@ -43,57 +42,15 @@ def weakening(old: WebConfig, new: WebConfig) -> tuple[str, str] | None:
     return None
 
 
-def _der_element(der: bytes, pos: int) -> tuple[int, int, int]:
-    """``(tag, content start, content end)`` of the DER element at ``pos``; ValueError when malformed."""
-    if pos + 2 > len(der):
-        raise ValueError("truncated DER")
-    tag, length, pos = der[pos], der[pos + 1], pos + 2
-    if length & 0x80:
-        count = length & 0x7F
-        if not 1 <= count <= 4 or pos + count > len(der):
-            raise ValueError("bad DER length")
-        length, pos = int.from_bytes(der[pos:pos + count], "big"), pos + count
-    if pos + length > len(der):
-        raise ValueError("truncated DER")
-    return tag, pos, pos + length
-
-
-def _der_time(der: bytes, pos: int) -> tuple[datetime, int]:
-    """An X.509 ``Time`` (RFC 5280 4.1.2.5: UTCTime ``YYMMDDHHMMSSZ``, years 50-99 meaning 19xx, or
-    GeneralizedTime ``YYYYMMDDHHMMSSZ``) at ``pos``, and the position after it."""
-    tag, start, end = _der_element(der, pos)
-    text = der[start:end].decode("ascii")
-    if tag == 0x17 and len(text) == 13:
-        year = int(text[:2])
-        text = f"{1900 + year if year >= 50 else 2000 + year}{text[2:]}"
-    elif tag != 0x18 or len(text) != 15:
-        raise ValueError("not a UTCTime or GeneralizedTime")
-    return datetime.strptime(text, "%Y%m%d%H%M%SZ").replace(tzinfo=timezone.utc), end
-
-
 def certificate_validity(path: Path) -> tuple[datetime, datetime] | None:
     """``(notBefore, notAfter)`` in UTC of the first PEM certificate in ``path`` (the server's own
-    certificate: the chain follows it), from the DER of RFC 5280's TBSCertificate; None when the file
+    certificate: the chain follows it; RFC 5280 4.1.2.5), read by pyca/cryptography; None when the file
     cannot be read or parsed (OpenSSL reports a bad certificate when it loads it)."""
     try:
-        text = _read_bounded(path)
-        m = re.search(r"-----BEGIN CERTIFICATE-----(.+?)-----END CERTIFICATE-----", text, re.S)
-        if m is None:
-            return None
-        der = base64.b64decode("".join(m.group(1).split()), validate=True)
-        _, cert, _ = _der_element(der, 0)  # Certificate ::= SEQUENCE
-        _, pos, _ = _der_element(der, cert)  # tbsCertificate ::= SEQUENCE
-        tag, _, end = _der_element(der, pos)
-        if tag == 0xA0:  # [0] EXPLICIT version
-            pos = end
-        for _ in range(3):  # serialNumber, signature, issuer
-            pos = _der_element(der, pos)[2]
-        _, pos, _ = _der_element(der, pos)  # validity ::= SEQUENCE { notBefore, notAfter }
-        not_before, pos = _der_time(der, pos)
-        not_after, _ = _der_time(der, pos)
-    except (OSError, ValueError, binascii.Error):  # UnicodeDecodeError is a ValueError
+        cert = x509.load_pem_x509_certificate(_read_bytes(path))
+    except (OSError, ValueError):
         return None
-    return not_before, not_after
+    return cert.not_valid_before_utc, cert.not_valid_after_utc
 
 
 def _open_to_others(path: Path, bit: int) -> int | None:

@@ -1,16 +1,13 @@
 """The web configuration file of Prometheus' exporter-toolkit (``accelstats serve --web-config FILE``).
 
-The format is exporter-toolkit's ``docs/web-configuration.md`` (YAML, read strictly: an unknown or
-duplicated key is an error; docs/web-config.md has an example), so one file serves node_exporter and
-accelstats alike. What Python's ``ssl`` cannot do as Go's ``crypto/tls`` does is refused with the key
-named rather than approximated (client certificates accepted unverified, inline ``cert``/``key``,
-``curve_preferences``, ``client_allowed_sans``, ``rate_limit``); ``http_server_config.http2`` is
-accepted and has no effect (HTTP/1.1 only, ALPN ``http/1.1``). Every error is a
-:class:`WebConfigError` naming the file and the key, and none ever holds a bcrypt hash or another value
-of ``basic_auth_users`` (YAML errors name the line and column, never quote it). Files are read only
-when regular and at most :data:`MAX_FILE_BYTES`; aliases expanding past :data:`MAX_NODES` nodes are an
-error, as Go's yaml.v2 refuses "excessive aliasing". Reloads: :mod:`accelstats.web.source`,
-:mod:`accelstats.web.checks`.
+exporter-toolkit's ``docs/web-configuration.md`` format (YAML read strictly, as Go's
+``yaml.UnmarshalStrict``: an unknown or duplicated key is an error), so one file serves node_exporter
+and accelstats alike; docs/web-config.md has an example and says what Python's ``ssl`` cannot do as
+Go's ``crypto/tls`` does, which is refused with the key named rather than approximated. Every error is
+a :class:`WebConfigError` naming the file and the key, and never holds a value of
+``basic_auth_users`` (YAML errors name the line and column, never quote it). Files are read only when
+regular and at most :data:`MAX_FILE_BYTES`; aliases expanding past :data:`MAX_NODES` nodes are an
+error (Go's yaml.v2: "excessive aliasing"). Reloads: :mod:`accelstats.web.source`.
 """
 
 from __future__ import annotations
@@ -248,20 +245,12 @@ def _yaml_reason(exc: yaml.YAMLError) -> str:
 
 
 def _read_bytes(path: Path, limit: int = MAX_FILE_BYTES) -> bytes:
-    """The bytes of ``path``: a regular file of at most ``limit`` bytes, or a symbolic link to one
-    (Kubernetes and certbot mount these files as links), read with
-    :func:`collectors.fsread.read_regular`: a FIFO or a device named by mistake (or by someone who
-    can write the configuration) is refused without being opened, rather than a read that never
-    returns; a larger file is refused, not cut. Raises OSError, or ValueError saying what is wrong.
-    (A file on a hung network mount still blocks the caller: :class:`WebConfigSource` reads only at
-    start-up and in its own checking thread.)"""
+    """The bytes of ``path``, a regular file of at most ``limit`` bytes or a symbolic link to one
+    (Kubernetes and certbot mount these files as links), by :func:`collectors.fsread.read_regular`: a
+    FIFO or a device is refused without being opened, a larger file refused, not cut. Raises OSError,
+    or ValueError saying what is wrong. (A hung network mount still blocks the caller: only start-up
+    and :class:`~accelstats.web.source.WebConfigSource`'s own thread read.)"""
     return read_regular(path, limit, past_limit="refuse", follow_symlinks=True).data_or_raise()
-
-
-def _read_bounded(path: Path) -> str:
-    """The text of ``path`` (:func:`_read_bytes`, as UTF-8). Raises OSError, UnicodeDecodeError, or
-    ValueError saying what is wrong."""
-    return _read_bytes(path).decode("utf-8")
 
 
 def load_web_config(path: Path) -> WebConfig:
@@ -271,7 +260,7 @@ def load_web_config(path: Path) -> WebConfig:
     """
     p = _Parser(path)
     try:
-        text = _read_bounded(path)
+        text = _read_bytes(path).decode("utf-8")
     except OSError as exc:
         raise p.error("", f"cannot read: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:

@@ -1,21 +1,13 @@
 """The HTTP(S) server of ``accelstats serve`` and of the Nomad plugin's ``metrics_listen``.
 
-asyncio owns the sockets, the event loop and TLS; h11 reads request heads and frames answers. This
-module is the policy on top, so that clients that connect and stall cannot lock out a scrape (what each
-part prevents, and what it was measured to cost: docs/security.md, docs/performance.md):
-
-* one event-loop thread holds every connection; the app runs on at most :data:`WORKERS` threads
-  (:class:`~accelstats.web.workers.FairWorkers`), only for a complete head, and not at all for a
-  client that closed its side before a worker took its request;
-* total deadlines, fixed when a connection enters a state: the TLS handshake (from the accept), the
-  request head (from the accept, the handshake's end or the first byte after keep-alive idleness),
-  keep-alive idleness, and the whole answer handed to the kernel;
-* HTTP/1.1 keep-alive (HTTP/1.0: one request per connection, h11's rule), bounded and pipelined; a
-  request announcing a body is answered, then its connection closed; heads bounded by h11 and the
-  pre-checks of :meth:`_Conn.parse`; connections bounded (:func:`connection_limit`, oldest-first
-  eviction of those whose request is not running) and unsent answers too (``output_budget``);
-* after the last answer, a half-close and a short linger; Go's ``400`` for plain HTTP on the TLS port;
-  closes counted by reason, answers by code (:class:`~accelstats.web.app.ServerCounters`).
+asyncio owns the sockets, the event loop and TLS; h11 reads request heads and frames answers; this
+module is the admission policy on top (docs/design.md has the design, docs/security.md what each part
+prevents, docs/performance.md what it costs): total deadlines per connection state, oldest-first
+eviction at :func:`connection_limit`, one budget of unsent answers, the app on at most :data:`WORKERS`
+threads shared fairly by client address (:class:`~accelstats.web.workers.FairWorkers`) and only for a
+complete head, HTTP/1.1 keep-alive (HTTP/1.0: one request per connection), linger after the last
+answer, Go's ``400`` for plain HTTP on the TLS port; closes counted by reason, answers by code
+(:class:`~accelstats.web.app.ServerCounters`).
 """
 
 from __future__ import annotations
@@ -45,7 +37,7 @@ from accelstats.manager import AcceleratorManager
 from accelstats.web.app import TEXT, App, Request, ServerCounters, make_app
 from accelstats.web.workers import FairWorkers
 
-if TYPE_CHECKING:  # the web-config stack (PyYAML, bcrypt) is imported only when --web-config is given
+if TYPE_CHECKING:  # the web-config stack (PyYAML, bcrypt, cryptography): only with --web-config
     from accelstats.web.source import WebConfigSource
 
 log = logging.getLogger(__name__)
