@@ -182,14 +182,15 @@ def main() -> None:
 def serve(listen: str | None, collectors: tuple[str, ...], web_config: str | None, **opts: Any) -> None:
     """Serve /metrics, /healthz and / until SIGTERM or SIGINT."""
     from accelstats.web import serve as start_server
-    from accelstats.web.config import WebConfigError
-    from accelstats.web.source import WebConfigSource
 
     settings, origin = build_settings(listen=listen, collectors=collectors, **opts)
     if web_config is not None:
         settings = replace(settings, web_config=Path(web_config) if web_config else None)
     web = None
-    if settings.web_config is not None:
+    if settings.web_config is not None:  # PyYAML, bcrypt and cryptography only with a web config
+        from accelstats.web.config import WebConfigError
+        from accelstats.web.source import WebConfigSource
+
         try:
             web = WebConfigSource(settings.web_config)
         except WebConfigError as exc:

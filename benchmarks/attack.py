@@ -74,7 +74,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import bcrypt
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # support.ports: the one free_port
+
 from scrape import build_host, default_shared, loadavg, machine, percentile  # benchmarks/ is sys.path[0]
+from support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 PASSWORD = "attack-benchmark"
@@ -82,14 +86,9 @@ KINDS_TLS = ("idle", "tls-stall", "tls-idle", "slow-header")
 KINDS_PLAIN = ("idle", "half-head", "idle", "slow-header")
 KINDS_REQUESTS = ("no-read", "fire-forget")
 ATTACKER_SOURCE = "127.0.0.2"  # --requests: the flood's address (the scraper's is 127.0.0.1)
+IP_BIND_ADDRESS_NO_PORT = 24  # linux/in.h; not in Python's socket module before 3.12
 SLOW_HEAD = b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nUser-Agent: slow\r\nX-Pad: " + b"a" * 100000
 
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def make_web_config(folder: Path, plain: bool) -> Path | None:
@@ -317,6 +316,9 @@ class Attacker:
                     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
                     if self.kinds:
                         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                        # the port is picked at connect(), which may reuse a TIME_WAIT pair (tcp_tw_reuse
+                        # covers loopback): a bind alone ran out of ports on 127.0.0.2 right after a run
+                        sock.setsockopt(socket.IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, 1)
                         sock.bind((ATTACKER_SOURCE, 0))
                     sock.setblocking(False)
                     rc = sock.connect_ex(("127.0.0.1", self.port))

@@ -39,7 +39,6 @@ import http.client
 import logging
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -54,7 +53,11 @@ from typing import Any
 
 import psutil
 from prometheus_client.exposition import generate_latest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # support.ports: the one free_port
+
 from scrape import build_host, default_shared, loadavg, machine, percentile  # benchmarks/ is sys.path[0]
+from support.ports import free_port
 
 from accelstats.manager import AcceleratorManager
 from accelstats.settings import Settings
@@ -208,12 +211,6 @@ def run_clients(scrape: Callable[[], ScrapeResult], clients: int, seconds: float
         t.join()
     return results, time.perf_counter() - t0
 
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class ServeProcess:

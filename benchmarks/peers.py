@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,7 +32,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # support.ports: the one free_port
+
 from scrape import build_host, default_shared, loadavg, machine
+from support.ports import free_port
 
 NVITOP = """import sys
 from collectors.replay.lib import open_replay
@@ -43,12 +45,6 @@ from nvitop_exporter.cli import main
 sys.exit(main())
 """
 
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 free at the time of the call (the kernel's pick)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cpu_seconds(pid: int) -> float:

@@ -65,6 +65,9 @@ _HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-leng
 # 256 KiB, 250 MiB for 1000 connections. Request heads are small; 4 KiB reads lose nothing.
 _TLS_READ_BYTES = 4 << 10
 _TLS_RECORD_MAX = 5 + (16 << 10) + 256  # a TLS record's header and its longest body (RFC 8446 §5.1, 5.2)
+# a peek at most this often at a connection whose first TLS record is not all there: 500 half ClientHellos
+# cost 0.06 cores at 50 ms (benchmarks/attack.py); a client split in segments waits at most twice its gap (+1 ms)
+_PEEK_MAX = 0.5
 _TCP_CLOSING = frozenset({7, 8, 9})  # TCP_CLOSE, TCP_CLOSE_WAIT, TCP_LAST_ACK (include/net/tcp_states.h)
 # connection states; a request with a worker (_WORKING) has no deadline and is evictable until it starts
 _TLS_START, _HANDSHAKE, _READING, _IDLE, _WORKING, _WRITING, _LINGER = (
@@ -125,7 +128,7 @@ class _Conn(asyncio.Protocol):
         self.state, self.deadline = "", 0.0
         self.fed = self.empty = self.unsent = self.requests = self.drained = 0
         self.keep_alive = self.eof = self.paused = self.held = self.started = self.closed = False
-        self.wait = 0.0  # seconds until the first TLS record is looked at again (doubling, at most 50 ms)
+        self.wait = 0.0  # seconds until the first TLS record is looked at again (doubling from 1 ms, at most _PEEK_MAX)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -488,7 +491,7 @@ class HTTPServer:
             # a client that closed its side meanwhile (TCP_INFO's state, tcp(7)) will not send it
             if self._tcp and conn.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] in _TCP_CLOSING:
                 return conn.close()
-            conn.wait = min(2 * conn.wait or 0.001, 0.05)
+            conn.wait = min(2 * conn.wait or 0.001, _PEEK_MAX)
             self.loop.call_later(conn.wait, self._first_byte, conn, False)
             return
         ctx = None

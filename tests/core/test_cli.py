@@ -79,6 +79,15 @@ def test_serve_answers_metrics_healthz_and_landing(served: tuple[str, subprocess
     assert get(url + "/nope")[0] == 404
 
 
+def test_serve_without_a_web_config_loads_no_web_config_stack(served: tuple[str, subprocess.Popen[str]]) -> None:
+    """docs/design.md: PyYAML, bcrypt and cryptography are imported only with --web-config (the three
+    extension modules cost about 10 MiB of RSS); their shared objects are not mapped."""
+    url, proc = served
+    assert get(url + "/metrics")[0] == 200
+    mapped = Path(f"/proc/{proc.pid}/maps").read_text()
+    assert [m for m in ("/yaml/", "/bcrypt/", "/cryptography/", "_cffi_backend") if m in mapped] == []
+
+
 def test_sigterm_stops_serve_cleanly(served: tuple[str, subprocess.Popen[str]]) -> None:
     _, proc = served
     proc.send_signal(signal.SIGTERM)

@@ -27,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import accelstats
 from support.faultmatrix_util import wait_healthy
+from support.ports import free_port
 
 REPO = Path(accelstats.__file__).resolve().parents[1]  # the checkout this process imports: the child runs it too
 
@@ -164,13 +165,6 @@ def proc_threads(pid: int) -> int:
 def proc_fds(pid: int) -> int:
     """Open file descriptors of ``pid`` (entries of ``/proc/<pid>/fd``)."""
     return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager

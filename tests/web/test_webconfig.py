@@ -24,6 +24,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support.ports import free_port
 from support.tls_pki import Pki
 
 from accelstats.config import load_config
@@ -469,18 +470,12 @@ def test_parse_basic(header: str, expected: tuple[bytes, bytes] | None) -> None:
 CLI = [sys.executable, "-m", "accelstats"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_serve_web_config_end_to_end(pki: Pki, fixtures_dir: Path, tmp_path: Path) -> None:
     """`accelstats serve --web-config`: HTTPS with basic auth, and systemd told READY=1 once it is
     bound (sd_notify socket), STOPPING=1 on SIGTERM."""
     web = tmp_path / "web.yml"
     web.write_text(auth_config(pki))
-    port = _free_port()
+    port = free_port()
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     notify.bind(str(tmp_path / "notify"))
     notify.settimeout(30)
@@ -510,7 +505,7 @@ def test_serve_web_config_end_to_end(pki: Pki, fixtures_dir: Path, tmp_path: Pat
 def test_serve_bad_web_config_is_one_line_exit_2(pki: Pki, fixtures_dir: Path, tmp_path: Path) -> None:
     web = tmp_path / "web.yml"
     web.write_text(f"tls_server_config:\n  cert_file: missing.pem\n  key_file: {pki.server_key}\n")
-    proc = subprocess.run([*CLI, "serve", "--listen", f"127.0.0.1:{_free_port()}", "--web-config", str(web),
+    proc = subprocess.run([*CLI, "serve", "--listen", f"127.0.0.1:{free_port()}", "--web-config", str(web),
                            "--nvml-replay", str(fixtures_dir / "h200" / "nvidia-smi-q.xml")],
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2

@@ -21,7 +21,6 @@ import contextlib
 import logging
 import os
 import shutil
-import socket
 import ssl
 import statistics
 import subprocess
@@ -36,6 +35,7 @@ from typing import Any
 
 import bcrypt
 import pytest
+from support.ports import free_port
 from support.tls_pki import Pki
 from support.webconfig_util import Flood, dated_certificate, fetch, peer_certificate, rewrite_in_place
 
@@ -345,12 +345,6 @@ def test_successes_are_cached_per_password_and_hash_and_no_password_is_kept(
     assert PASSWORD.encode() not in cached and b"rotated" not in cached
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_a_guessing_flood_does_not_delay_a_first_login(start: Callable[[str], Served]) -> None:
     """64 clients on 127.0.0.2 (another process) send wrong passwords for ``prometheus`` (cost 10, the
     timing is the point); meanwhile first logins of three other users from 127.0.0.1 must each take
@@ -487,7 +481,7 @@ def test_an_alias_bomb_makes_serve_exit_2_with_one_line(fixtures_dir: Path, tmp_
     web = tmp_path / "web.yml"
     web.write_text(BOMBS[case])
     try:
-        proc = subprocess.run([*CLI, "serve", "--listen", f"127.0.0.1:{_free_port()}", "--web-config", str(web),
+        proc = subprocess.run([*CLI, "serve", "--listen", f"127.0.0.1:{free_port()}", "--web-config", str(web),
                                "--nvml-replay", str(fixtures_dir / "h200" / "nvidia-smi-q.xml")],
                               capture_output=True, text=True, timeout=30, check=False)
     except subprocess.TimeoutExpired:
@@ -630,7 +624,7 @@ def test_no_error_shows_a_bcrypt_hash(tmp_path: Path, case: str) -> None:
 def test_serve_duplicate_key_error_is_one_line_without_the_hash(fixtures_dir: Path, tmp_path: Path) -> None:
     web = tmp_path / "web.yml"
     web.write_text(SECRET_ERRORS["duplicate user"])
-    proc = subprocess.run([*CLI, "serve", "--listen", f"127.0.0.1:{_free_port()}", "--web-config", str(web),
+    proc = subprocess.run([*CLI, "serve", "--listen", f"127.0.0.1:{free_port()}", "--web-config", str(web),
                            "--nvml-replay", str(fixtures_dir / "h200" / "nvidia-smi-q.xml")],
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2
@@ -898,7 +892,7 @@ def test_serve_with_a_fifo_named_as_a_tls_file_exits_2(pki: Pki, fixtures_dir: P
     web = tmp_path / "web.yml"
     web.write_text("tls_server_config:\n" + "".join(f"  {k}: {v}\n" for k, v in block.items()))
     try:
-        proc = subprocess.run([*CLI, "serve", "--listen", f"127.0.0.1:{_free_port()}", "--web-config", str(web),
+        proc = subprocess.run([*CLI, "serve", "--listen", f"127.0.0.1:{free_port()}", "--web-config", str(web),
                                "--nvml-replay", str(fixtures_dir / "h200" / "nvidia-smi-q.xml")],
                               capture_output=True, text=True, timeout=15, check=False)
     except subprocess.TimeoutExpired:
