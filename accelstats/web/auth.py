@@ -50,7 +50,7 @@ def _cpus() -> int:
 
 
 BCRYPT_SLOTS = max(1, min(4, _cpus() // 2))  # concurrent bcrypt checks: a flood takes half the CPUs, 4 at most
-MAX_WAITING = 4  # checks waiting for a slot (each holds an HTTP worker thread; httpserver.WORKERS is 64)
+MAX_WAITING = 4  # checks waiting for a slot (each holds an HTTP worker thread; accelstats.web.server.WORKERS is 64)
 PER_SOURCE_WAITING = 2  # of which from one client address
 LOAD_HALF_LIFE = 10.0  # seconds: how fast an address's past arrivals stop counting against it (CheckGate)
 MAX_ADDRESSES = 4096  # client addresses remembered by CheckGate (least recently seen forgotten first)

@@ -54,7 +54,7 @@ and MIG instances, and names the driver (:func:`load_scenario`)::
     gpu_instance_id = 1              # required
     profile = "1g.18gb"              # required
     memory_total_bytes = 17716740096 # required
-    compute_instance_id = 0          # optional; uuid optional (default: nvml_replay.mig_uuid)
+    compute_instance_id = 0          # optional; uuid optional (default: collectors.replay.state.mig_uuid)
     [[gpu.mig.process]]              # same keys as [[gpu.process]], runs in this instance
     driver_version = "470.256.02"    # top level, optional: the driver the replayed library is, which
                                      #   selects the NVML symbols it exports (collectors.replay.lib);

@@ -433,7 +433,7 @@ class ReplayState:
         return [int(self._need(g, "mig_current")), int(self._need(g, "mig_pending"))]
 
     def nvmlDeviceGetCudaComputeCapability(self, handle: Any) -> tuple[int, int]:
-        """``(major, minor)`` from nvml_capture.COMPUTE_CAPABILITY (the XML has none); MIG: parent's."""
+        """``(major, minor)`` from collectors.replay.capture.COMPUTE_CAPABILITY (the XML has none); MIG: parent's."""
         cc = compute_capability(self._device("nvmlDeviceGetCudaComputeCapability", handle, mig=True).gpu)
         if cc is None:
             raise _err("NOT_SUPPORTED")

@@ -1,4 +1,4 @@
-"""Fuzzing the go-cty msgpack encoder and the HCL literal reader (accelstats/nomad/ctymsgpack.py).
+"""Fuzzing the go-cty msgpack encoder and the HCL literal reader (tests/support/nomadclient/ctymsgpack.py).
 
 Documented error type: :class:`support.nomadclient.ctymsgpack.ConfigError` ("the config cannot be
 decoded against the schema … or a value cannot be encoded"), raised by :func:`parse_literal`,
