@@ -125,7 +125,7 @@ class AcceleratorManager:
         self.collectors: list[Collector] = []
         self.layout: CgroupLayout | None = None
         self._lock = threading.Lock()
-        self._last: Collection | None = None
+        self._latest: Collection | None = None
         self._skipped_lines = 0
         self._skipped_seen: set[tuple[str, str]] = set()
         self._skipped_lock = threading.Lock()
@@ -208,7 +208,7 @@ class AcceleratorManager:
         when empty). A cgroup that cannot be used gives a :class:`NoopCollector` with the reason,
         never an exception.
         """
-        last, attributor = self._last, self._attributor
+        last, attributor = self._latest, self._attributor
         if last is None or last.view is None:
             return NoopCollector("no collection yet")
         if attributor is None or attributor.hierarchy is None:
@@ -241,7 +241,7 @@ class AcceleratorManager:
     @property
     def latest(self) -> Collection | None:
         """The newest collection, without collecting (None before the first)."""
-        return self._last
+        return self._latest
 
     def collect(self) -> Collection:
         """One collection. A caller that arrives while another collection runs waits for it to end,
@@ -249,8 +249,8 @@ class AcceleratorManager:
         one itself; so N concurrent scrapes cost at most two collections. Never raises."""
         arrived = time.monotonic()
         with self._lock:
-            if self._last is not None and self._last.started >= arrived:
-                return self._last
+            if self._latest is not None and self._latest.started >= arrived:
+                return self._latest
             started = time.monotonic()
             deadline_at = started + self.settings.collection_deadline
             snapshot = DeviceSnapshot()
@@ -277,7 +277,7 @@ class AcceleratorManager:
             for c in self.collectors:
                 if isinstance(c, NvidiaBackend):
                     collection.nvml_errors = dict(c.call.errors)
-            self._last = collection
+            self._latest = collection
             return collection
 
     def _attribute(self, collection: Collection, deadline_at: float) -> CollectorResult:
