@@ -29,6 +29,7 @@ from accelstats.mps.replies import (
     parse_server_list,
 )
 from accelstats.mps.rules import MpsError, MpsGpu, MpsResource, Root, resource_gpus
+from collectors.fsread import ascii_int, read_small
 
 DEFAULT_BINARY = "nvidia-cuda-mps-control"
 #: PATH given to the daemon after the control binary's own directory: the usual system
@@ -126,12 +127,15 @@ class DaemonChannel:
             return False
 
     def pid(self) -> int | None:
-        """The daemon's PID from ``nvidia-cuda-mps-control.pid`` in the pipe dir; None when absent or unreadable."""
+        """The daemon's PID from ``nvidia-cuda-mps-control.pid`` in the pipe dir; None when absent, unreadable,
+        not a regular file (a link or FIFO a task put in its read-write pipe dir is not followed or opened:
+        :func:`collectors.fsread.read_small`) or not a plain decimal above 0."""
         try:
-            text = (self.pipe_dir / PID_FILE).read_text(encoding="ascii", errors="replace").strip()
-        except (OSError, MpsError):
+            data = read_small(self.pipe_dir / PID_FILE, 32)
+        except MpsError:
             return None
-        return int(text) if text.isascii() and text.isdigit() and int(text) > 0 else None
+        pid = ascii_int(data.strip()) if data is not None else None
+        return pid if pid is not None and pid > 0 else None
 
     def running(self) -> bool:
         """True when the pid file names a live process whose command line is the control binary's

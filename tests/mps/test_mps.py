@@ -164,6 +164,29 @@ def test_start_uses_minimal_env_and_configures_by_ordinal(make_daemon: Callable[
     assert daemon.devices == (GPU1, GPU0)
 
 
+def test_the_pid_file_counts_only_as_a_regular_file(make_daemon: Callable[..., Daemon], tmp_path: Path) -> None:
+    """The pipe dir is mounted read-write into tasks: a pid file that is a link (to another resource's
+    pid file), a FIFO or not a plain number names no daemon; the link is not followed, the FIFO never
+    opened (a read of it would block ``mps stop`` and the plugin's health checks)."""
+    daemon = make_daemon()
+    daemon.pipe_dir.mkdir(parents=True, exist_ok=True)
+    pid_file = daemon.pipe_dir / "nvidia-cuda-mps-control.pid"
+    other = tmp_path / "other-resource.pid"
+    other.write_text(f"{os.getpid()}\n")
+    pid_file.write_text(f"{os.getpid()}\n")
+    assert daemon.pid() == os.getpid()
+    pid_file.unlink()
+    pid_file.symlink_to(other)
+    assert daemon.pid() is None
+    for text in ("12x\n", "0\n", "\u0661\u0662\n", ""):
+        pid_file.unlink()
+        pid_file.write_text(text)
+        assert daemon.pid() is None, text
+    pid_file.unlink()
+    os.mkfifo(pid_file)
+    assert daemon.pid() is None
+
+
 def test_healthy_daemon(make_daemon: Callable[..., Daemon]) -> None:
     daemon = make_daemon()
     daemon.start()
