@@ -181,6 +181,7 @@ def main() -> None:
 @source_options
 def serve(listen: str | None, collectors: tuple[str, ...], web_config: str | None, **opts: Any) -> None:
     """Serve /metrics, /healthz and / until SIGTERM or SIGINT."""
+    from accelstats.web import load_web_config
     from accelstats.web import serve as start_server
 
     settings, origin = build_settings(listen=listen, collectors=collectors, **opts)
@@ -188,12 +189,9 @@ def serve(listen: str | None, collectors: tuple[str, ...], web_config: str | Non
         settings = replace(settings, web_config=Path(web_config) if web_config else None)
     web = None
     if settings.web_config is not None:  # PyYAML, bcrypt and cryptography only with a web config
-        from accelstats.web.config import WebConfigError
-        from accelstats.web.source import WebConfigSource
-
         try:
-            web = WebConfigSource(settings.web_config)
-        except WebConfigError as exc:
+            web = load_web_config(settings.web_config)
+        except ConfigError as exc:  # a WebConfigError: the file and the key at fault
             fail(str(exc))
     # Block SIGTERM/SIGINT before any thread starts (threads inherit the mask), then wait for one
     # with sigwait: no Python-level signal handler runs in the middle of other code.
@@ -233,12 +231,12 @@ def serve(listen: str | None, collectors: tuple[str, ...], web_config: str | Non
 @source_options
 def dump(**opts: Any) -> None:
     """One collection, as Prometheus exposition text on stdout."""
-    from accelstats.web.exposition import exposition
+    from accelstats.web import text_exposition
 
     settings, origin = build_settings(**opts)
     manager = manager_or_exit(replace(settings, nvml_retry_interval=0.0), origin)  # one shot: no retry
     try:
-        sys.stdout.write(exposition(manager).decode())
+        sys.stdout.write(text_exposition(manager).decode())
     finally:
         manager.destroy()
 

@@ -116,10 +116,10 @@ class DevicePluginState:
             return
         web = None
         if listen and web_config is not None:
-            from accelstats.web.source import WebConfigSource
+            from accelstats.web import load_web_config
 
             try:
-                web = WebConfigSource(web_config)
+                web = load_web_config(web_config)
             except ValueError as exc:  # WebConfigError (a ConfigError): the file and the key at fault
                 raise ConfigError(f"config: metrics_web_config: {exc}") from exc
         if self._metrics_server is not None:

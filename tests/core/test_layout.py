@@ -181,6 +181,14 @@ def test_the_web_wing_stays_small() -> None:
     assert web_wing_lines() <= WEB_WING_MAX_LINES
 
 
+def test_the_web_wing_has_one_door() -> None:
+    """Outside ``accelstats.web`` only its package (``accelstats/web/__init__.py``: serve,
+    load_web_config, exposition) is imported, never a module inside it."""
+    inside = sorted((name, target) for name, targets in graph().items() if not name.startswith("accelstats.web")
+                    for target in targets if target.startswith("accelstats.web."))
+    assert inside == []
+
+
 def test_no_module_drives_sockets_itself() -> None:
     """Sockets, HTTP framing and TLS come from asyncio and h11: no module of ours imports ``selectors``
     or ``select`` (epoll, poll)."""
