@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import ssl
@@ -183,3 +184,56 @@ def test_shutdown_closes_every_connection(pki: Pki, start: Callable[..., Any]) -
     finally:
         idle.close()
         tls.close()
+
+
+def test_a_client_hello_split_in_segments_is_still_served(pki: Pki, start: Callable[..., Any]) -> None:
+    """The handshake waits for the whole first TLS record (RFC 8446 §5.1: its length is in the header),
+    looking again as the rest comes: a ClientHello sent in three pieces 0.3 s apart completes, and the
+    request behind it is answered."""
+    s = start(f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n")
+    ctx = ssl.create_default_context(cafile=str(pki.ca))
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ctx.wrap_bio(incoming, outgoing, server_hostname="localhost")
+    with socket.create_connection(("127.0.0.1", port(s)), timeout=5) as sock:
+        with pytest.raises(ssl.SSLWantReadError):
+            tls.do_handshake()
+        hello = outgoing.read()
+        for piece in (hello[:3], hello[3:len(hello) // 2], hello[len(hello) // 2:]):
+            sock.sendall(piece)
+            time.sleep(0.3)
+        while True:
+            try:
+                tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                sock.sendall(outgoing.read())
+                data = sock.recv(65536)
+                assert data, "the server closed the connection in the handshake"
+                incoming.write(data)
+        tls.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        sock.sendall(outgoing.read())
+        answer = b""
+        while data := sock.recv(65536):  # until the server closes (Connection: close)
+            incoming.write(data)
+            with contextlib.suppress(ssl.SSLWantReadError, ssl.SSLZeroReturnError):
+                while chunk := tls.read(65536):  # every record the bytes so far complete
+                    answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"\r\n\r\nok\n"), answer
+
+
+def test_half_a_client_hello_then_a_close_is_closed_before_its_deadline(pki: Pki, start: Callable[..., Any]) -> None:
+    """A client that sends half its first TLS record and closes its side will send no more: the server
+    sees the TCP state (tcp(7) TCP_INFO) at its next look and closes, well before the 10 s handshake
+    deadline, with no TLS session made for it."""
+    s = start(f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n")
+    hello = client_hello()
+    sock = socket.create_connection(("127.0.0.1", port(s)), timeout=5)
+    try:
+        sock.sendall(hello[: len(hello) // 2])
+        assert wait_for(lambda: s.connections == 1)
+        sock.shutdown(socket.SHUT_WR)
+        assert closed_within(sock, 3.0), "the half-closed connection was kept"
+        assert wait_for(lambda: s.connections == 0, 3.0)
+        assert s.counters.refused["tls_handshake_timeout"] == 0
+    finally:
+        sock.close()
