@@ -193,6 +193,15 @@ class BpfReader:
 
 
 @dataclass(frozen=True)
+class _Undecided:
+    """A cached "no decision": only the reason, never the exception (raising one exception object
+    again appends the raiser's frames to its ``__traceback__`` each time, pinning every frame of
+    every collection)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class ProgramsGrant:
     """What the device programs in effect for one cgroup grant: ``grant`` (GPU minors, MIG capability
     minors, unrestricted) and ``program_ids`` (the programs asked, kernel order; empty: none is
@@ -218,7 +227,7 @@ class DeviceProgramCache:
         self._grants: OrderedDict[tuple[tuple[bytes, ...], frozenset[int], int | None, frozenset[int]], GpuGrant] = (
             OrderedDict())
         self._by_ids: dict[tuple[tuple[int, ...], frozenset[int], int | None, frozenset[int]],
-                           GpuGrant | UndecidableError] = {}
+                           GpuGrant | _Undecided] = {}
         self._max_programs = max_programs
         self._max_texts = max_texts
         self._lock = threading.Lock()
@@ -242,10 +251,10 @@ class DeviceProgramCache:
         by_ids = (ids, minors, caps_major, caps)
         with self._lock:  # the common case: these very programs were asked this question before
             cached = self._by_ids.get(by_ids)
-            if isinstance(cached, UndecidableError):
-                raise cached
-            if cached is not None:
-                return ProgramsGrant(cached, ids)
+        if isinstance(cached, _Undecided):
+            raise UndecidableError(cached.reason)  # a fresh one each time: nothing outlives the caller
+        if cached is not None:
+            return ProgramsGrant(cached, ids)
         texts = tuple(self._text(reader, i) for i in ids)
         key = (tuple(hashlib.sha1(t, usedforsecurity=False).digest() for t in texts), minors, caps_major, caps)
         with self._lock:
@@ -267,7 +276,7 @@ class DeviceProgramCache:
                 raise UndecidableError(f"device programs {', '.join(map(str, ids))}: {exc}") from exc
         except UndecidableError as exc:
             with self._lock:  # no decision is an answer too: a costly program is not run again every scrape
-                self._remember(by_ids, exc)
+                self._remember(by_ids, _Undecided(str(exc)))
             raise
         with self._lock:
             self._grants[key] = found
@@ -277,7 +286,7 @@ class DeviceProgramCache:
         return ProgramsGrant(found, ids)
 
     def _remember(self, key: tuple[tuple[int, ...], frozenset[int], int | None, frozenset[int]],
-                  found: GpuGrant | UndecidableError) -> None:
+                  found: GpuGrant | _Undecided) -> None:
         """Keep the answer for these program IDs (under the lock); bounded like the ID cache."""
         self._by_ids[key] = found
         if len(self._by_ids) > self._max_programs:
