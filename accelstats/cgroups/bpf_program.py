@@ -50,13 +50,13 @@ ACC_WRITE = 4
 MAX_STEPS = 200_000
 """Instructions all the evaluations of one grant may execute together (:func:`device_grant` asks a
 program a few dozen questions, more with MIG capabilities).  The budget bounds what a hostile
-program attached by a privileged container can cost (about 0.13 s of CPU on the development VM,
+program attached by a privileged container can cost (about 90 ms of CPU on the development VM,
 once per distinct program text: answers are cached, see :mod:`accelstats.cgroups.devices_bpf`)."""
 
 MAX_QUESTION_STEPS = 10_000
 """Instructions one question (one :func:`run`) may execute.  The programs runtimes generate run a
 few hundred per question (runc's shape: at most 8 per rule, so 1 250 rules fit); a program that
-loops past this has no decision after about 6 ms of CPU instead of the whole :data:`MAX_STEPS`."""
+loops past this has no decision after about 5 ms of CPU instead of the whole :data:`MAX_STEPS`."""
 
 PROBE_MAJOR = 4095
 """Major of the probe device that tells an unrestricted program (the largest major: ``MINORBITS`` 20

@@ -224,8 +224,9 @@ class ProgramsGrant:
 
 MAX_COLLECTION_STEPS = 400_000
 """Instructions the evaluations of new program texts may execute together between two calls of
-:meth:`DeviceProgramCache.begin_collection` (about 0.25 s of CPU on the development VM): two
-programs at the whole :data:`~accelstats.cgroups.bpf_program.MAX_STEPS` each."""
+:meth:`DeviceProgramCache.begin_collection`: two programs at the whole
+:data:`~accelstats.cgroups.bpf_program.MAX_STEPS` each (0.18 s of CPU measured on the development
+VM, docs/performance.md).  A program met once they are spent waits for a later collection."""
 
 
 class DeviceProgramCache:
