@@ -42,6 +42,11 @@ the exporter's RSS (``VmRSS``) after the first scrape and after every further fi
 did), the scrape latency, the containers published and the skipped ``devices.list``
 reads counted (``accelstats_attribution_skipped_total{reason="devices_list_unreadable"}``).
 
+``--undecidable-programs N`` runs a third part instead (``benchmarks/attack_programs.py``): a real
+exporter over a cgroup v2 subtree of N containers with helper-calling device programs and
+``--looping-programs`` (20) with distinct long loops, ``--program-scrapes`` (300) scrapes: RSS,
+first and later scrape times and CPU, and the cost of replaced and of new programs.
+
 Usage: ``python3 benchmarks/attack.py [--connections 2000] [--seconds 60] [--nofile 8192] [--plain]
 [--keep-alive] [--repo DIR]``, or ``python3 benchmarks/attack.py --urandom 50 [--repo DIR]``. Raises
 this process's own RLIMIT_NOFILE as needed. Exit status 1 when p99 is above 1 s or a scrape failed
@@ -492,6 +497,10 @@ def main() -> int:
     parser.add_argument("--urandom-scrapes", type=int, default=200)
     parser.add_argument("--rss-limit", type=float, default=2048.0,
                         help="MiB: stop the --urandom run when the exporter's RSS passes this (old code)")
+    parser.add_argument("--undecidable-programs", type=int, default=0, metavar="N",
+                        help="instead: N cgroups with undecidable device programs (root, cgroup2)")
+    parser.add_argument("--looping-programs", type=int, default=20)
+    parser.add_argument("--program-scrapes", type=int, default=300)
     args = parser.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = args.connections * 2 + 256
@@ -502,6 +511,9 @@ def main() -> int:
     print(f"# start {loadavg()}")
     if args.urandom:
         return urandom_run(args, capture)
+    if args.undecidable_programs:
+        from attack_programs import programs_run
+        return programs_run(args, capture)
     args.plain = args.plain or args.requests
     mode = "plain HTTP" if args.plain else "TLS + basic auth (bcrypt cost 12)"
     kinds = KINDS_REQUESTS if args.requests else KINDS_PLAIN if args.plain else KINDS_TLS

@@ -282,9 +282,11 @@ class Attributor:
 
     def _device_programs(self, snapshot: DeviceSnapshot,
                          mig: MigMap | None) -> Callable[[Path], tuple[GpuGrant | None, str]]:
-        """v2: ``(grant, reason)`` per cgroup directory from the device programs in effect."""
+        """v2: ``(grant, reason)`` per cgroup directory from the device programs in effect (one
+        collection: the cache's instruction budget for new programs starts again)."""
         assert self.programs is not None
         programs = self.programs
+        programs.begin_collection()
         minors = frozenset(d.minor for d in snapshot.devices if d.kind == "gpu" and d.minor is not None)
         caps_major = mig.caps_major if mig is not None else None
         caps = frozenset(mig.caps) if mig is not None else frozenset()

@@ -18,7 +18,8 @@ with the instruction set of ``Documentation/bpf/standardization/instruction-set.
 (including the signed division, sign-extending moves and byte swaps of v4), JMP and JMP32, loads
 from the context, stack stores and loads, 64-bit immediates.  A program that does anything else
 (calls a helper, reads a map, reads outside the context or stack it never wrote, jumps out of the
-program, runs more than :data:`MAX_STEPS` instructions in all the questions asked of it) has no
+program, runs more than :data:`MAX_QUESTION_STEPS` instructions for one question or :data:`MAX_STEPS`
+in all the questions asked of it) has no
 decision here: :class:`UndecidableError` says why, and the caller falls back to process evidence.
 
 Nothing here touches the kernel; reading the programs is :mod:`accelstats.cgroups.devices_bpf`.
@@ -48,9 +49,14 @@ ACC_WRITE = 4
 
 MAX_STEPS = 200_000
 """Instructions all the evaluations of one grant may execute together (:func:`device_grant` asks a
-program a few dozen questions).  The programs runtimes generate run a few hundred instructions per
-question; the budget bounds what a hostile program attached by a privileged container can cost a
-scrape (about a quarter of a second of CPU, once: answers are cached)."""
+program a few dozen questions, more with MIG capabilities).  The budget bounds what a hostile
+program attached by a privileged container can cost (about 90 ms of CPU on the development VM,
+once per distinct program text: answers are cached, see :mod:`accelstats.cgroups.devices_bpf`)."""
+
+MAX_QUESTION_STEPS = 10_000
+"""Instructions one question (one :func:`run`) may execute.  The programs runtimes generate run a
+few hundred per question (runc's shape: at most 8 per rule, so 1 250 rules fit); a program that
+loops past this has no decision after about 5 ms of CPU instead of the whole :data:`MAX_STEPS`."""
 
 PROBE_MAJOR = 4095
 """Major of the probe device that tells an unrestricted program (the largest major: ``MINORBITS`` 20
@@ -261,7 +267,13 @@ class Budget:
     """Instructions left to execute, shared by the evaluations of one grant (:data:`MAX_STEPS`)."""
 
     def __init__(self, steps: int = MAX_STEPS) -> None:
+        self.steps = steps
         self.left = steps
+
+    @property
+    def used(self) -> int:
+        """Instructions executed so far."""
+        return self.steps - self.left
 
 
 def run(insns: Sequence[Insn], device_type: int, major: int, minor: int, access: int,
@@ -269,15 +281,17 @@ def run(insns: Sequence[Insn], device_type: int, major: int, minor: int, access:
     """Whether the program allows ``access`` (a mask of :data:`ACC_MKNOD`/:data:`ACC_READ`/
     :data:`ACC_WRITE`) to device ``major:minor`` of ``device_type`` (:data:`DEV_CHAR` or
     :data:`DEV_BLOCK`): bit 0 of its return value, as ``bpf_prog_run_array_cg`` reads it.
-    ``budget``: the instructions it may execute (a fresh :data:`MAX_STEPS` when None).  Raises
-    :class:`UndecidableError` (see the module docstring)."""
+    ``budget``: the instructions it may execute (a fresh :data:`MAX_STEPS` when None), and at most
+    :data:`MAX_QUESTION_STEPS` in this one run.  Raises :class:`UndecidableError` (see the module
+    docstring)."""
     budget = budget if budget is not None else Budget()
     if any(i.dst > 11 or i.src > 11 for i in insns):
         raise UndecidableError("an instruction names a register above r11")
     ctx = struct.pack("<III", ((access & 0xFFFF) << 16) | (device_type & 0xFFFF), major & _MASK32, minor & _MASK32)
     m = _Machine(ctx)
     pc = 0
-    while budget.left > 0:
+    floor = max(budget.left - MAX_QUESTION_STEPS, 0)  # what is left once this question has had its share
+    while budget.left > floor:
         budget.left -= 1
         if not 0 <= pc < len(insns):
             raise UndecidableError(f"jump to instruction {pc}, outside the program of {len(insns)}")
@@ -320,7 +334,9 @@ def run(insns: Sequence[Insn], device_type: int, major: int, minor: int, access:
             pc += 1
         else:  # pragma: no cover - the eight classes are all handled
             raise UndecidableError(f"instruction {pc}: unknown class {cls}")
-    raise UndecidableError(f"more than {MAX_STEPS} instructions executed for one grant")
+    if budget.left > 0:
+        raise UndecidableError(f"more than {MAX_QUESTION_STEPS} instructions executed for one question")
+    raise UndecidableError(f"more than {budget.steps} instructions executed for one grant")
 
 
 def _step_alu(m: _Machine, insn: Insn, pc: int, wide: bool) -> int:
@@ -400,7 +416,7 @@ def readable_or_writable(programs: Sequence[Sequence[Insn]], major: int, minor: 
 
 def device_grant(programs: Sequence[Sequence[Insn]], gpu_minors: Collection[int], *,
                  nvidia_major: int = NVIDIA_MAJOR, caps_major: int | None = None,
-                 known_caps_minors: Collection[int] = ()) -> GpuGrant:
+                 known_caps_minors: Collection[int] = (), budget: Budget | None = None) -> GpuGrant:
     """The GPUs (by NVML minor number) and MIG capability minors the device programs in effect let a
     container use: the v2 counterpart of :func:`accelstats.cgroups.devices_list.gpu_grant`.
 
@@ -417,10 +433,11 @@ def device_grant(programs: Sequence[Sequence[Insn]], gpu_minors: Collection[int]
       driver opens ``nvidia-cap<M>`` read-only).
 
     ``programs``: the decoded programs in effect (:func:`decode`).  All the questions share one
-    :class:`Budget`.  Raises :class:`UndecidableError`.
+    :class:`Budget`: ``budget`` (its ``used`` tells the caller the cost), a fresh :data:`MAX_STEPS`
+    when None.  Raises :class:`UndecidableError`.
     """
     none = frozenset[int]()
-    budget = Budget()
+    budget = budget if budget is not None else Budget()
     if not programs or readable_or_writable(programs, PROBE_MAJOR, PROBE_MINOR, budget):
         return GpuGrant(minors=none, unrestricted=True, mig_caps_minors=none)
     gpus = frozenset(

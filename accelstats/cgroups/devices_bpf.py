@@ -35,7 +35,7 @@ from collections import OrderedDict
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from accelstats.cgroups.bpf_program import Insn, UndecidableError, decode, device_grant
+from accelstats.cgroups.bpf_program import MAX_STEPS, Budget, Insn, UndecidableError, decode, device_grant
 from accelstats.cgroups.devices_list import GpuGrant
 
 log = logging.getLogger(__name__)
@@ -193,6 +193,26 @@ class BpfReader:
 
 
 @dataclass(frozen=True)
+class _Undecided:
+    """A cached "no decision": only the reason, never the exception (raising one exception object
+    again appends the raiser's frames to its ``__traceback__`` each time, pinning every frame of
+    every collection).  ``position``: which program of the set could not be decoded (None: the set
+    as a whole could not be evaluated); the program IDs are named when it is raised, since the same
+    texts can come back under new IDs."""
+
+    reason: str
+    position: int | None = None
+
+    def error(self, ids: tuple[int, ...]) -> UndecidableError:
+        """A fresh error naming ``ids``, without a chain."""
+        which = f": program {ids[self.position]}" if self.position is not None else ""
+        return UndecidableError(f"device programs {', '.join(map(str, ids))}{which}: {self.reason}")
+
+
+_Question = tuple[frozenset[int], int | None, frozenset[int]]  # GPU minors, caps major, caps minors
+
+
+@dataclass(frozen=True)
 class ProgramsGrant:
     """What the device programs in effect for one cgroup grant: ``grant`` (GPU minors, MIG capability
     minors, unrestricted) and ``program_ids`` (the programs asked, kernel order; empty: none is
@@ -202,82 +222,116 @@ class ProgramsGrant:
     program_ids: tuple[int, ...]
 
 
+MAX_COLLECTION_STEPS = 400_000
+"""Instructions the evaluations of new program texts may execute together between two calls of
+:meth:`DeviceProgramCache.begin_collection`: two programs at the whole
+:data:`~accelstats.cgroups.bpf_program.MAX_STEPS` each (0.18 s of CPU measured on the development
+VM, docs/performance.md).  A program met once they are spent waits for a later collection."""
+
+
 class DeviceProgramCache:
     """The v2 devices cgroup of container cgroups: query, read once per program ID, evaluate once per
     program text and question.  Thread-safe.
 
     ``reader``: the bpf(2) reads (:class:`BpfReader`; injectable).  ``max_programs``: program IDs whose
     instructions are kept (least recently used dropped first); ``max_texts``: distinct program texts
-    whose decoded instructions and answers are kept.
+    whose decoded instructions and answers are kept.  An answer is a grant or "no decision"
+    (:class:`UndecidableError`), kept by program IDs and by program texts (a program replaced by the
+    same code under a new ID is not evaluated again).
+
+    ``collection_steps``: instructions the evaluations may execute per collection (call
+    :meth:`begin_collection` at the start of each); a new text met once they are spent is not
+    evaluated and its cgroup gets :class:`UndecidableError` saying so, for this collection only.
+    ``steps``: instructions executed in all (the evaluator's total cost).
     """
 
-    def __init__(self, reader: BpfReader | None = None, *, max_programs: int = 16384, max_texts: int = 1024) -> None:
+    def __init__(self, reader: BpfReader | None = None, *, max_programs: int = 16384, max_texts: int = 1024,
+                 collection_steps: int = MAX_COLLECTION_STEPS) -> None:
         self._reader = reader
         self._texts_by_id: OrderedDict[int, bytes] = OrderedDict()
         self._decoded: OrderedDict[bytes, tuple[Insn, ...]] = OrderedDict()
-        self._grants: OrderedDict[tuple[tuple[bytes, ...], frozenset[int], int | None, frozenset[int]], GpuGrant] = (
-            OrderedDict())
-        self._by_ids: dict[tuple[tuple[int, ...], frozenset[int], int | None, frozenset[int]],
-                           GpuGrant | UndecidableError] = {}
+        self._grants: OrderedDict[tuple[tuple[bytes, ...], _Question], GpuGrant | _Undecided] = OrderedDict()
+        self._by_ids: dict[tuple[tuple[int, ...], _Question], GpuGrant | _Undecided] = {}
         self._max_programs = max_programs
         self._max_texts = max_texts
+        self._collection_steps = collection_steps
+        self._steps_left = collection_steps
         self._lock = threading.Lock()
         self.reads = 0  # programs read through bpf(2) (each ID once while cached)
+        self.steps = 0
 
     def _bpf(self) -> BpfReader:
         if self._reader is None:
             self._reader = BpfReader()
         return self._reader
 
+    def begin_collection(self) -> None:
+        """A new collection: the evaluations may execute ``collection_steps`` instructions again."""
+        with self._lock:
+            self._steps_left = self._collection_steps
+
     def grant(self, cgroup_dir: str, gpu_minors: Collection[int], *, caps_major: int | None = None,
               known_caps_minors: Collection[int] = ()) -> ProgramsGrant:
         """The grant of the programs in effect for ``cgroup_dir`` (see
         :func:`accelstats.cgroups.bpf_program.device_grant` for each rule).  Raises
         :class:`DeviceProgramsError` when they cannot be read, :class:`UndecidableError` when one cannot
-        be evaluated (the message names the program ID)."""
+        be evaluated, or not in this collection's budget (the message names the program IDs)."""
         reader = self._bpf()
         ids = tuple(reader.query(cgroup_dir))
         minors = gpu_minors if isinstance(gpu_minors, frozenset) else frozenset(gpu_minors)
         caps = known_caps_minors if isinstance(known_caps_minors, frozenset) else frozenset(known_caps_minors)
-        by_ids = (ids, minors, caps_major, caps)
+        question = (minors, caps_major, caps)
+        by_ids = (ids, question)
         with self._lock:  # the common case: these very programs were asked this question before
             cached = self._by_ids.get(by_ids)
-            if isinstance(cached, UndecidableError):
-                raise cached
-            if cached is not None:
-                return ProgramsGrant(cached, ids)
-        texts = tuple(self._text(reader, i) for i in ids)
-        key = (tuple(hashlib.sha1(t, usedforsecurity=False).digest() for t in texts), minors, caps_major, caps)
-        with self._lock:
-            cached = self._grants.get(key)
-            if cached is not None:
-                self._grants.move_to_end(key)
-                self._remember(by_ids, cached)
-                return ProgramsGrant(cached, ids)
-        programs = []
-        try:
-            for prog_id, text in zip(ids, texts, strict=True):
-                try:
-                    programs.append(self._decode(text))
-                except UndecidableError as exc:
-                    raise UndecidableError(f"device program {prog_id}: {exc}") from exc
-            try:
-                found = device_grant(programs, minors, caps_major=caps_major, known_caps_minors=caps)
-            except UndecidableError as exc:
-                raise UndecidableError(f"device programs {', '.join(map(str, ids))}: {exc}") from exc
-        except UndecidableError as exc:
-            with self._lock:  # no decision is an answer too: a costly program is not run again every scrape
-                self._remember(by_ids, exc)
-            raise
-        with self._lock:
-            self._grants[key] = found
-            while len(self._grants) > self._max_texts:
-                self._grants.popitem(last=False)
-            self._remember(by_ids, found)
-        return ProgramsGrant(found, ids)
+        if cached is None:
+            texts = tuple(self._text(reader, i) for i in ids)
+            key = (tuple(hashlib.sha1(t, usedforsecurity=False).digest() for t in texts), question)
+            with self._lock:
+                cached = self._grants.get(key)
+                if cached is not None:
+                    self._grants.move_to_end(key)
+                    self._remember(by_ids, cached)
+            if cached is None:
+                cached = self._evaluate(texts, question, ids)
+                with self._lock:
+                    self._grants[key] = cached
+                    while len(self._grants) > self._max_texts:
+                        self._grants.popitem(last=False)
+                    self._remember(by_ids, cached)
+        if isinstance(cached, _Undecided):
+            raise cached.error(ids)  # a fresh one each time: nothing outlives the caller
+        return ProgramsGrant(cached, ids)
 
-    def _remember(self, key: tuple[tuple[int, ...], frozenset[int], int | None, frozenset[int]],
-                  found: GpuGrant | UndecidableError) -> None:
+    def _evaluate(self, texts: tuple[bytes, ...], question: _Question, ids: tuple[int, ...]) -> GpuGrant | _Undecided:
+        """Decode and evaluate, within what is left of this collection's instructions; raises
+        :class:`UndecidableError` (nothing cached) when that is spent."""
+        programs = []
+        for position, text in enumerate(texts):
+            try:
+                programs.append(self._decode(text))
+            except UndecidableError as exc:
+                return _Undecided(str(exc), position)
+        with self._lock:
+            steps = min(self._steps_left, MAX_STEPS)
+        if steps <= 0:
+            raise UndecidableError(f"device programs {', '.join(map(str, ids))}: not evaluated in this collection, "
+                                   f"whose {self._collection_steps} instructions for new device programs are spent")
+        budget = Budget(steps)
+        minors, caps_major, caps = question
+        try:
+            return device_grant(programs, minors, caps_major=caps_major, known_caps_minors=caps, budget=budget)
+        except UndecidableError as exc:
+            if budget.left <= 0 and steps < MAX_STEPS:  # cut short by the collection's budget, not its own
+                raise UndecidableError(f"device programs {', '.join(map(str, ids))}: not evaluated in this "
+                                       "collection, whose instructions for new device programs ran out") from None
+            return _Undecided(str(exc))
+        finally:
+            with self._lock:
+                self._steps_left -= budget.used
+                self.steps += budget.used
+
+    def _remember(self, key: tuple[tuple[int, ...], _Question], found: GpuGrant | _Undecided) -> None:
         """Keep the answer for these program IDs (under the lock); bounded like the ID cache."""
         self._by_ids[key] = found
         if len(self._by_ids) > self._max_programs:
