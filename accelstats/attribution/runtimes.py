@@ -70,7 +70,8 @@ MIN_BYTES_PER_VALUE = 10
 """An index holding more than one JSON value per this many bytes is not parsed (counted, warned
 once). A parsed value costs 50 to 70 bytes of Python objects (``[]``, ``{}``: 24 times their size);
 containers/storage writes one value per 16.5 bytes (podman 4.3, measured). The values are
-bounded from above by counting ``[``, ``{``, ``,`` and ``:`` bytes, before any parse."""
+bounded from above by counting ``[``, ``{``, ``,`` and ``:`` bytes, before any parse; only in an
+index over 64 KiB (a smaller one costs at most 1.6 MiB whatever it holds)."""
 
 MAX_METADATA_CHARS = 64 * 1024
 """An entry's ``metadata`` string (JSON in a string: about 200 characters) longer than this is not
@@ -284,8 +285,8 @@ class RuntimeState:
         if got.data is None:
             log.debug("runtime state: cannot read %s: %s", path, got.detail)
             return
-        values = sum(got.data.count(c) for c in (b"[", b"{", b",", b":"))
-        if values * MIN_BYTES_PER_VALUE > len(got.data):
+        if len(got.data) > 64 * 1024 and MIN_BYTES_PER_VALUE * sum(
+                got.data.count(c) for c in (b"[", b"{", b",", b":")) > len(got.data):
             self._bad(path, signature, f"more than one JSON value per {MIN_BYTES_PER_VALUE} bytes, "
                                        "not an index containers/storage writes")
             return
