@@ -169,3 +169,20 @@ def test_a_devices_list_holding_a_secret_is_counted_never_logged(tmp_path: Path,
     assert "devices.list of /docker/" in caplog.text  # the warning is there, without the line
     for text in (caplog.text, row.reason, json.dumps([r.getMessage() for r in caplog.records])):
         assert "Wm6kQpT0" not in text and "nologin" not in text
+
+
+def test_a_state_file_that_is_not_json_is_named_without_its_bytes(tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """Not UTF-8 (UnicodeDecodeError's message quotes the byte: dbbc921 logged it) and not JSON (the
+    parser's message gives the position): warned once with the path and why, never a byte."""
+    caplog.set_level(logging.DEBUG)
+    for cid, data in ((CID, b'{"Name": "\xe9t\xe9"}'), ("d" * 64, b'{"Name": "x", oops-secret}')):
+        path = tmp_path / STATE_FILES["docker"].replace(CID, cid)
+        path.parent.mkdir(parents=True)
+        path.write_bytes(data)
+    reader = MetadataReader(tmp_path)
+    for cid in (CID, "d" * 64):
+        assert reader.lookup(ContainerIdentity(runtime="docker", id=cid)).name == ""
+    assert reader.errors == 2
+    assert "UnicodeDecodeError" in caplog.text and "line 1 column" in caplog.text
+    assert "0xe9" not in caplog.text and "oops" not in caplog.text
