@@ -327,7 +327,7 @@ def test_an_index_rewritten_at_every_collection_is_parsed_at_most_once_per_back_
 
 @pytest.mark.root
 def test_real_podman_indexes_fit_the_limits_with_room(tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    """What the limits are measured against: 20 containers made by the real podman in a private
+    """What the limits are measured against: 10 containers made by the real podman in a private
     storage root (vfs driver, nothing started). Each costs about 510 bytes of index (MAX_INDEX_BYTES
     holds 8 000), with one JSON value per 16 bytes or more (MIN_BYTES_PER_VALUE is 10), and they are
     all read back with their names and image."""
@@ -340,15 +340,15 @@ def test_real_podman_indexes_fit_the_limits_with_room(tmp_path: Path, request: p
         pass
     subprocess.run([*podman, "import", "-q", str(tmp_path / "empty.tar"), "localhost/empty:1"], check=True,
                    capture_output=True, timeout=60)
-    for i in range(20):
+    for i in range(10):
         subprocess.run([*podman, "create", "-q", "--name", f"c{i}", "localhost/empty:1", "/x"], check=True,
                        capture_output=True, timeout=60)
     data = (tmp_path / "root/vfs-containers/containers.json").read_bytes()
     values = sum(data.count(c) for c in b"[{,:")
-    assert len(data) / 20 < runtimes.MAX_INDEX_BYTES / 7500
+    assert len(data) / 10 < runtimes.MAX_INDEX_BYTES / 7500
     assert len(data) / values > 1.5 * runtimes.MIN_BYTES_PER_VALUE
     s = RuntimeState(Path("/"), RuntimeRoots(storage_graphroot=tmp_path / "root", storage_runroot=run))
     s.refresh()
     assert s.errors == 0
     found = {e.name: e.image for e in (s.storage_entry(d["id"]) for d in json.loads(data)) if e is not None}
-    assert found == {f"c{i}": "localhost/empty:1" for i in range(20)}
+    assert found == {f"c{i}": "localhost/empty:1" for i in range(10)}
