@@ -234,8 +234,9 @@ class AcceleratorManager:
                 if (cgroup, line) not in self._skipped_seen:
                     self._skipped_seen.add((cgroup, line))
                     self._skipped_lines += 1
-                    if self._skipped_lines <= 20:
-                        log.warning("devices.list of %s: skipped malformed line %r", cgroup, line[:200])
+                    if self._skipped_lines <= 20:  # its text is never logged: the file may not be the kernel's
+                        log.warning("devices.list of %s: skipped a line of %d characters that is not a device rule "
+                                    "(counted in accelstats_devices_list_skipped_lines_total)", cgroup, len(line))
 
     # -- the collection path ----------------------------------------------------------------------
     @property

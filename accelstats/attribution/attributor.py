@@ -362,7 +362,8 @@ class Attributor:
             if line not in self._mig_lines_seen and len(self._mig_lines_seen) < 1000:
                 self._mig_lines_seen.add(line)
                 self.skipped["mig_minors_line"] += 1
-                log.warning("mig-minors: skipped unknown line %r", line[:200])
+                log.warning("mig-minors: skipped a line of %d characters that is not a capability and minor",
+                            len(line))  # its text is never logged: under --proc-root the file may be anyone's
         return MigMap(caps_major=major, caps=caps)
 
     def _open_minors(self, directories: list[Path], walked: set[Path],

@@ -334,8 +334,11 @@ class MetadataReader:
             return None
         try:
             return json.loads(data)
-        except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-            self._malformed(path, f"not valid JSON: {type(exc).__name__}: {exc}")
+        except json.JSONDecodeError as exc:  # its message says where, never what
+            self._malformed(path, f"not valid JSON: {exc}")
+            return None
+        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError's message quotes a byte: not logged
+            self._malformed(path, f"not valid JSON: {type(exc).__name__}")
             return None
 
     def _read_bytes(self, path: Path) -> bytes | None:

@@ -28,8 +28,13 @@ existence like the others.
 Cost: each collection ``stat``s the directories and files above; a directory is listed again, or a
 file parsed again, only when its signature (inode, modification time, link count or size) changed,
 or while its modification time is within :data:`RACY_SECONDS` of now (a change in the same clock
-tick would not move it).  Nothing here raises on what it reads; a root that does not exist is
-reported by :meth:`RuntimeState.missing_roots` (the caller warns once).
+tick would not move it; once read after that window it is trusted until it changes).  An index
+whose parse took ``t`` (at least :data:`BACKOFF_MIN_SECONDS`) is not parsed again for
+:data:`BACKOFF_FACTOR` ``* t``: one rewritten at every collection costs at most about 5 % of a core,
+and a new container in it is seen that much later.  An index of at most :data:`MAX_INDEX_BYTES` and
+:data:`MIN_BYTES_PER_VALUE` costs at most 16 times its size to parse (docs/security.md).  Nothing
+here raises on what it reads; a root that does not exist is reported by
+:meth:`RuntimeState.missing_roots` (the caller warns once).
 """
 
 from __future__ import annotations
@@ -56,9 +61,29 @@ RACY_SECONDS = 2.0
 MAX_NAMESPACES = 1024
 """containerd namespaces listed at most (in name order); beyond it one warning names the cap."""
 
-MAX_INDEX_BYTES = 16 * 1024 * 1024
-"""A containers/storage index larger than this is not parsed (counted as an error): 10 000 podman
-containers make about 5 MiB."""
+MAX_INDEX_BYTES = 4 * 1024 * 1024
+"""A containers/storage index larger than this (4 MiB) is not parsed (counted as an error, warned
+once): podman 4.3 writes about 510 bytes per container (``podman create --name c1``, measured), so
+this holds about 8 000 containers."""
+
+MIN_BYTES_PER_VALUE = 10
+"""An index holding more than one JSON value per this many bytes is not parsed (counted, warned
+once). A parsed value costs 50 to 70 bytes of Python objects (``[]``, ``{}``: 24 times their size);
+containers/storage writes one value per 16.5 bytes (podman 4.3, measured). The values are
+bounded from above by counting ``[``, ``{``, ``,`` and ``:`` bytes, before any parse; only in an
+index over 64 KiB (a smaller one costs at most 1.6 MiB whatever it holds)."""
+
+MAX_METADATA_CHARS = 64 * 1024
+"""An entry's ``metadata`` string (JSON in a string: about 200 characters) longer than this is not
+parsed: the entry keeps its name and gets no image."""
+
+BACKOFF_FACTOR = 20.0
+"""An index whose last parse took ``t`` seconds is not parsed again for ``BACKOFF_FACTOR * t``."""
+
+BACKOFF_MIN_SECONDS = 0.01
+"""Parses shorter than this (an index of a few hundred containers) are not backed off."""
+
+_INDEX_KEYS = frozenset({"id", "names", "metadata"})
 
 _HEX64_RE = re.compile(r"[0-9a-f]{64}")
 _UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -66,7 +91,7 @@ _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 TASK_DIRS = ("io.containerd.runtime.v2.task", "io.containerd.runtime.v1.linux")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StorageEntry:
     """One container of a containers/storage index (podman, CRI-O): its first name, its image's name
     (from the entry's ``metadata`` JSON string, ``image-name``), whether CRI-O made it (``pod-name``
@@ -90,6 +115,7 @@ class _Parsed:
     signature: tuple[int, int, int, int]
     entries: Mapping[str, StorageEntry]
     racy: bool
+    not_before: float  # timer(): no new parse before then (BACKOFF_FACTOR)
 
 
 def _signature(st: os.stat_result) -> tuple[int, int, int, int]:
@@ -109,16 +135,20 @@ class RuntimeState:
     ``rootfs``: the host's ``/`` as this process sees it; ``roots``: where each runtime keeps its
     state (host paths, resolved under ``rootfs``).  Call :meth:`refresh` once per collection, then
     :meth:`known` for each cgroup name.  Thread-safe (one lock around refresh and reads).
-    ``clock``: wall-clock seconds, compared with modification times (injectable for tests).
+    ``clock``: wall-clock seconds, compared with modification times; ``timer``: monotonic seconds, for
+    the parse back-off (both injectable for tests).
 
-    :attr:`errors` counts state files that exist but cannot be used (not JSON, too large).
+    :attr:`errors` counts state files that exist but cannot be used (not JSON, too large, too many
+    values for their size: see :data:`MIN_BYTES_PER_VALUE`).
     """
 
-    def __init__(self, rootfs: Path, roots: RuntimeRoots, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, rootfs: Path, roots: RuntimeRoots, *, clock: Callable[[], float] = time.time,
+                 timer: Callable[[], float] = time.monotonic) -> None:
         self.rootfs = Path(rootfs)
         self.roots = roots
         self.errors = 0
         self._clock = clock
+        self._timer = timer
         self._lock = threading.Lock()
         self._listings: dict[Path, _Listing] = {}
         self._indexes: dict[Path, _Parsed] = {}
@@ -237,10 +267,14 @@ class RuntimeState:
             return {}
         signature = _signature(st)
         cached = self._indexes.get(path)
-        if cached is not None and cached.signature == signature and not cached.racy:
+        if cached is not None and ((cached.signature == signature and not cached.racy)
+                                   or self._timer() < cached.not_before):
             return cached.entries
+        started = self._timer()
         entries = dict(self._parse_index(path, signature))
-        self._indexes[path] = _Parsed(signature, entries, _racy(st, now))
+        took = self._timer() - started
+        not_before = started + BACKOFF_FACTOR * took if took >= BACKOFF_MIN_SECONDS else float("-inf")
+        self._indexes[path] = _Parsed(signature, entries, _racy(st, now), not_before)
         return entries
 
     def _parse_index(self, path: Path, signature: tuple[int, int, int, int]) -> Iterator[tuple[str, StorageEntry]]:
@@ -251,8 +285,13 @@ class RuntimeState:
         if got.data is None:
             log.debug("runtime state: cannot read %s: %s", path, got.detail)
             return
+        if len(got.data) > 64 * 1024 and MIN_BYTES_PER_VALUE * sum(
+                got.data.count(c) for c in (b"[", b"{", b",", b":")) > len(got.data):
+            self._bad(path, signature, f"more than one JSON value per {MIN_BYTES_PER_VALUE} bytes, "
+                                       "not an index containers/storage writes")
+            return
         try:
-            doc = json.loads(got.data)
+            doc = json.loads(got.data, object_pairs_hook=_index_keys)
         except (ValueError, RecursionError) as exc:
             self._bad(path, signature, f"not valid JSON: {type(exc).__name__}")
             return
@@ -263,8 +302,8 @@ class RuntimeState:
             if not isinstance(item, dict):
                 continue
             cid = item.get("id")
-            if not isinstance(cid, str) or not _NAME_RE.fullmatch(cid):
-                continue
+            if not isinstance(cid, str) or not _HEX64_RE.fullmatch(cid):
+                continue  # containers/storage makes 64-hex IDs (stringid.GenerateRandomID)
             names = item.get("names")
             name = names[0] if isinstance(names, list) and names and isinstance(names[0], str) else ""
             meta = _json_object(item.get("metadata"))
@@ -340,9 +379,16 @@ class RuntimeState:
                 "storage": len(self._storage), "nomad": len(self._nomad)}
 
 
+def _index_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``'s ``object_pairs_hook`` for an index: each object keeps only the keys an entry
+    is read for (``id``, ``names``, ``metadata``), so the rest is freed while the index is parsed."""
+    return {key: value for key, value in pairs if key in _INDEX_KEYS}
+
+
 def _json_object(value: object) -> dict[str, Any]:
-    """The object a JSON-in-a-string field holds (the storage index's ``metadata``); ``{}`` else."""
-    if not isinstance(value, str) or len(value) > 1 << 20:
+    """The object a JSON-in-a-string field holds (the storage index's ``metadata``), at most
+    :data:`MAX_METADATA_CHARS` characters; ``{}`` else."""
+    if not isinstance(value, str) or len(value) > MAX_METADATA_CHARS:
         return {}
     try:
         found = json.loads(value)

@@ -358,7 +358,9 @@ def test_paths_from_our_own_private_cgroup_namespace_are_resolved(tmp_path: Path
     assert c.attribution_skipped["foreign_cgroupns"] == 1  # only the path that climbs out
 
 
-def test_unknown_mig_minors_lines_are_counted_once(tmp_path: Path, fixtures_dir: Path) -> None:
+def test_unknown_mig_minors_lines_are_counted_once(tmp_path: Path, fixtures_dir: Path,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """... and never logged: under --proc-root the file may be anyone's (issue 24, row 12)."""
     a100 = fixtures_dir / "public" / "a100-sxm4-v12.xml"
     host = Host(tmp_path, a100, v2=False, gpus=[])
     (host.proc / "devices").write_text("Character devices:\n195 nvidia\n241 nvidia-caps\n")
@@ -366,6 +368,8 @@ def test_unknown_mig_minors_lines_are_counted_once(tmp_path: Path, fixtures_dir:
     (host.proc / "driver" / "nvidia-caps" / "mig-minors").write_text("gpu1/gi3/access 30\nsomething odd\nx y z\n")
     scenario_tail = f'[[gpu]]\ncapture = "{a100}"\n'
     assert host.collect(scenario_tail).attribution_skipped["mig_minors_line"] == 2
+    assert "mig-minors: skipped a line of 13 characters" in caplog.text
+    assert "something odd" not in caplog.text and "x y z" not in caplog.text
 
 
 @pytest.mark.parametrize(("path", "containers", "owner"), [

@@ -9,11 +9,18 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import stat
+import subprocess
+import tarfile
+import tempfile
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
 
+from accelstats.attribution import runtimes
 from accelstats.attribution.runtimes import RuntimeState
 from accelstats.cgroups.identity import identify_with_root
 from accelstats.settings import RuntimeRoots
@@ -210,3 +217,138 @@ def test_mps_clients_are_named_by_the_runtime_state_too(state: RuntimeState, tmp
         (proc / str(pid) / "cgroup").write_text(f"0::{path}\n")
     assert client_containers([41, 42], proc, state.known) == {41: "/gpus/job1"}
     assert client_containers([41, 42], proc) == {}
+
+
+# -- issue 24, row 7: an index someone else writes ------------------------------------------------
+
+STORAGE_INDEX = "var/lib/containers/storage/overlay-containers/containers.json"
+
+
+def test_a_fifo_swapped_in_between_the_stat_and_the_read_is_refused(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The index is a regular file when ``stat``-ed and a FIFO with a writer (no data yet) when
+    opened: dbbc921 opened it, got ``None`` from a non-blocking read and the collection raised
+    ``TypeError``. Now the FIFO is refused unopened, counted once, and the other indexes still count."""
+    index(tmp_path / STORAGE_INDEX, [entry(P1, "web")])
+    index(tmp_path / "var/lib/containers/storage/vfs-containers/containers.json", [entry(P2, "db")])
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    writer = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)  # a writer holds it: a read would find no data, no EOF
+    real_stat = os.stat
+    swapped: list[Path] = []
+
+    def stat_then_swap(path: object, *args: object, **kw: object) -> os.stat_result:
+        result = real_stat(path, *args, **kw)  # type: ignore[arg-type]
+        if str(path) == str(tmp_path / STORAGE_INDEX) and not swapped:
+            os.rename(fifo, tmp_path / STORAGE_INDEX)  # right after the stat, before any open
+            swapped.append(tmp_path / STORAGE_INDEX)
+        return result
+
+    monkeypatch.setattr(os, "stat", stat_then_swap)
+    try:
+        s = RuntimeState(tmp_path, RuntimeRoots())
+        s.refresh()
+    finally:
+        monkeypatch.undo()
+        os.close(writer)
+    assert swapped and stat.S_ISFIFO(os.lstat(swapped[0]).st_mode)
+    assert s.known(P1, "x") is None
+    assert s.known(P2, "x") == ("podman", P2, "var/lib/containers/storage/vfs-containers/containers.json", "")
+    assert s.errors == 1
+
+
+def near_cap_index(shape: str) -> bytes:
+    """An index of nearly :data:`MAX_INDEX_BYTES`: ``"podman"``, entries as podman 4.3 writes them
+    (about 510 bytes each); ``"[]"``, a list of empty lists (24 bytes of Python objects per 3 bytes);
+    ``'{"id":0}'``, as many of those as the values-per-byte check lets through, padded by a string
+    that holds one non-ASCII character (the whole text is then decoded 4 bytes a character)."""
+    cap = runtimes.MAX_INDEX_BYTES - 4096
+    if shape == "podman":
+        one = json.dumps(entry(P1, "worker-00000") | {"image": "f" * 64, "layer": "9" * 64,
+                         "created": "2026-12-05T08:02:40.311551711Z", "flags": {"MountLabel": "", "ProcessLabel": ""}},
+                         separators=(",", ":"))
+        return ("[" + ",".join(one.replace(P1, f"{i:064x}") for i in range(cap // (len(one) + 1))) + "]").encode()
+    if shape == "[]":
+        return ("[" + ",".join(["[]"] * (cap // 3)) + "]").encode()
+    per_value = runtimes.MIN_BYTES_PER_VALUE
+    items = ",".join([shape] * (cap // (3 * per_value)))
+    head = f'[[{items}],"\U0001f600'.encode()
+    values = sum(head.count(c) for c in b"[{,:")
+    return head + b"x" * (values * per_value - len(head) - 2) + b'"]'
+
+
+@pytest.mark.parametrize(("shape", "parsed"), [("podman", True), ("[]", False), ('{"id":0}', True)])
+def test_parsing_a_near_cap_index_costs_a_bounded_multiple_of_its_size(tmp_path: Path, shape: str,
+                                                                       parsed: bool) -> None:
+    """dbbc921 parsed up to 16 MiB with ``json.loads``: a list of ``[]`` cost 24 times its size (389 MiB
+    of RSS for 16 MiB). Now: at most 4 MiB, at most one value per MIN_BYTES_PER_VALUE bytes (counted
+    before parsing), only ``id``, ``names`` and ``metadata`` kept: tracemalloc's peak stays under 16
+    times the file's size whatever it holds (measured: 6x for podman's entries, 14.2x for the worst
+    shape let through)."""
+    data = near_cap_index(shape)
+    assert runtimes.MAX_INDEX_BYTES - 64 * 1024 < len(data) <= runtimes.MAX_INDEX_BYTES
+    path = tmp_path / STORAGE_INDEX
+    path.parent.mkdir(parents=True)
+    path.write_bytes(data)
+    s = RuntimeState(tmp_path, RuntimeRoots())
+    tracemalloc.start()
+    try:
+        s.refresh()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak <= 16 * len(data), f"{peak / len(data):.1f} times the index's size"
+    assert s.errors == (0 if parsed else 1)
+    if shape == "podman":
+        assert s.known(f"{7:064x}", "x") is not None and s.storage_entry(f"{7:064x}") == runtimes.StorageEntry(
+            "worker-00000", "img:worker-00000", False, path)
+
+
+def test_an_index_rewritten_at_every_collection_is_parsed_at_most_once_per_back_off(tmp_path: Path) -> None:
+    """A near-cap index (its parse takes tens of milliseconds) rewritten before each collection is
+    parsed again only BACKOFF_FACTOR times its last parse time later; a small one is never held back
+    (test_a_file_changed_within_the_racy_window_is_read_again)."""
+    path = tmp_path / STORAGE_INDEX
+    path.parent.mkdir(parents=True)
+    data = near_cap_index("podman")
+    path.write_bytes(data)
+    later = [0.0]
+    s = RuntimeState(tmp_path, RuntimeRoots(), timer=lambda: time.monotonic() + later[0])
+    s.refresh()
+    path.write_bytes(data.replace(b'"worker-00000"', b'"worker-11111"'))  # a new version, the same size
+    s.refresh()
+    first = s.storage_entry(f"{7:064x}")
+    assert first is not None and first.name == "worker-00000"  # held back
+    later[0] += 3600
+    s.refresh()
+    again = s.storage_entry(f"{7:064x}")
+    assert again is not None and again.name == "worker-11111"
+
+
+@pytest.mark.root
+def test_real_podman_indexes_fit_the_limits_with_room(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """What the limits are measured against: 10 containers made by the real podman in a private
+    storage root (vfs driver, nothing started). Each costs about 510 bytes of index (MAX_INDEX_BYTES
+    holds 8 000), with one JSON value per 16 bytes or more (MIN_BYTES_PER_VALUE is 10), and they are
+    all read back with their names and image."""
+    from conftest import require_tool
+    run = Path(tempfile.mkdtemp(prefix="acs-", dir="/run"))  # podman wants a runroot of at most 50 characters
+    request.addfinalizer(lambda: shutil.rmtree(run, ignore_errors=True))
+    podman = [require_tool("podman", "podman"), "--root", str(tmp_path / "root"), "--runroot", str(run),
+              "--storage-driver", "vfs", "--events-backend", "none", "--cgroup-manager", "cgroupfs"]
+    with tarfile.open(tmp_path / "empty.tar", "w"):
+        pass
+    subprocess.run([*podman, "import", "-q", str(tmp_path / "empty.tar"), "localhost/empty:1"], check=True,
+                   capture_output=True, timeout=60)
+    for i in range(10):
+        subprocess.run([*podman, "create", "-q", "--name", f"c{i}", "localhost/empty:1", "/x"], check=True,
+                       capture_output=True, timeout=60)
+    data = (tmp_path / "root/vfs-containers/containers.json").read_bytes()
+    values = sum(data.count(c) for c in b"[{,:")
+    assert len(data) / 10 < runtimes.MAX_INDEX_BYTES / 7500
+    assert len(data) / values > 1.5 * runtimes.MIN_BYTES_PER_VALUE
+    s = RuntimeState(Path("/"), RuntimeRoots(storage_graphroot=tmp_path / "root", storage_runroot=run))
+    s.refresh()
+    assert s.errors == 0
+    found = {e.name: e.image for e in (s.storage_entry(d["id"]) for d in json.loads(data)) if e is not None}
+    assert found == {f"c{i}": "localhost/empty:1" for i in range(10)}
