@@ -214,6 +214,19 @@ class Daemon(DaemonChannel):
         Both refusals are :class:`DaemonRunningError`. Called holding the resource's lock."""
         if not (pipe_dir.exists() or pipe_dir.is_symlink()):
             return
+        pid = self.pid()
+        if not self.running() and pid is not None and alive(pid) and (pipe_dir / CONTROL_FILE).exists():
+            # the pid file names a process that is not this resource's daemon (a task can write it): a
+            # daemon of ours may still serve the pipe dir, so it is asked before the dir is removed
+            try:
+                self.assert_healthy()
+            except MpsError:
+                pass  # nothing answers there: stale, removed below
+            else:
+                raise DaemonRunningError(
+                    f"MPS resource {self.name!r}: already running: a control daemon answers in {pipe_dir}, "
+                    f"though its pid file names pid {pid}, which is not it ({self.not_this_daemon(pid)}); "
+                    "stop it first (accelstats mps stop)")
         if self.running():
             try:
                 self.assert_healthy()

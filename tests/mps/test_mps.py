@@ -210,6 +210,30 @@ def test_stop_never_signals_another_resources_daemon_named_in_its_pid_file(
     assert not a.pipe_dir.exists()
 
 
+def test_a_start_never_removes_a_pipe_dir_a_daemon_answers_in_whatever_its_pid_file_says(
+        make_daemon: Callable[..., Daemon]) -> None:
+    """The double leaves when its pid file changes; a daemon that stays is what this recreates: ``a``'s
+    pipe dir answers (its control file and state are back) while its pid file names ``b``'s daemon. A
+    start of ``a`` is refused as already running, and the pipe dir is left alone."""
+    a = make_daemon(MpsResource("example.com/a", 2, (UUID0,)))
+    b = make_daemon(MpsResource("example.com/b", 2, (UUID1,)))
+    a.start()
+    b.start()
+    b_pid = b.pid()
+    assert b_pid is not None
+    state = (a.pipe_dir / "double.state.json").read_text()
+    a_pid = a.pid()
+    assert a_pid is not None
+    (a.pipe_dir / "nvidia-cuda-mps-control.pid").write_text(f"{b_pid}\n")
+    assert gone(a_pid)  # the double left; the files of a daemon that stays are put back
+    (a.pipe_dir / "double.state.json").write_text(state)
+    (a.pipe_dir / "control").touch()
+    (a.pipe_dir / "nvidia-cuda-mps-control.pid").write_text(f"{b_pid}\n")
+    with pytest.raises(MpsError, match=rf"already running: a control daemon answers in .*pid {b_pid}, which is not it"):
+        a.start()
+    assert (a.pipe_dir / "control").exists() and b.running()
+
+
 def test_a_recycled_pid_is_not_signalled(make_daemon: Callable[..., Daemon]) -> None:
     """The daemon a stop found is signalled through a pidfd after its start time is checked: a process
     that has its PID now (another start time) is left alone."""
