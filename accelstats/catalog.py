@@ -420,7 +420,9 @@ ACCOUNTING_DISCARDED = Family(
     "Accounting readings left out or not attributed, by reason: energy_jump (an energy delta above 10 kW), "
     "sample_from_future (a sample stamped after the wall clock), clock_stepped_back (reads restarted), "
     "cgroup_unknown (a process whose /proc/<pid>/cgroup could not be read: its energy goes unattributed), "
-    "ledger_full (over 10000 ended containers waiting for a scrape).", ("reason",),
+    "ledger_full (over 10000 ended containers waiting for a scrape), accounts_full (over 4096 container-GPU "
+    "accounts: the longest-idle one's series ended early, or, none idle, a new one's readings not attributed).",
+    ("reason",),
     lambda c: [((reason,), float(n)) for reason, n in c.accounting.discarded] if c.accounting is not None else [])
 ACCOUNTING = (ACCOUNT_SM, ACCOUNT_MEMORY, ACCOUNT_ENERGY, ACCOUNT_ALLOCATED, ACCOUNT_IDLE, GPU_IDLE_ENERGY,
               GPU_UNATTRIBUTED_ENERGY, ACCOUNTING_DISCARDED)

@@ -4,8 +4,10 @@
 :class:`~collectors.deadline.DeadlineWorker` of its own (NVML is thread-safe: "it is safe to make
 simultaneous NVML calls from multiple threads", NVML API reference), never on the backend's scrape
 worker, so a round cannot delay a scrape's pass. A timer thread starts one round per interval and
-never waits for it; a round still running when the next is due (a hung call: a GPU fell off the bus)
-is not doubled, so a hang costs one thread for as long as it lasts, logged once.
+never waits for it; a round still running when the next is due is not doubled, so a hang (a GPU fell
+off the bus) costs one thread for as long as it lasts. A round still running is only said to be
+late (how long it has run: a loaded CPU does that too), at info, once per episode; it is called a
+hang, at warning, once, only after it has run ``hang_after`` seconds (:data:`HANG_AFTER_S`).
 
 Subclasses: :class:`collectors.pcie.PcieSampler` (PCIe throughput, ~21 ms per call) and
 :class:`collectors.procsampler.ProcessSampler` (per-process accounting reads).
@@ -15,32 +17,43 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from collectors.deadline import DeadlineWorker
 
 log = logging.getLogger(__name__)
+
+#: Seconds a round may run before it is said to hang. A round is a few NVML calls per GPU (PCIe:
+#: ~21 ms a call; accounting: ~3 ms a call, collectors/procsampler.py); ten seconds is far past any
+#: round measured, loaded CPU or not, and far short of a GPU that fell off the bus.
+HANG_AFTER_S = 10.0
 
 
 class BackgroundRounds:
     """A timer thread that starts :meth:`_round` every ``interval`` seconds (> 0) on its own worker.
 
     ``what`` names the rounds in thread names and log lines; ``first_wait``: seconds :meth:`start`
-    waits for the first round. Lifecycle: :meth:`start` → :meth:`stop` (:meth:`resume` may follow)
+    waits for the first round; ``hang_after``: seconds a round runs before the log calls it a hang
+    (before that it is "still running after N s"). Lifecycle: :meth:`start` → :meth:`stop` (:meth:`resume` may follow)
     → :meth:`close`. Raises ValueError for an interval that is not > 0.
     """
 
-    def __init__(self, what: str, interval: float, *, first_wait: float = 0.5) -> None:
+    def __init__(self, what: str, interval: float, *, first_wait: float = 0.5,
+                 hang_after: float = HANG_AFTER_S) -> None:
         if not interval > 0:
             raise ValueError(f"{what} interval must be > 0 seconds, got {interval!r}")
         self.what = what
         self.interval = interval
         self.first_wait = first_wait
+        self.hang_after = hang_after
         self.rounds = 0  # rounds completed (tests and logs)
         self._worker = DeadlineWorker(f"accelstats-{what}-nvml")
         self._timer: threading.Thread | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._stuck_logged = False
+        self._late_logged = False  # "still running" said in this episode
+        self._hang_logged = False  # "hangs" said in this episode
+        self._round_started = 0.0  # time.monotonic() when the running (or last) round was started
 
     @property
     def busy(self) -> bool:
@@ -55,9 +68,9 @@ class BackgroundRounds:
     def _start_rounds(self) -> None:
         """Run a first round now, waiting at most ``first_wait`` seconds for it, then :meth:`resume`."""
         self._stop.clear()
-        done = self._worker.start(self._round)
+        done = self._start_round()
         if done is None:
-            log.warning("%s: a round started before has not returned (an NVML call hangs)", self.what)
+            self._skipped()
         elif not done.wait(self.first_wait):
             log.info("%s: the first round did not end within %gs; values follow when it does", self.what,
                      self.first_wait)
@@ -94,14 +107,32 @@ class BackgroundRounds:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
-            done = self._worker.start(self._round)
-            if done is None:
-                if not self._stuck_logged:
-                    log.warning("%s: the previous round has not returned when the next is due (an NVML call "
-                                "hangs); %s", self.what, self._stuck_consequence())
-                    self._stuck_logged = True
-            else:
-                self._stuck_logged = False
+            if self._start_round() is None:
+                self._skipped()
+
+    def _start_round(self) -> threading.Event | None:
+        """Start a round on the worker; None (nothing started) while the previous one still runs."""
+        started = time.monotonic()
+        done = self._worker.start(self._round)
+        if done is not None:
+            self._round_started = started
+            self._late_logged = self._hang_logged = False
+        return done
+
+    def _skipped(self) -> None:
+        """A round was due while the previous one still runs: say how long it has run (info, once per
+        episode), and that an NVML call hangs only once it has run :attr:`hang_after` seconds (warning,
+        once per episode)."""
+        running = time.monotonic() - self._round_started
+        if running >= self.hang_after:
+            if not self._hang_logged:
+                log.warning("%s: the previous round is still running after %.1f s, past %g s: an NVML call "
+                            "hangs; %s", self.what, running, self.hang_after, self._stuck_consequence())
+                self._hang_logged = self._late_logged = True
+        elif not self._late_logged:
+            log.info("%s: the previous round is still running after %.1f s (interval %g s); this round is "
+                     "skipped", self.what, running, self.interval)
+            self._late_logged = True
 
     # -- what a subclass provides ----------------------------------------------------------------
     def _round(self) -> None:

@@ -22,9 +22,12 @@ not before accounting started) until the grant goes (seen by a collection) or th
 was SM-busy. Scrapes only read: how often or how concurrently anyone scrapes changes nothing.
 
 Series end as cAdvisor's do: once a container is gone and its last PID's last energy share is split,
-the next collection publishes its final totals, then no more. Counters restart at 0 when the exporter
-restarts. Everything is in memory: the running PIDs, the accounts of containers that hold GPUs, and
-the sums of ended containers until the next collection (at most 10 000).
+the next collection publishes its final totals, then no more; so do those of a cgroup that stays but
+is idle and empty (not listed by the attribution, no PID, no open allocation) for
+:data:`~accelstats.accounting.ledger.IDLE_KEPT_S`. Counters restart at 0 when the exporter
+restarts. Everything is in memory: the running PIDs, the accounts of containers that hold GPUs (at
+most :data:`~accelstats.accounting.ledger.ACCOUNTS_KEPT`, the longest-idle ended first), and the sums
+of ended containers until the next collection (at most 10 000).
 
 Modules: :mod:`.records` (the data), :mod:`.ledger` (the integration), :mod:`.host` (what the ledger
 asks of the host, answered from files).

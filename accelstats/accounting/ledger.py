@@ -40,7 +40,16 @@ process gone, a replayed PID); then its energy share goes unattributed, its SM a
 EXITED_KEPT = 10_000
 """Cgroups whose exited PIDs' sums wait for a collection; beyond (no scrape while more than this many
 short-lived containers came and went) they go to one bucket per device (``ledger_full``)."""
-DISCARD_REASONS = ("energy_jump", "sample_from_future", "clock_stepped_back", "cgroup_unknown", "ledger_full")
+IDLE_KEPT_S = 600.0
+"""Seconds an account keeps its series while idle and empty: its cgroup still exists (nothing removes a
+user's empty job cgroups) but the attribution no longer lists it, no PID of it is held and no
+allocation is open. Then its series end as a removed container's do (published once more, then gone);
+a later job there starts new ones from 0."""
+ACCOUNTS_KEPT = 4096
+"""(container, device) accounts kept. A new one beyond it ends the longest-idle account first (its series
+end early: ``accounts_full``); with none idle, the new one's readings are not attributed (``accounts_full``)."""
+DISCARD_REASONS = ("energy_jump", "sample_from_future", "clock_stepped_back", "cgroup_unknown", "ledger_full",
+                   "accounts_full")
 
 
 class Ledger:
@@ -50,11 +59,19 @@ class Ledger:
     ``host``: what the ledger asks of the host (the manager passes a
     :class:`~accelstats.accounting.host.CgroupLookup`, which reads ``/proc`` and the cgroup
     hierarchy). ``discarded`` counts readings left out, by reason
-    (:data:`DISCARD_REASONS`).
+    (:data:`DISCARD_REASONS`). ``idle_kept``: seconds (of the sampler's clock) an idle and empty
+    account keeps its series (:data:`IDLE_KEPT_S`); ``max_accounts``: accounts kept
+    (:data:`ACCOUNTS_KEPT`). Raises ValueError for ``idle_kept`` < 0 or ``max_accounts`` < 1.
     """
 
-    def __init__(self, host: HostLookup) -> None:
+    def __init__(self, host: HostLookup, *, idle_kept: float = IDLE_KEPT_S, max_accounts: int = ACCOUNTS_KEPT) -> None:
+        if not idle_kept >= 0 or max_accounts < 1:
+            raise ValueError(f"idle_kept must be >= 0 s and max_accounts >= 1, got {idle_kept!r}, {max_accounts!r}")
         self.host = host
+        self.idle_kept = idle_kept
+        self.max_accounts = max_accounts
+        self._kept = 0  # accounts not ended
+        self._evictable: list[tuple[str, str]] | None = None  # idle accounts, longest-idle last (one settlement)
         self.started: float | None = None  # monotonic time of the first round
         self.discarded: Counter[str] = Counter({r: 0 for r in DISCARD_REASONS})
         self._lock = threading.Lock()
@@ -225,6 +242,7 @@ class Ledger:
                 return got
 
             self._accounts = {k: a for k, a in self._accounts.items() if not a.ended}
+            self._kept, self._evictable = len(self._accounts), None
             if containers is not None:
                 self._allocate(by_cgroup, once, index_of, as_of)
             live = self._settle_pids(by_cgroup, once, index_of)
@@ -232,9 +250,17 @@ class Ledger:
                 if not account.has_sm:
                     dev = self._devices.get(uuid)
                     account.has_sm = dev is not None and dev.has_sm
-                # gone from the attribution, no PID of it held, its allocation closed, its cgroup removed
-                account.ended = (cgroup not in by_cgroup and cgroup not in live and not account.allocated_now
-                                 and not self.host.alive(cgroup))
+                if account.ended:
+                    continue  # evicted by this settlement: its final totals are published now
+                # gone from the attribution, no PID of it held, its allocation closed: idle and empty
+                if cgroup in by_cgroup or cgroup in live or account.allocated_now:
+                    account.idle_since = None
+                elif not self.host.alive(cgroup):
+                    account.ended = True  # its cgroup removed: the container ended
+                else:
+                    if account.idle_since is None:
+                        account.idle_since = as_of
+                    account.ended = as_of - account.idle_since >= self.idle_kept
             return AccountingView(
                 accounts=tuple(published(a, as_of) for a in self._accounts.values()),
                 devices=tuple((u, d.idle_energy, d.unattributed_energy) for u, d in sorted(self._devices.items())
@@ -242,11 +268,18 @@ class Ledger:
                 discarded=tuple(sorted(self.discarded.items())), as_of=as_of)
 
     def _account(self, cgroup: str, uuid: str, ident: tuple[str, ...] | None,
-                 index_of: Callable[[str], str]) -> Account:
+                 index_of: Callable[[str], str]) -> Account | None:
         """The account of (``cgroup``, ``uuid``), made on first use; ``ident``: the container's identity
-        labels (None: a cgroup no collection found, labelled by its path alone)."""
+        labels (None: a cgroup no collection found, labelled by its path alone). A new one past
+        :attr:`max_accounts` ends the longest-idle account first (:meth:`_evict`); None when none is
+        idle (the caller leaves the readings unattributed). Both counted as ``accounts_full``."""
         account = self._accounts.get((cgroup, uuid))
         if account is None:
+            if self._kept >= self.max_accounts:
+                self._discard("accounts_full")
+                if not self._evict():
+                    return None
+            self._kept += 1
             ident = ident or (cgroup, "", "", "", "", "")
             account = self._accounts[(cgroup, uuid)] = Account(labels=(*ident, uuid, index_of(uuid)), ident=ident)
         elif ident is not None and ident is not account.ident and ident != account.ident:
@@ -256,6 +289,22 @@ class Ledger:
             dev = self._devices.get(uuid)
             account.has_sm = dev is not None and dev.has_sm
         return account
+
+    def _evict(self) -> bool:
+        """End the account idle and empty the longest (by ``idle_since``, as of the last settlement and
+        not listed by this one's attribution); its final totals are published by this settlement. False
+        when none is idle."""
+        if self._evictable is None:
+            idle = [(a.idle_since, key) for key, a in self._accounts.items()
+                    if a.idle_since is not None and not a.ended and key[0] not in self._containers]
+            self._evictable = [key for _, key in sorted(idle, reverse=True)]
+        while self._evictable:
+            account = self._accounts.get(self._evictable.pop())
+            if account is not None and not account.ended and account.idle_since is not None:
+                account.ended = True
+                self._kept -= 1
+                return True
+        return False
 
     def _allocate(self, by_cgroup: dict[str, ContainerStats], labels: _Labels, index_of: Callable[[str], str],
                   as_of: float) -> None:
@@ -273,12 +322,14 @@ class Ledger:
                 continue
             if not self.host.alive(cgroup):
                 continue  # its cgroup is gone already: this attribution raced the container's end
-            account = self._account(cgroup, uuid, labels(by_cgroup[cgroup]), index_of)
+            made = self._account(cgroup, uuid, labels(by_cgroup[cgroup]), index_of)
+            if made is None:
+                continue  # no room (counted): this grant is not accounted
             assert self.started is not None
-            began = self.host.started_at(cgroup) if not account.was_allocated else None
+            began = self.host.started_at(cgroup) if not made.was_allocated else None
             # back-dated to the container's oldest process (a grant is set when the container is
             # created), never before accounting started; without a start time, from the latest round
-            account.open(max(self.started, began if began is not None else as_of))
+            made.open(max(self.started, began if began is not None else as_of))
 
     def _settle_pids(self, by_cgroup: dict[str, ContainerStats], labels: _Labels,
                      index_of: Callable[[str], str]) -> set[str]:
@@ -302,6 +353,9 @@ class Ledger:
                 continue  # nothing to say: no series for it (yet)
             container = by_cgroup.get(owner)
             account = self._account(owner, uuid, labels(container) if container is not None else None, index_of)
+            if account is None:  # no room (counted): as a PID no container holds
+                self._devices.setdefault(uuid, DeviceSums()).unattributed_energy += energy
+                continue
             account.sm_seconds += sm
             account.memory_byte_seconds += memory
             account.energy_joules += energy

@@ -99,7 +99,9 @@ class Account:
     ``labels``: the container's identity labels (``id``, ``name``, ``image``, ``container``, ``pod``,
     ``namespace``) and ``uuid``, ``gpu`` (NVML index); ``intervals``: its recent allocations as monotonic
     ``(start, end)`` (end None: allocated now), older ones summed in ``closed_seconds``; ``ended``: the
-    container is gone, and this collection publishes its final totals; ``has_sm``: its device reports
+    container is gone (or idle and empty past the ledger's retention, or evicted past its cap), and
+    this collection publishes its final totals; ``idle_since``: when a settlement first found it idle
+    and empty (see :class:`accelstats.accounting.ledger.Ledger`); ``has_sm``: its device reports
     per-process utilisation, so SM-seconds, energy and idle seconds are known."""
 
     labels: tuple[str, ...]
@@ -113,6 +115,7 @@ class Account:
     ended: bool = False
     has_sm: bool = False
     busy_before: Spans = field(default_factory=list)  # busy before any allocation: counted by the first
+    idle_since: float | None = None  # as_of of the first settlement that found it idle and empty, until not
 
     @property
     def allocated_now(self) -> bool:

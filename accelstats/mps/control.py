@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from accelstats.mps.proc import alive, cmdline, kill_group, read_text
+from accelstats.mps.proc import alive, cmdline, environ, kill_group, read_text, start_ticks
 from accelstats.mps.replies import (
     parse_client_list,
     parse_device_client_list,
@@ -65,6 +65,16 @@ class DaemonStatus:
     active_thread_percentage: float | None = None
     pinned_limits_bytes: dict[str, int | None] = field(default_factory=dict)
     device_clients: dict[str, list[int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DaemonProcess:
+    """A process checked to be one resource's control daemon (:meth:`DaemonChannel.daemon_process`):
+    its ``pid`` and when it started (``start_ticks``, :func:`accelstats.mps.proc.start_ticks`), which
+    names it across a PID's reuse."""
+
+    pid: int
+    start_ticks: int
 
 
 class DaemonChannel:
@@ -137,30 +147,60 @@ class DaemonChannel:
         pid = ascii_int(data.strip()) if data is not None else None
         return pid if pid is not None and pid > 0 else None
 
-    def running(self) -> bool:
-        """True when the pid file names a live process whose command line is the control binary's
-        (a recycled PID is not the daemon)."""
-        pid = self.pid()
-        if pid is None or not alive(pid):
-            return False
+    def not_this_daemon(self, pid: int) -> str | None:
+        """Why ``pid`` is not this resource's control daemon; None when it is.
+
+        The pid file lies in the pipe dir, which tasks get read-write: a PID read from it is only
+        believed when the process is alive, its command line is the control binary's
+        (``nvidia-cuda-mps-control`` or :attr:`binary`, its first or second argument, so a script run
+        by an interpreter counts) and its environment (``/proc/<pid>/environ``, as :meth:`env_vars`
+        gave it at start) names this resource's pipe and log dirs. Another resource's daemon, whose PID
+        a task wrote there, fails the last check.
+        """
+        if not alive(pid):
+            return "no such process"
         names = {os.path.basename(self.binary), DEFAULT_BINARY}
-        return any(os.path.basename(arg) in names for arg in cmdline(pid)[:2])
+        args = cmdline(pid)
+        if not any(os.path.basename(arg) in names for arg in args[:2]):
+            return f"its command line {' '.join(args[:2])!r} is not {DEFAULT_BINARY}'s"
+        env = environ(pid)
+        if env is None:
+            return "its environment cannot be read"
+        for var, want in (("CUDA_MPS_PIPE_DIRECTORY", self.pipe_dir), ("CUDA_MPS_LOG_DIRECTORY", self.log_dir)):
+            have = env.get(var.encode())
+            if have != os.fsencode(want):
+                shown = os.fsdecode(have) if have is not None else "unset"
+                return f"its {var} is {shown}, not {want}"
+        return None
+
+    def daemon_process(self) -> DaemonProcess | None:
+        """The process the pid file names when it is this resource's control daemon
+        (:meth:`not_this_daemon`), with its start time; None otherwise (never raises)."""
+        pid = self.pid()
+        if pid is None:
+            return None
+        ticks = start_ticks(pid)
+        try:
+            if ticks is None or self.not_this_daemon(pid) is not None:
+                return None
+        except MpsError:
+            return None
+        return DaemonProcess(pid, ticks) if start_ticks(pid) == ticks else None
+
+    def running(self) -> bool:
+        """True when the pid file names a live process that is this resource's control daemon
+        (:meth:`not_this_daemon`: a recycled PID, or another resource's daemon, is not)."""
+        return self.daemon_process() is not None
 
     def visible_devices(self) -> tuple[str, ...] | None:
         """The running daemon's ``CUDA_VISIBLE_DEVICES`` (``/proc/<pid>/environ``), split on commas; None
-        when no daemon runs or its environment cannot be read."""
-        pid = self.pid()
-        if pid is None or not self.running():
+        when no daemon of this resource runs or its environment cannot be read."""
+        process = self.daemon_process()
+        env = environ(process.pid) if process is not None else None
+        if env is None:
             return None
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes()
-        except OSError:
-            return None
-        for var in environ.split(b"\0"):
-            if var.startswith(b"CUDA_VISIBLE_DEVICES="):
-                value = var.split(b"=", 1)[1].decode("utf-8", "replace")
-                return tuple(v for v in value.split(",") if v)
-        return ()
+        value = env.get(b"CUDA_VISIBLE_DEVICES", b"").decode("utf-8", "replace")
+        return tuple(v for v in value.split(",") if v)
 
     # ---- environment and commands
 

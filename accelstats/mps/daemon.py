@@ -36,18 +36,19 @@ from pathlib import Path
 
 from accelstats.mps.computemode import STATE_FILE as COMPUTE_MODE_FILE
 from accelstats.mps.computemode import ComputeModeError, ComputeModeSwitch
-from accelstats.mps.control import CONTROL_FILE, DEFAULT_BINARY, DaemonChannel
+from accelstats.mps.control import CONTROL_FILE, DEFAULT_BINARY, PID_FILE, DaemonChannel, DaemonProcess
 from accelstats.mps.proc import (
     KILL_WAIT_S,
     LockBusyError,
     acquire_lock,
-    cmdline,
+    alive,
     label_for_containers,
     reap,
     release_lock,
     remove_empty_parents,
     remove_path,
-    wait_gone,
+    signal_process,
+    start_ticks,
 )
 from accelstats.mps.replies import parse_percentage
 from accelstats.mps.rules import (
@@ -213,6 +214,19 @@ class Daemon(DaemonChannel):
         Both refusals are :class:`DaemonRunningError`. Called holding the resource's lock."""
         if not (pipe_dir.exists() or pipe_dir.is_symlink()):
             return
+        pid = self.pid()
+        if not self.running() and pid is not None and alive(pid) and (pipe_dir / CONTROL_FILE).exists():
+            # the pid file names a process that is not this resource's daemon (a task can write it): a
+            # daemon of ours may still serve the pipe dir, so it is asked before the dir is removed
+            try:
+                self.assert_healthy()
+            except MpsError:
+                pass  # nothing answers there: stale, removed below
+            else:
+                raise DaemonRunningError(
+                    f"MPS resource {self.name!r}: already running: a control daemon answers in {pipe_dir}, "
+                    f"though its pid file names pid {pid}, which is not it ({self.not_this_daemon(pid)}); "
+                    "stop it first (accelstats mps stop)")
         if self.running():
             try:
                 self.assert_healthy()
@@ -292,8 +306,11 @@ class Daemon(DaemonChannel):
         ``quit -t <ceil(timeout)>`` (docs/mps.md: ``quit`` accepts ``-t <seconds>``, the time its MPS
         servers get to exit), answered within timeout plus that grace (a failure is reported, cleanup
         goes on); wait for the daemon to exit and reap it if it is our child (it was seen lingering
-        as a zombie of its starter); if it still runs and its command line is the control binary's,
-        SIGTERM then SIGKILL it (its pipe dir is about to go, nothing could reach it after); remove
+        as a zombie of its starter); if it still runs, SIGTERM then SIGKILL it (its pipe dir is about to
+        go, nothing could reach it after). Only a PID checked to be this resource's daemon
+        (:meth:`not_this_daemon`: the pid file is in a dir tasks can write) is waited for or signalled,
+        and only the process checked (pidfd and start time); any other PID the pid file names is a
+        problem "... is not this resource's control daemon (why); nothing signalled". Then remove
         the ``.started`` marker, the log dir and the pipe dir (NVIDIA's plugin leaves a stale one) and
         the resource's directories left empty; restore compute modes an opt-in changed (docs/mps.md,
         "Stop"). All of it holding the resource's lock (see :meth:`start`), and the lock file goes
@@ -339,37 +356,50 @@ class Daemon(DaemonChannel):
             self._restore_compute_modes(problems)
             return [str(exc), *problems]
         pid = self.pid()
+        process = self.daemon_process()
+        if pid is not None and process is None and alive(pid):
+            problems.append(f"MPS resource {self.name!r}: the pid file {pipe_dir / PID_FILE} names pid {pid}, "
+                            f"which is not this resource's control daemon ({self.not_this_daemon(pid)}); "
+                            "nothing signalled")
         if pipe_dir.is_dir() and (pid is not None or (pipe_dir / CONTROL_FILE).exists()):
             grace = max(1, math.ceil(self.timeout))  # servers get this long to exit before the daemon ends them
             try:
                 self.echo_pipe_to_control(f"quit -t {grace}", timeout=self.timeout + grace)
             except MpsError as exc:
                 problems.append(f"{exc} (cleaning up anyway)")
-        if pid is not None and not wait_gone(pid, self.timeout):
-            self._terminate(pid, problems)
+        if process is not None and not self._gone(process, self.timeout):
+            self._terminate(process, problems)
         self._restore_compute_modes(problems)
         self._cleanup_dirs(pipe_dir, log_dir, problems)
         self._binary_path = None
         return problems
 
-    def _terminate(self, pid: int, problems: list[str]) -> None:
-        names = {os.path.basename(self.binary), DEFAULT_BINARY}
-        if not any(os.path.basename(arg) in names for arg in cmdline(pid)[:2]):
-            problems.append(f"MPS resource {self.name!r}: pid {pid} from the pid file is not {self.binary}; "
-                            "left alone")
-            return
+    @staticmethod
+    def _gone(process: DaemonProcess, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for ``process`` to exit; True when it did (or its PID is another's now)."""
+        deadline = time.monotonic() + timeout
+        while start_ticks(process.pid) == process.start_ticks and alive(process.pid):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        reap(process.pid)
+        return True
+
+    def _terminate(self, process: DaemonProcess, problems: list[str]) -> None:
+        """SIGTERM, then SIGKILL, the daemon :meth:`daemon_process` found: only that process (a pidfd and
+        its start time: :func:`accelstats.mps.proc.signal_process`), never whatever has its PID now."""
+        pid = process.pid
         problems.append(f"MPS resource {self.name!r}: the control daemon (pid {pid}) did not exit after quit; "
                         "terminating it")
         for sig, wait in ((signal.SIGTERM, self.timeout), (signal.SIGKILL, KILL_WAIT_S)):
             try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                reap(pid)
-                return
+                if not signal_process(pid, process.start_ticks, sig):
+                    reap(pid)
+                    return
             except OSError as exc:
                 problems.append(f"MPS resource {self.name!r}: cannot signal pid {pid}: {exc}")
                 return
-            if wait_gone(pid, wait):
+            if self._gone(process, wait):
                 return
         problems.append(f"MPS resource {self.name!r}: the control daemon (pid {pid}) survived SIGKILL")
 

@@ -87,6 +87,51 @@ def cmdline(pid: int) -> list[str]:
     return [os.fsdecode(arg) for arg in raw.split(b"\0") if arg]
 
 
+def start_ticks(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks after boot (``/proc/<pid>/stat`` field 22, proc(5)); None when
+    it is gone or unreadable. Two processes that share a PID one after the other differ here."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2:].split()  # fields[0] is field 3 (the state)
+    return int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else None
+
+
+def environ(pid: int) -> dict[bytes, bytes] | None:
+    """The initial environment of ``pid`` (``/proc/<pid>/environ``, NUL-separated ``NAME=value``); None
+    when it is gone or unreadable. Never raises."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            raw = handle.read()
+    except OSError:
+        return None
+    return dict(var.split(b"=", 1) for var in raw.split(b"\0") if b"=" in var)
+
+
+def signal_process(pid: int, ticks: int, sig: int) -> bool:
+    """Send ``sig`` to ``pid`` only while it is the process that started at ``ticks`` (:func:`start_ticks`).
+
+    A pidfd (``pidfd_open(2)``) is opened first and the start time checked after: a pidfd names one
+    process, so a PID freed and reused between the check and the signal is never signalled. Returns
+    False when the process is gone or is another one now; OSError for any other failure (EPERM)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    try:
+        if start_ticks(pid) != ticks:
+            return False
+        try:
+            signal.pidfd_send_signal(fd, sig)
+        except ProcessLookupError:
+            return False
+        return True
+    finally:
+        os.close(fd)
+
+
 def kill_group(proc: subprocess.Popen[bytes]) -> None:
     """SIGKILL the child's process group (it was started in a session of its own) and reap the child.
 

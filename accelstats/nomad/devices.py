@@ -353,8 +353,26 @@ def stats(device_pb2: Any, structs: Any, collection: Collection, snap: Snapshot,
     return device_pb2.StatsResponse(groups=groups)
 
 
+#: Device IDs one Reserve may name. Nomad sends the IDs of one ``device`` block, its ``count``
+#: instances (spec/nomad-plugin.md, ReserveRequest); the largest real one is every MPS replica of a
+#: host (48 per GPU, 8 GPUs: 384). Past it a request is refused before any ID is looked at.
+MAX_RESERVE_IDS = 1024
+
+
 class ReserveError(ValueError):
-    """A Reserve request that cannot be served (empty, unknown ID): INVALID_ARGUMENT with this text."""
+    """A Reserve request that cannot be served (empty, too many IDs, unknown ID): INVALID_ARGUMENT with this text."""
+
+
+def reserve_ids(ids: Sequence[str]) -> list[str]:
+    """The distinct IDs of a Reserve request, in request order. A repeated ID names the same device, so
+    it is collapsed, not refused: Nomad's scheduler never repeats one, and the reservation is the one
+    for the ID once (nomad-device-nvidia passes repeats into ``NVIDIA_VISIBLE_DEVICES`` unchanged).
+    Raises ReserveError past :data:`MAX_RESERVE_IDS` IDs, repeats counted (checked before the IDs
+    are read)."""
+    if len(ids) > MAX_RESERVE_IDS:
+        raise ReserveError(f"too many device IDs to reserve: {len(ids)}, at most {MAX_RESERVE_IDS} "
+                           "(Nomad sends the IDs of one device request)")
+    return list(dict.fromkeys(ids))
 
 
 def reserve(device_pb2: Any, snap: Snapshot, ids: list[str], mig_caps: dict[tuple[int, int, int], list[int]],
@@ -378,14 +396,15 @@ def reserve(device_pb2: Any, snap: Snapshot, ids: list[str], mig_caps: dict[tupl
 
     File devices: a mount at ``/tmp/task-mounts/<id>``, as the example plugin does.
 
-    Raises ReserveError for no IDs, an unknown ID, replicas of two resources, replicas with whole
+    Repeated IDs count once, more than :data:`MAX_RESERVE_IDS` are refused (:func:`reserve_ids`).
+    Raises ReserveError for no IDs, too many, an unknown ID, replicas of two resources, replicas with whole
     GPUs, and a MIG instance whose ``nvidia-caps`` node does not exist (Nomad's exec driver fails
     such a task: ``drivers/shared/executor/executor_linux_cgo.go:929-933``; docker too).
     """
     if not ids:
         raise ReserveError("no device IDs to reserve")
     chosen = []
-    for i in ids:
+    for i in reserve_ids(ids):
         r = snap.devices.get(i)
         if r is None:
             raise ReserveError(f'unknown device "{i[:200]}"')

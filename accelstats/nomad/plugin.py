@@ -306,14 +306,15 @@ class DevicePluginServicer(device_pb2_grpc.DevicePluginServicer):  # type: ignor
             state.sleep(context, max(0.0, interval - (time.monotonic() - t0)))
 
     def Reserve(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
-        """ContainerReservation for IDs of the latest fingerprint (:func:`devices.reserve`);
-        INVALID_ARGUMENT for none or an unknown ID."""
+        """ContainerReservation for IDs of the latest fingerprint (:func:`devices.reserve`), a repeated ID
+        once; INVALID_ARGUMENT for none, more than :data:`devices.MAX_RESERVE_IDS`, or an unknown ID."""
         state = self.state
         snap = state.snapshot  # one reference read: the latest fingerprint, never a half-built one
         try:
-            mig_caps = _mig_caps(state) if any(r.kind == "mig" for i in request.device_ids
+            ids = devices.reserve_ids(request.device_ids)  # bounded and distinct before anything else
+            mig_caps = _mig_caps(state) if any(r.kind == "mig" for i in ids
                                               if (r := snap.devices.get(i)) is not None) else {}
-            res = devices.reserve(device_pb2, snap, list(request.device_ids), mig_caps,
+            res = devices.reserve(device_pb2, snap, ids, mig_caps,
                                   visible_env=state.settings.nomad.visible_devices_env)
         except devices.ReserveError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))

@@ -35,6 +35,10 @@ from concurrent import futures
 from typing import Any
 
 MAX_RPCS = 48
+#: Largest request accepted (gRPC's default, set here so an upgrade cannot lift it): the largest valid
+#: SetConfig (256 MPS resources of 256 device IDs) is about 2.7 MB; past it gRPC answers RESOURCE_EXHAUSTED
+#: before the plugin sees the message.
+MAX_REQUEST_BYTES = 4 * 2**20
 MAGIC_COOKIE_KEY = "NOMAD_PLUGIN_MAGIC_COOKIE"
 MAGIC_COOKIE_VALUE = "e4327c2e01eabfd75a8a67adb114fb34a757d57eee7728d857a8cec6e91a7255"
 CORE_PROTOCOL_VERSION = 1  # go-plugin's
@@ -155,7 +159,8 @@ def main() -> None:
     # Streams give their worker back at once when cancelled (DevicePluginState.sleep); past
     # MAX_RPCS concurrent calls gRPC answers RESOURCE_EXHAUSTED at once instead of queueing forever.
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=MAX_RPCS + 8, thread_name_prefix="nomad-rpc"),
-                         maximum_concurrent_rpcs=MAX_RPCS)
+                         maximum_concurrent_rpcs=MAX_RPCS,
+                         options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES)])
     base_pb2_grpc.add_BasePluginServicer_to_server(plugin.BasePluginServicer(state), server)
     device_pb2_grpc.add_DevicePluginServicer_to_server(plugin.DevicePluginServicer(state), server)
     grpc_controller_pb2_grpc.add_GRPCControllerServicer_to_server(Controller(), server)

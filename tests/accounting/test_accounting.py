@@ -419,7 +419,7 @@ def test_mig_instances_are_devices_of_their_own_without_sm_or_energy(tmp_path: P
         "accelstats_container_gpu_idle_seconds_total": [],
         "accelstats_gpu_idle_energy_joules_total": [0.0],
         "accelstats_gpu_unattributed_energy_joules_total": [pytest.approx(100.0 * 10)],  # 100 W, 10 s
-        "accelstats_accounting_discarded_total": [0.0] * 5,
+        "accelstats_accounting_discarded_total": [0.0] * 6,
     }
 
 

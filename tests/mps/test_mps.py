@@ -187,6 +187,70 @@ def test_the_pid_file_counts_only_as_a_regular_file(make_daemon: Callable[..., D
     assert daemon.pid() is None
 
 
+def test_stop_never_signals_another_resources_daemon_named_in_its_pid_file(
+        make_daemon: Callable[..., Daemon]) -> None:
+    """security.md, MPS pid file: a task of resource ``a`` (its pipe dir is mounted read-write) writes
+    resource ``b``'s daemon PID into ``a``'s pid file. ``a`` does not count it as running, and a stop
+    of ``a`` says the PID is not its daemon and signals nothing: ``b`` lives on and still answers."""
+    a = make_daemon(MpsResource("example.com/a", 2, (UUID0,)))
+    b = make_daemon(MpsResource("example.com/b", 2, (UUID1,)))
+    a.start()
+    b.start()
+    b_pid = b.pid()
+    assert b_pid is not None and b.running()
+    (a.pipe_dir / "nvidia-cuda-mps-control.pid").write_text(f"{b_pid}\n")  # what the task writes
+    assert a.pid() == b_pid and not a.running() and a.visible_devices() is None
+    assert f"its CUDA_MPS_PIPE_DIRECTORY is {b.pipe_dir}, not {a.pipe_dir}" == a.not_this_daemon(b_pid)
+    problems = a.stop()
+    assert any(f"names pid {b_pid}, which is not this resource's control daemon" in p and "nothing signalled" in p
+               for p in problems), problems
+    assert not any("terminating" in p for p in problems), problems
+    assert not gone(b_pid, wait=0.0) and b.running()
+    b.assert_healthy()
+    assert not a.pipe_dir.exists()
+
+
+def test_a_start_never_removes_a_pipe_dir_a_daemon_answers_in_whatever_its_pid_file_says(
+        make_daemon: Callable[..., Daemon]) -> None:
+    """The double leaves when its pid file changes; a daemon that stays is what this recreates: ``a``'s
+    pipe dir answers (its control file and state are back) while its pid file names ``b``'s daemon. A
+    start of ``a`` is refused as already running, and the pipe dir is left alone."""
+    a = make_daemon(MpsResource("example.com/a", 2, (UUID0,)))
+    b = make_daemon(MpsResource("example.com/b", 2, (UUID1,)))
+    a.start()
+    b.start()
+    b_pid = b.pid()
+    assert b_pid is not None
+    state = (a.pipe_dir / "double.state.json").read_text()
+    a_pid = a.pid()
+    assert a_pid is not None
+    (a.pipe_dir / "nvidia-cuda-mps-control.pid").write_text(f"{b_pid}\n")
+    assert gone(a_pid)  # the double left; the files of a daemon that stays are put back
+    (a.pipe_dir / "double.state.json").write_text(state)
+    (a.pipe_dir / "control").touch()
+    (a.pipe_dir / "nvidia-cuda-mps-control.pid").write_text(f"{b_pid}\n")
+    with pytest.raises(MpsError, match=rf"already running: a control daemon answers in .*pid {b_pid}, which is not it"):
+        a.start()
+    assert (a.pipe_dir / "control").exists() and b.running()
+
+
+def test_a_recycled_pid_is_not_signalled(make_daemon: Callable[..., Daemon]) -> None:
+    """The daemon a stop found is signalled through a pidfd after its start time is checked: a process
+    that has its PID now (another start time) is left alone."""
+    from accelstats.mps.proc import signal_process, start_ticks
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        ticks = start_ticks(sleeper.pid)
+        assert ticks is not None
+        assert not signal_process(sleeper.pid, ticks - 1, signal.SIGKILL)
+        assert sleeper.poll() is None
+        assert signal_process(sleeper.pid, ticks, signal.SIGKILL)
+        assert sleeper.wait(timeout=5) == -signal.SIGKILL
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
 def test_healthy_daemon(make_daemon: Callable[..., Daemon]) -> None:
     daemon = make_daemon()
     daemon.start()

@@ -15,6 +15,7 @@ memory; part two checks each bound on the decoders themselves.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -26,9 +27,11 @@ from support.nomadclient import ctymsgpack
 from support.nomadclient.ctymsgpack import encode_for_spec
 from support.nomadclient.launcher import PluginProcess
 from support.plugin_util import binary
+from support.plugin_util import config as plugin_config
 
 from accelstats.config import load_config
 from accelstats.nomad.config import decode, schema
+from accelstats.nomad.devices import MAX_RESERVE_IDS
 from accelstats.nomad.proto import hclspec_pb2
 from accelstats.settings import ConfigError
 
@@ -101,6 +104,64 @@ def test_lists_past_their_bound_are_refused_by_the_plugin_and_by_nomads_schema(t
         with pytest.raises(ctymsgpack.ConfigError, match="too many resource blocks; no more than 256"):
             encode_for_spec(plugin.config_schema().spec, {"mps": {"resource": blocks[:257]}})
         assert plugin.health() == "SERVING"
+
+
+def test_reserve_counts_a_repeated_id_once_and_refuses_more_ids_than_one_request_holds(tmp_path: Path) -> None:
+    """Reserve through the plugin's gRPC server, as whoever can reach its socket may send it.
+
+    | request | answer |
+    |---|---|
+    | ``dev0, dev1, dev0, dev0`` | one mount each for dev0 and dev1 (a repeat names the same device) |
+    | ``dev0`` x 1024 (``MAX_RESERVE_IDS``) | one mount |
+    | ``dev0`` x 1025; x 600 000 (3.6 MB), eight at once | INVALID_ARGUMENT "too many device IDs ...", at once |
+    | 5 MB of IDs | RESOURCE_EXHAUSTED (gRPC's 4 MiB, set explicitly) |
+
+    Before, 600 000 repeats were answered with 600 000 mounts (28.8 MB), and eight such requests at
+    once took the plugin from 45 MiB to a 1.4 GiB peak RSS (2026-12-05, this VM)."""
+    devdir = tmp_path / "devices"
+    devdir.mkdir()
+    for name in ("dev0", "dev1"):
+        (devdir / name).write_text("x")
+    with PluginProcess(binary()) as plugin:
+        plugin.set_config(encode_for_spec(plugin.config_schema().spec, plugin_config(devdir=devdir)))
+        plugin.fingerprint().read(timeout=20)
+
+        def mounts(ids: list[str]) -> list[str]:
+            return [m.task_path for m in plugin.reserve(ids, timeout=10).container_res.mounts]
+
+        assert mounts(["dev0", "dev1", "dev0", "dev0"]) == ["/tmp/task-mounts/dev0", "/tmp/task-mounts/dev1"]
+        assert mounts(["dev0"] * MAX_RESERVE_IDS) == ["/tmp/task-mounts/dev0"]
+        with pytest.raises(Exception) as err:
+            plugin.reserve(["dev0"] * (MAX_RESERVE_IDS + 1), timeout=10)
+        assert err.value.code().name == "INVALID_ARGUMENT"  # type: ignore[attr-defined]
+        assert err.value.details() == (f"too many device IDs to reserve: {MAX_RESERVE_IDS + 1}, at most "  # type: ignore[attr-defined]
+                                        f"{MAX_RESERVE_IDS} (Nomad sends the IDs of one device request)")
+        before = peak = rss(plugin)
+        answers: list[str] = []
+
+        def flood() -> None:
+            try:
+                plugin.reserve(["dev0"] * 600_000, timeout=60)
+                answers.append("answered")
+            except Exception as exc:  # noqa: BLE001 - the answer's code is what is checked
+                answers.append(f"{exc.code().name}: {exc.details()}")  # type: ignore[attr-defined]
+
+        threads = [threading.Thread(target=flood) for _ in range(8)]
+        t0 = time.monotonic()
+        for t in threads:
+            t.start()
+        while any(t.is_alive() for t in threads):
+            peak = max(peak, rss(plugin))
+            time.sleep(0.005)
+        took = time.monotonic() - t0
+        print(f"eight 600 000-ID Reserves: {took:.2f} s, RSS {before >> 20} MiB, peak {peak >> 20} MiB")
+        assert answers == [f"INVALID_ARGUMENT: too many device IDs to reserve: 600000, at most {MAX_RESERVE_IDS} "
+                           "(Nomad sends the IDs of one device request)"] * 8
+        assert took < REFUSE_WITHIN_S * 4 and peak - before < 4 * RSS_GROWTH_LIMIT, (took, before, peak)
+        with pytest.raises(Exception) as err:
+            plugin.reserve(["d" * 1000] * 5000, timeout=10)  # 5 MB
+        assert err.value.code().name == "RESOURCE_EXHAUSTED"  # type: ignore[attr-defined]
+        assert mounts(["dev1"]) == ["/tmp/task-mounts/dev1"] and plugin.health() == "SERVING"
 
 
 # ---------------------------------------------------------------------------- the decoders
