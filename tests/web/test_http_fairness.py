@@ -34,6 +34,7 @@ from support.http_attack_util import closed_within, exchange, metric, read_until
 
 from accelstats.manager import AcceleratorManager
 from accelstats.settings import Settings
+from accelstats.web import app
 from accelstats.web.app import App, SharedExposition
 from accelstats.web.server import HTTPServer, serve
 from accelstats.web.workers import PER_CLIENT, FairWorkers
@@ -82,7 +83,10 @@ class Server:
 
 
 @pytest.fixture
-def server(tmp_path: Path, fixtures_dir: Path) -> Iterator[Server]:
+def server(tmp_path: Path, fixtures_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
+    # the worker lanes alone: filtered bodies' own caps (test_http_encodings.py) lifted
+    monkeypatch.setattr(app, "COSTLY_PER_CLIENT", PER_CLIENT)
+    monkeypatch.setattr(app, "MAX_COSTLY", 1000)
     s = Server(tmp_path, fixtures_dir)
     yield s
     s.close()
