@@ -154,8 +154,8 @@ MAX_FILTERS = 16  # name[] filters whose bodies are kept per collection (Prometh
 # Costly bodies: a name[] filter or an escaping the fast encoder does not write (dots, values), encoded by
 # prometheus_client (0.11 to 0.26 s against 0.02 to 0.05 s for 8 GPUs x 1000 containers). At most this many
 # in progress per address (more: 429) and in all (more: 503): each one running takes a share of the GIL
-# from the scrapes (32 addresses with filters of their own: scraper p50 x 5.5 at 1 in all, x 6.8 at 2,
-# x 46 uncapped; tests/web/test_http_encodings.py); kept per collection up to COSTLY_BYTES.
+# from the scrapes (32 addresses with filters of their own: scraper p50 x 5.4 to 6.7 at 1 in all, x 6.8 at 2,
+# x 42 to 46 uncapped; tests/web/test_http_encodings.py, docs/performance.md); kept up to COSTLY_BYTES a collection.
 COSTLY_PER_CLIENT, MAX_COSTLY = 1, 1
 COSTLY_BYTES = 16 << 20
 RETRY_AFTER = "1"  # seconds, in a 429 or 503 for a costly body (about one costly encoding)

@@ -9,8 +9,8 @@ Attack: what happened before; what happens now.
 * One address rotates ``Accept`` (text 0.0.4/1.0.0, OpenMetrics x escapings x gzip) on 8 connections:
   each variant was its own encoding, all under one lock, and the scraper waited for them. Now variants
   with the same bytes share a body (at most 4 fast ones per collection); bodies only prometheus_client
-  writes (escapings ``dots``, ``values``) are 1 per address at a time (429) and 2 in all (503).
-* 32 addresses send ``name[]`` filters of their own: 64 encodings ran at once (2 per address). Now 2
+  writes (escapings ``dots``, ``values``) run one at a time in all (429 to the address that has it).
+* 32 addresses send ``name[]`` filters of their own: 64 encodings ran at once (2 per address). Now one
   in all; the rest get 503 with ``Retry-After``.
 * Every variant of one collection, in process: one body per content type string. Now one per format
   and gzip; the costly ones kept within ``COSTLY_BYTES``.
@@ -131,9 +131,10 @@ def test_one_address_rotating_accept_variants_does_not_hold_up_a_scraper(host: H
     encodings, collections = host.shared.encodings - encodings, len(host.made) - collections
     print(f"scraper p50 {alone * 1000:.0f} ms alone, {attacked * 1000:.0f} ms under attack; {encodings} encodings "
           f"for {collections} collections; attacker's answers {dict(statuses)}")
-    # 2026-12-05, 2-core VM: 4.5 to 5.4 x (before: 12 to 15 x, 5.1 encodings a collection); a flood of
-    # Prometheus' own variant on as many connections: 2.1 x, of /healthz: 3.5 x
-    assert attacked <= 8 * alone, f"scraper p50 {attacked:.2f} s under attack, {alone:.2f} s alone"
+    # 2026-12-05, 2-core VM: 4.5 to 5.4 x, 6.9 x at load average 11 (before: 9.9 to 15 x, 5.3 encodings a
+    # collection); a flood of Prometheus' own variant on as many connections: 2.1 x, of /healthz: 3.5 x.
+    # The bound leaves room for a loaded machine; the encodings per collection are what tells the two apart.
+    assert attacked <= 10 * alone, f"scraper p50 {attacked:.2f} s under attack, {alone:.2f} s alone"
     assert encodings <= 3 * collections  # text, OpenMetrics, and re-escaped ones one at a time (2.2 measured)
     assert statuses["200"] > 0 and statuses["429"] > 0  # served, and re-escaped bodies capped
 
@@ -149,8 +150,9 @@ def test_32_addresses_sending_their_own_filters_do_not_hold_up_a_scraper(host: H
         attacked = host.scraper_p50(7)
     print(f"scraper p50 {alone * 1000:.0f} ms alone, {attacked * 1000:.0f} ms under attack; "
           f"attackers' answers {dict(statuses)}")
-    # 2026-12-05, 2-core VM: 5.5 to 6.8 x, most of it the flood's 600 requests a second (before: 46 x)
-    assert attacked <= 10 * alone, f"scraper p50 {attacked:.2f} s under attack, {alone:.2f} s alone"
+    # 2026-12-05, 2-core VM: 5.4 to 6.0 x, 7 to 8.6 x at load average 11, most of it the flood's 600
+    # requests a second (before: 42 to 46 x)
+    assert attacked <= 15 * alone, f"scraper p50 {attacked:.2f} s under attack, {alone:.2f} s alone"
     assert statuses["200"] > 0 and statuses["503"] > 0  # some served, the rest told to retry
 
 
