@@ -46,6 +46,8 @@ reads counted (``accelstats_attribution_skipped_total{reason="devices_list_unrea
 exporter over a cgroup v2 subtree of N containers with helper-calling device programs and
 ``--looping-programs`` (20) with distinct long loops, ``--program-scrapes`` (300) scrapes: RSS,
 first and later scrape times and CPU, and the cost of replaced and of new programs.
+``--variants`` runs row 3 of issue 24 instead (:func:`variants_run`): rotating ``Accept`` variants
+from one address and ``name[]`` filters from ``--variant-clients`` addresses against a Prometheus scraper.
 
 Usage: ``python3 benchmarks/attack.py [--connections 2000] [--seconds 60] [--nofile 8192] [--plain]
 [--keep-alive] [--repo DIR]``, or ``python3 benchmarks/attack.py --urandom 50 [--repo DIR]``. Raises
@@ -470,6 +472,85 @@ def urandom_run(args: argparse.Namespace, capture: Path) -> int:
     return 1 if failed or growth >= 5 else 0
 
 
+# -- rotating Accept variants and name[] filters (issue 24, row 3) --------------------------------------
+
+VARIANT_MEDIA = ("text/plain", "text/plain; version=0.0.4", "text/plain; version=1.0.0",
+                 "application/openmetrics-text", "application/openmetrics-text; version=1.0.0")
+VARIANT_ESCAPINGS = ("", "; escaping=underscores", "; escaping=allow-utf-8", "; escaping=dots", "; escaping=values")
+PROMETHEUS_HEADERS = {"Accept": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;"
+                                "version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+                      "Accept-Encoding": "gzip"}
+
+
+def variants_run(args: argparse.Namespace, capture: Path) -> int:
+    """Row 3 of issue 24: the exporter (plain HTTP) over ``--gpus`` x ``--containers``; a Prometheus scraper
+    (its Accept and gzip, a new connection each) every ``--interval`` s for ``--seconds`` s, three times:
+    alone; while one address (127.0.0.2) rotates every ``Accept`` variant (text 0.0.4/1.0.0, OpenMetrics x
+    escapings x gzip: 50) on ``--variant-clients`` connections; while ``--variant-clients`` addresses
+    (127.0.1.x) each send ``name[]`` filters of their own naming every family. The floods run in their own
+    process (tests/support/http_flood.py). Printed per phase: scraper latency, errors, the exporter's RSS
+    (max, sampled every 0.5 s) and CPU, the flood's answers by status. Exit 1 when a scrape failed."""
+    from support.http_flood import flooding
+
+    variants = [{"Accept": m + e} | ({"Accept-Encoding": "gzip"} if z else {})
+                for m in VARIANT_MEDIA for e in VARIANT_ESCAPINGS for z in (False, True)]
+    n = args.variant_clients
+    print(f"# {args.repo}: plain HTTP, {args.gpus} GPUs x {args.containers} containers; a Prometheus scrape "
+          f"every {args.interval:g} s for {args.seconds:g} s per phase; floods of {n} clients")
+    failed = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        settings = build_host(folder, capture, args.gpus, args.containers)
+        assert settings.nvml_replay is not None
+        with exporter(args.repo, folder, None, args.nofile, settings.nvml_replay) as (proc, port):
+            body = scrape_once(port, None)[1]
+            families = sorted(set(re.findall(rb"^# TYPE (\S+)", body, re.M)))
+            query = "&".join(f"name[]={f.decode()}" for f in families)
+            phases = {
+                "alone": None,
+                f"one address rotating {len(variants)} Accept variants": [
+                    [("127.0.0.2", "/metrics", variants[(7 * i + k) % len(variants)]) for k in range(len(variants))]
+                    for i in range(n)],
+                f"{n} addresses with name[] filters of their own": [
+                    [(f"127.0.1.{i + 1}", f"/metrics?{query}&name[]=nothing_{i}_{k}", {}) for k in range(50)]
+                    for i in range(n)],
+            }
+            for phase, clients in phases.items():
+                flood = flooding(port, clients) if clients else contextlib.nullcontext(Counter())
+                with flood as answers:
+                    watch = Watch(proc.pid)
+                    watch.start()
+                    cpu0 = cpu_seconds(proc.pid)
+                    latencies: list[float] = []
+                    errors: Counter[str] = Counter()
+                    t_end = time.monotonic() + args.seconds
+                    while time.monotonic() < t_end:
+                        t0 = time.monotonic()
+                        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+                        try:
+                            conn.request("GET", "/metrics", headers=PROMETHEUS_HEADERS)
+                            r = conn.getresponse()
+                            r.read()
+                            if r.status != 200:
+                                errors[f"HTTP {r.status}"] += 1
+                        except (OSError, http.client.HTTPException) as exc:
+                            errors[type(exc).__name__] += 1
+                        finally:
+                            conn.close()
+                        latencies.append(time.monotonic() - t0)
+                        time.sleep(max(0.0, args.interval - (time.monotonic() - t0)))
+                    cpu = cpu_seconds(proc.pid) - cpu0
+                    watch.stop()
+                ms = sorted(x * 1000 for x in latencies)
+                failed += sum(errors.values())
+                print(f"{phase}: scrapes {len(ms)}, errors {sum(errors.values())} {dict(errors) if errors else ''}; "
+                      f"latency ms p50 {percentile(ms, 50):.0f}, p99 {percentile(ms, 99):.0f}, max {ms[-1]:.0f}; "
+                      f"exporter RSS max {max(watch.rss, default=0) / 2**20:.0f} MiB, CPU {cpu / args.seconds:.2f} "
+                      f"cores; flood answers {dict(sorted(answers.items())) or '-'}")
+    print(f"# end {loadavg()}")
+    return 1 if failed else 0
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of ``pid`` (``/proc/<pid>/stat`` fields 14 and 15)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -495,6 +576,9 @@ def main() -> int:
     parser.add_argument("--urandom", type=int, default=0, metavar="N",
                         help="instead: RSS over scrapes of N containers whose devices.list is /dev/urandom")
     parser.add_argument("--urandom-scrapes", type=int, default=200)
+    parser.add_argument("--variants", action="store_true",
+                        help="instead: rotating Accept variants and name[] filters (issue 24 row 3; big host)")
+    parser.add_argument("--variant-clients", type=int, default=32, help="--variants: connections and addresses")
     parser.add_argument("--rss-limit", type=float, default=2048.0,
                         help="MiB: stop the --urandom run when the exporter's RSS passes this (old code)")
     parser.add_argument("--undecidable-programs", type=int, default=0, metavar="N",
@@ -514,6 +598,8 @@ def main() -> int:
     if args.undecidable_programs:
         from attack_programs import programs_run
         return programs_run(args, capture)
+    if args.variants:
+        return variants_run(args, capture)
     args.plain = args.plain or args.requests
     mode = "plain HTTP" if args.plain else "TLS + basic auth (bcrypt cost 12)"
     kinds = KINDS_REQUESTS if args.requests else KINDS_PLAIN if args.plain else KINDS_TLS

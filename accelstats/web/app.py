@@ -12,6 +12,7 @@ collection's families.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import html
 import logging
@@ -28,7 +29,8 @@ from prometheus_client.registry import Collector
 
 from accelstats import __version__, catalog
 from accelstats.manager import AcceleratorManager, Collection
-from accelstats.web.exposition import AccelstatsCollector, FastEncoder, supported
+from accelstats.web.exposition import OPENMETRICS, AccelstatsCollector, FastEncoder, supported
+from accelstats.web.exposition import TEXT as TEXT_FORMAT
 
 if TYPE_CHECKING:
     from accelstats.web.source import WebConfigSource
@@ -149,6 +151,26 @@ def negotiate(accept: str) -> tuple[Encoder, str, str]:
 # levels 1 to 3 took 10 ms for 390 KB, level 6 22 ms for 356 KB, level 9 (gzip's default) 36 ms for 344 KB.
 GZIP_LEVEL = 1
 MAX_FILTERS = 16  # name[] filters whose bodies are kept per collection (Prometheus sends none)
+# Costly bodies: a name[] filter or an escaping the fast encoder does not write (dots, values), encoded by
+# prometheus_client (0.11 to 0.26 s against 0.02 to 0.05 s for 8 GPUs x 1000 containers). At most this many
+# in progress per address (more: 429) and in all (more: 503): each one running takes a share of the GIL
+# from the scrapes (32 addresses with filters of their own: scraper p50 x 5.4 to 6.7 at 1 in all, x 6.8 at 2,
+# x 42 to 46 uncapped; tests/web/test_http_encodings.py, docs/performance.md); kept up to COSTLY_BYTES a collection.
+COSTLY_PER_CLIENT, MAX_COSTLY = 1, 1
+COSTLY_BYTES = 16 << 20
+RETRY_AFTER = "1"  # seconds, in a 429 or 503 for a costly body (about one costly encoding)
+
+
+class BusyError(Exception):
+    """A costly body refused for now: ``code`` 429 when its address has :data:`COSTLY_PER_CLIENT` in
+    progress, 503 when :data:`MAX_COSTLY` are in progress in all; the message says which."""
+
+    def __init__(self, code: int, why: str) -> None:
+        super().__init__(why)
+        self.code = code
+
+
+BodyKey = tuple[str, bool, "tuple[str, ...] | None"]  # (format or content type, gzip, names)
 
 
 class SharedExposition:
@@ -156,75 +178,137 @@ class SharedExposition:
 
     :meth:`AcceleratorManager.collect` hands one collection to every scrape that arrived while it ran,
     and rendering and encoding it is the larger part of a big scrape (63 of 121 ms for 8 GPUs and 1000
-    containers, docs/performance.md): the body is kept for the newest collection, per format
-    (:func:`negotiate`), gzip (:func:`gzip_wanted`) and ``name[]`` filter (client_python's
-    ``restricted_registry``), filtered ones for at most :data:`MAX_FILTERS` filters per collection (a
-    client varying its filter cannot grow the cache). ``extra`` collectors (the server's counters) follow
-    the collection's families, read when the body is encoded.
+    containers, docs/performance.md): the body is kept for the newest collection, per format, gzip
+    (:func:`gzip_wanted`) and ``name[]`` filter (client_python's ``restricted_registry``). Formats
+    whose bytes are the same share one body (the fast encoder's :func:`supported`: text 0.0.4 and 1.0.0,
+    the escapings that leave names alone), so the fast bodies of a collection are at most four (text,
+    OpenMetrics, each plain and gzipped) whatever ``Accept`` rotates through; a scrape that wants a body
+    another thread is making waits for it (one encoding per body). *Costly* bodies (a filter, or an
+    escaping only prometheus_client writes) are admitted :data:`COSTLY_PER_CLIENT` per address and
+    :data:`MAX_COSTLY` in all at once (:class:`BusyError` otherwise, before any collection) and kept for at
+    most :data:`MAX_FILTERS` filters and :data:`COSTLY_BYTES` per collection. ``extra`` collectors (the
+    server's counters) follow the collection's families, read when the body is encoded.
     """
 
     def __init__(self, manager: AcceleratorManager, extra: Sequence[Collector] = (), fast: bool = True) -> None:
         self.manager = manager
         self.extra = tuple(extra)
         self.fast = FastEncoder() if fast else None  # None: prometheus_client's encoders for every body
-        self._lock = threading.Lock()  # held while an unfiltered body is encoded
-        self._cache_lock = threading.Lock()  # held only to look at or change the cache
+        self._lock = threading.Lock()  # held only to look at or change what follows
         self._collection: Collection | None = None
-        self._bodies: dict[tuple[str, bool, tuple[str, ...] | None], bytes] = {}  # (type, gzip, names) -> body
-        self.encodings = 0  # bodies encoded (a counter for tests and benchmarks)
+        self._bodies: dict[BodyKey, bytes] = {}  # of self._collection
+        self._making: dict[BodyKey, threading.Event] = {}  # bodies of self._collection being made, set when done
+        self._costly_bytes = 0  # of the costly bodies kept
+        self._costly: dict[str, int] = {}  # client address -> costly bodies in progress
+        self._refusals = 0
+        self.encodings = 0  # bodies encoded, gzip not counted (a counter for tests and benchmarks)
 
-    def body(self, accept: str, accept_encoding: str,
-             names: Iterable[str] | None = None) -> tuple[bytes, list[tuple[str, str]]]:
-        """(body, headers) for one scrape: one collection (shared), encoded once per collection, format
-        and ``names`` (a ``name[]`` filter: only those families; None: every family)."""
+    def body(self, accept: str, accept_encoding: str, names: Iterable[str] | None = None,
+             client: str = "") -> tuple[bytes, list[tuple[str, str]]]:
+        """(body, headers) for one scrape from address ``client``: one collection (shared), encoded once
+        per collection, format and ``names`` (a ``name[]`` filter: only those families; None: every
+        family). Raises :class:`BusyError` for a costly body over its caps."""
         encoder, content_type, _ = negotiate(accept)
         compress = gzip_wanted(accept_encoding)
         wanted = tuple(sorted(set(names))) if names is not None else None
-        collection = self.manager.collect()
-        if wanted is None:  # under the lock: concurrent scrapes of one collection wait for one encoding
-            with self._lock:
-                body = self._encoded(collection, encoder, content_type, compress, None)
-        else:  # outside it: a filtered request (rare, and a flood's choice) never holds up a scrape
-            body = self._encoded(collection, encoder, content_type, compress, wanted)
+        fmt = supported(content_type)
+        key = (fmt or content_type, compress, wanted)
+        if wanted is None and fmt is not None:
+            body = self._body(self.manager.collect(), key, encoder)
+        else:
+            with self._admitted(client):
+                body = self._body(self.manager.collect(), key, encoder)
         headers = [("Content-Type", content_type)]
         if compress:
             headers.append(("Content-Encoding", "gzip"))
         return body, headers
 
+    @contextlib.contextmanager
+    def _admitted(self, client: str) -> Iterator[None]:
+        """Count a costly body in progress for ``client``; :class:`BusyError` when over a cap (logged once)."""
+        with self._lock:
+            busy = None
+            if self._costly.get(client, 0) >= COSTLY_PER_CLIENT:
+                busy = BusyError(429, f"{COSTLY_PER_CLIENT} filtered or re-escaped /metrics per address at a time")
+            elif sum(self._costly.values()) >= MAX_COSTLY:
+                busy = BusyError(503, f"{MAX_COSTLY} filtered or re-escaped /metrics bodies in progress")
+            if busy is not None:
+                self._refusals += 1
+                if self._refusals == 1:
+                    log.warning("/metrics from %s refused (%d): %s; later refusals are counted in "
+                                "accelstats_http_requests_total", client or "?", busy.code, busy)
+                raise busy
+            self._costly[client] = self._costly.get(client, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._costly[client] -= 1
+                if not self._costly[client]:
+                    del self._costly[client]
 
-    def _encoded(self, collection: Collection, encoder: Encoder, content_type: str, compress: bool,
-                 wanted: tuple[str, ...] | None) -> bytes:
-        """The body of ``collection`` in ``content_type`` (gzipped when ``compress``), only the families
-        ``wanted`` when given: from the cache, or encoded and kept (for at most MAX_FILTERS filters)."""
-        with self._cache_lock:
-            if collection is not self._collection:
-                self._collection, self._bodies = collection, {}
-            body = self._bodies.get((content_type, compress, wanted))
-            plain = self._bodies.get((content_type, False, wanted))
-            cache = wanted is None or len({k[2] for k in self._bodies} | {wanted}) <= MAX_FILTERS + 1
-        if body is not None:
-            return body
-        if plain is None:
-            fmt = supported(content_type) if wanted is None and self.fast is not None else None
-            if fmt is not None and self.fast is not None:  # the catalog straight to bytes, same as below
-                rest = CollectorRegistry(auto_describe=False)
-                for collector in self.extra:
-                    rest.register(collector)
-                plain = self.fast.encode(collection, fmt).encode("utf-8") + encoder(rest)
-            else:
-                registry = CollectorRegistry(auto_describe=False)
-                registry.register(AccelstatsCollector(lambda: collection))
-                for collector in self.extra:
-                    registry.register(collector)
-                plain = encoder(registry.restricted_registry(wanted) if wanted is not None else registry)
-            self.encodings += 1
-        body = gzip.compress(plain, compresslevel=GZIP_LEVEL) if compress else plain
-        if cache:
-            with self._cache_lock:
-                if collection is self._collection:
-                    self._bodies[(content_type, False, wanted)] = plain
-                    self._bodies[(content_type, compress, wanted)] = body
+    def _body(self, collection: Collection, key: BodyKey, encoder: Encoder) -> bytes:
+        """The body ``key`` of ``collection``: gzip is made from the plain body."""
+        kind, compress, wanted = key
+        if compress:
+            plain = self._body(collection, (kind, False, wanted), encoder)
+            return self._shared(collection, key, lambda: gzip.compress(plain, compresslevel=GZIP_LEVEL))
+        return self._shared(collection, key, lambda: self._encode(collection, kind, encoder, wanted))
+
+    def _shared(self, collection: Collection, key: BodyKey, make: Callable[[], bytes]) -> bytes:
+        """The body ``key`` of ``collection``: kept, or waited for while another thread makes it, or
+        made here (and kept, see the class). A collection older than the newest seen is made apart."""
+        while True:
+            with self._lock:
+                if self._collection is None or collection.started > self._collection.started:
+                    self._collection, self._bodies, self._making, self._costly_bytes = collection, {}, {}, 0
+                if collection is not self._collection:
+                    return make()
+                body = self._bodies.get(key)
+                if body is not None:
+                    return body
+                making = self._making.get(key)
+                if making is None:
+                    making = self._making[key] = threading.Event()
+                    break
+            making.wait()  # then kept, or not (over the bounds, or the maker failed): made here next turn
+        try:
+            body = make()
+            with self._lock:
+                if collection is self._collection and self._keep(key, len(body)):
+                    self._bodies[key] = body
+        finally:
+            with self._lock:
+                if self._making.get(key) is making:
+                    del self._making[key]
+            making.set()
         return body
+
+    def _keep(self, key: BodyKey, size: int) -> bool:
+        """Whether to keep a body of ``size`` bytes (caller holds the lock): the fast ones always; a
+        costly one within :data:`MAX_FILTERS` filters and :data:`COSTLY_BYTES`."""
+        kind, _, wanted = key
+        if wanted is None and kind in (TEXT_FORMAT, OPENMETRICS):
+            return True
+        if len({k[2] for k in self._bodies} | {wanted}) > MAX_FILTERS + 1 or self._costly_bytes + size > COSTLY_BYTES:
+            return False
+        self._costly_bytes += size
+        return True
+
+    def _encode(self, collection: Collection, kind: str, encoder: Encoder, wanted: tuple[str, ...] | None) -> bytes:
+        """``collection`` encoded: the fast encoder's ``kind`` when it writes it, else ``encoder``."""
+        with self._lock:
+            self.encodings += 1
+        if wanted is None and kind in (TEXT_FORMAT, OPENMETRICS) and self.fast is not None:
+            rest = CollectorRegistry(auto_describe=False)  # the catalog straight to bytes, the same as below
+            for collector in self.extra:
+                rest.register(collector)
+            return self.fast.encode(collection, kind).encode("utf-8") + encoder(rest)
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(AccelstatsCollector(lambda: collection))
+        for collector in self.extra:
+            registry.register(collector)
+        return encoder(registry.restricted_registry(wanted) if wanted is not None else registry)
 
 
 def make_app(manager: AcceleratorManager, extra: Sequence[Collector] = ()) -> App:
@@ -249,7 +333,11 @@ def make_app(manager: AcceleratorManager, extra: Sequence[Collector] = ()) -> Ap
         compress = gzip_wanted(request.headers.get("accept-encoding", ""))
         if request.method == "HEAD":  # probes: no collection, so no Content-Length either
             return 200, [("Content-Type", content_type)] + ([("Content-Encoding", "gzip")] if compress else []), b""
-        body, headers = shared.body(canonical, "gzip" if compress else "", parse_qs(request.query).get("name[]"))
+        try:
+            body, headers = shared.body(canonical, "gzip" if compress else "", parse_qs(request.query).get("name[]"),
+                                        request.client)
+        except BusyError as busy:
+            return busy.code, [("Content-Type", TEXT), ("Retry-After", RETRY_AFTER)], f"busy: {busy}; retry\n".encode()
         return 200, headers, body
 
     def app(request: Request) -> Answer:

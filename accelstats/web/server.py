@@ -159,8 +159,10 @@ class _Conn(asyncio.Protocol):
             self.held = True
 
     def eof_received(self) -> bool | None:
+        # A complete request is answered, then the connection closed (HTTP/1.1 allows a half-close: busybox
+        # nc, health checks); until it starts, its job leaves the shared lane for its address's cap (see _work).
         self.eof = True
-        if self.state in (_READING, _IDLE, _LINGER) or (self.state == _WORKING and not self.started):
+        if self.state in (_READING, _IDLE, _LINGER):
             self.close()
             return None
         return True if self.not_tls is not None or not self.tls else None  # plain: open until the answer is out
@@ -342,7 +344,8 @@ class HTTPServer:
         self.handshake_timeout, self.header_timeout = HANDSHAKE_TIMEOUT, HEADER_TIMEOUT
         self.idle_timeout, self.write_timeout = IDLE_TIMEOUT, WRITE_TIMEOUT
         self.max_requests, self.output_budget = MAX_REQUESTS, OUTPUT_BUDGET
-        self.workers: FairWorkers[Job] = FairWorkers(workers, self._work, idle_exit=WORKER_IDLE_EXIT)
+        self.workers: FairWorkers[Job] = FairWorkers(workers, self._work, idle_exit=WORKER_IDLE_EXIT,
+                                                     unshared=lambda job: job[0].eof)
         self.unsent = 0  # bytes of answers not handed to a transport yet, every connection together
         self.conns: OrderedDict[_Conn, None] = OrderedDict()  # open connections, longest in their state first
         self.loop = asyncio.new_event_loop()
@@ -516,13 +519,14 @@ class HTTPServer:
 
     def _work(self, job: Job) -> Callable[[], None] | None:
         """Run the app for one request; returns the call that hands the answer to the loop, None when the
-        loop closed the connection meanwhile: evicted, or its client closed its side (``eof_received``;
-        connect, send, close is a flood's cheapest request), which is then not run, as nginx does."""
+        loop closed the connection meanwhile (evicted). A request whose client closed its side before it
+        started is run in its address's capped lane (``unshared``): connect, send, close is a flood's
+        cheapest request, and costs at most :data:`~accelstats.web.workers.PER_CLIENT` workers an address."""
         conn, request, path, query, keep_alive = job
         conn.started = True
         if conn.closed:
             return None
-        out, code, keep_alive = self._respond(conn, request, path, query, keep_alive)
+        out, code, keep_alive = self._respond(conn, request, path, query, keep_alive and not conn.eof)
 
         def deliver() -> None:
             with contextlib.suppress(RuntimeError):  # the loop is closed: the server stopped

@@ -32,8 +32,10 @@ class FairWorkers(Generic[Job]):
     """
 
     def __init__(self, limit: int, run: Callable[[Job], Callable[[], None] | None], *,
-                 per_key: int = PER_CLIENT, idle_exit: float = 5.0, name: str = "accelstats-http-worker") -> None:
+                 per_key: int = PER_CLIENT, idle_exit: float = 5.0, name: str = "accelstats-http-worker",
+                 unshared: Callable[[Job], bool] | None = None) -> None:
         self.limit = limit
+        self._unshared = unshared  # a shared job for which it is true when its turn comes goes to its key's cap
         self.per_key = per_key
         self.idle_exit = idle_exit
         self._name = name
@@ -94,7 +96,18 @@ class FairWorkers(Generic[Job]):
         return False
 
     def _take(self) -> tuple[str, Job] | None:
-        """The next job by the round-robin order (caller holds the lock), or None."""
+        """The next job by the round-robin order (caller holds the lock), or None. A shared job found
+        ``unshared`` first moves to the end of its key's capped queue (and stays there)."""
+        while (moved := self._unshare()) is not None:  # each pass moves a job or ends the loop
+            key, queue = moved
+            own = key.removesuffix("\0shared")
+            while queue and self._unshared is not None and self._unshared(queue[0]):
+                self._queues.setdefault(own, deque()).append(queue.popleft())
+            self._capped[own] = True
+            if not queue:
+                del self._queues[key]
+                if key not in self._running:
+                    del self._capped[key]
         for key, queue in self._queues.items():
             if not self._capped[key] or self._running.get(key, 0) < self.per_key:
                 job = queue.popleft()
@@ -105,6 +118,14 @@ class FairWorkers(Generic[Job]):
                     del self._queues[key]
                 self._running[key] = self._running.get(key, 0) + 1
                 return key, job
+        return None
+
+    def _unshare(self) -> tuple[str, deque[Job]] | None:
+        """The first shared queue, in turn order, whose next job is ``unshared`` (caller holds the lock)."""
+        if self._unshared is not None:
+            for key, queue in self._queues.items():
+                if not self._capped[key] and self._unshared(queue[0]):
+                    return key, queue
         return None
 
     def _worker(self) -> None:

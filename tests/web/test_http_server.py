@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import ssl
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -237,3 +239,31 @@ def test_half_a_client_hello_then_a_close_is_closed_before_its_deadline(pki: Pki
         assert s.counters.refused["tls_handshake_timeout"] == 0
     finally:
         sock.close()
+
+
+# -- a client that half-closes after its request (issue 24, row 9) -----------------------------------
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/metrics", "/nothing"])
+def test_a_request_then_a_half_close_is_answered_and_closed(start: Callable[..., Any], path: str) -> None:
+    """HTTP/1.1 lets a client close its sending side after its request (``busybox nc``, health checks
+    that end stdin): the request is answered, then the connection closed (``Connection: close`` when
+    the half-close came before the request started).
+    Before: a request whose worker had not started was dropped at the half-close, unanswered."""
+    server = start()
+    with socket.create_connection(("127.0.0.1", port(server)), timeout=5) as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        sock.shutdown(socket.SHUT_WR)
+        ((status, _, _),) = split_responses(read_until_closed(sock, 5.0))  # answered, then closed
+    assert status.split()[1] == {"/nothing": "404"}.get(path, "200"), status
+
+
+def test_busybox_nc_gets_its_answer(start: Callable[..., Any]) -> None:
+    """``printf 'GET /healthz …' | busybox nc 127.0.0.1 PORT``: nc half-closes when its stdin ends."""
+    busybox = shutil.which("busybox")
+    if busybox is None:
+        pytest.skip("busybox is not installed")
+    server = start()
+    done = subprocess.run([busybox, "nc", "127.0.0.1", str(port(server))], input=HEALTHZ, capture_output=True,
+                          timeout=10, check=False)
+    assert done.stdout.startswith(b"HTTP/1.1 200 OK\r\n") and done.stdout.endswith(b"\r\n\r\nok\n"), done
