@@ -46,6 +46,7 @@ reads counted (``accelstats_attribution_skipped_total{reason="devices_list_unrea
 exporter over a cgroup v2 subtree of N containers with helper-calling device programs and
 ``--looping-programs`` (20) with distinct long loops, ``--program-scrapes`` (300) scrapes: RSS,
 first and later scrape times and CPU, and the cost of replaced and of new programs.
+
 ``--variants`` runs row 3 of issue 24 instead (:func:`variants_run`): rotating ``Accept`` variants
 from one address and ``name[]`` filters from ``--variant-clients`` addresses against a Prometheus scraper.
 
