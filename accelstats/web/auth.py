@@ -100,6 +100,8 @@ def prefixes(source: str) -> tuple[str, ...]:
 
 @dataclass(slots=True)
 class _Waiter:
+    credentials: bytes
+    retry: bool
     event: threading.Event = field(default_factory=threading.Event)
     granted: bool = False
     shed: bool = False
@@ -124,9 +126,11 @@ class CheckGate:
     found among the waiting addresses and the newcomer, level by level from the widest: only those
     whose prefix has at least 1/:data:`TIE` of the heaviest prefix's load (:meth:`load`) stay in the
     running; among the addresses left, the one with the most waiting checks (the newcomer counting
-    one more of its own), then the more loaded, then the one that arrived last. Its oldest waiter is
-    shed, or the newcomer refused when the victim is its own address with nothing waiting. The gate
-    holds at most ``slots + max_waiting`` threads (HTTP workers, of which the server has more).
+    one more of its own), then one without a *retry* (a check with the ``credentials`` its address's
+    last refused, shed or timed-out check had: a scraper tries its one password again, a guesser
+    seldom does), then the more loaded, then the one that arrived last. Its oldest waiter is shed, or
+    the newcomer refused when the victim is its own address with nothing waiting. The gate holds at
+    most ``slots + max_waiting`` threads (HTTP workers, of which the server has more).
     """
 
     def __init__(self, slots: int, max_wait: float, max_waiting: int = 4, per_source: int = 2,
@@ -140,27 +144,32 @@ class CheckGate:
         self._free = slots
         self._waiting: dict[str, list[_Waiter]] = {}  # address -> waiters, oldest first
         self._tick = 0
+        self._refused: OrderedDict[str, bytes] = OrderedDict()  # address -> credentials of its last check refused
         levels = range(len(V4_LEVELS))
         self._served: list[OrderedDict[str, int]] = [OrderedDict() for _ in levels]  # node -> tick of its last slot
         self._load: list[OrderedDict[str, tuple[float, float, int]]] = [OrderedDict() for _ in levels]  # node ->
         # (load, when, arrival)
 
-    def acquire(self, source: str) -> bool:
-        """Take a slot (True); False when shed or after ``max_wait``. Release a slot with :meth:`release`."""
+    def acquire(self, source: str, credentials: bytes = b"") -> bool:
+        """Take a slot (True); False when shed or after ``max_wait``. Release a slot with :meth:`release`.
+        ``credentials``: an opaque token of what is checked (:class:`BasicAuth`: an HMAC of user,
+        hash and password), for telling a retry; ``b""``: none."""
         with self._lock:
             self._arrive(source)
             if self._free > 0:
                 self._free -= 1
                 self._mark(source)
                 return True
+            retry = bool(credentials) and self._refused.get(source) == credentials
             if len(self._waiting.get(source, ())) >= self.per_source:
                 self._shed(source)
             elif sum(len(q) for q in self._waiting.values()) >= self.max_waiting:
-                victim = self._victim(source)
+                victim = self._victim(source, retry)
                 if victim == source and not self._waiting.get(source):
+                    self._note_refused(source, credentials)
                     return False  # the newcomer itself: its address has nothing waiting to push out
                 self._shed(victim)
-            waiter = _Waiter()
+            waiter = _Waiter(credentials, retry)
             self._waiting.setdefault(source, []).append(waiter)  # after the shedding, which may empty it
         waiter.event.wait(self.max_wait)
         with self._lock:
@@ -170,6 +179,7 @@ class CheckGate:
             queue.remove(waiter)
             if not queue:
                 del self._waiting[source]
+            self._note_refused(source, credentials)
             return False
 
     def release(self) -> None:
@@ -218,7 +228,7 @@ class CheckGate:
             if len(table) > MAX_ADDRESSES:  # forget the node seen longest ago
                 table.popitem(last=False)
 
-    def _victim(self, newcomer: str) -> str:
+    def _victim(self, newcomer: str, retry: bool) -> str:
         """The address to shed from when the waiting room is full and ``newcomer`` arrives (see the
         class's docstring)."""
         now = self._clock()
@@ -229,14 +239,23 @@ class CheckGate:
             heaviest = max(loads.values())
             running = [address for address in running if loads[address] * TIE >= heaviest]
 
-        def rank(address: str) -> tuple[int, float, int]:
-            count = len(self._waiting.get(address, ())) + (address == newcomer)
+        def rank(address: str) -> tuple[int, bool, float, int]:
+            waiters = self._waiting.get(address, [])
+            count = len(waiters) + (address == newcomer)
+            retrying = any(w.retry for w in waiters) or (address == newcomer and retry)
             load, arrival = self._load_now(len(V4_LEVELS) - 1, chains[address][-1], now)
-            return count, load, arrival
+            return count, not retrying, load, arrival
 
         return max(running, key=rank)
 
+    def _note_refused(self, source: str, credentials: bytes) -> None:
+        self._refused[source] = credentials
+        self._refused.move_to_end(source)
+        if len(self._refused) > MAX_ADDRESSES:
+            self._refused.popitem(last=False)
+
     def _mark(self, source: str) -> None:
+        self._refused.pop(source, None)
         self._tick += 1
         for level, node in enumerate(prefixes(source)):
             table = self._served[level]
@@ -251,6 +270,7 @@ class CheckGate:
         if not queue:
             del self._waiting[source]
         victim.shed = True
+        self._note_refused(source, victim.credentials)
         victim.event.set()
 
 
@@ -348,7 +368,7 @@ class BasicAuth:
             self._failures.note(peer, what + f" (password over {_BCRYPT_MAX} bytes)")
             return False
         target = hashed if hashed is not None else self._dummy(top)
-        if not self.gate.acquire(peer):
+        if not self.gate.acquire(peer, key):
             who = f"user {name!r}" if hashed is not None else "an unknown user"
             self._failures.note(peer, f"{who} not checked: all {self.gate.slots} bcrypt slots busy and the "
                                       "waiting room full (answered 503)")

@@ -146,11 +146,12 @@ def flood_sources(spec: str) -> Callable[[], str]:
 class Flood:
     """``clients`` threads in a child process, each sending GET /metrics with basic auth for ``user``
     and a fresh random password, from ``source`` (an address, or a rotation: :func:`flood_sources`),
-    one request at a time, until :meth:`stop`. ``responses`` counts the answers seen so far (by status)."""
+    one request at a time, until :meth:`stop`; over TLS (a handshake per request) when ``cafile``, the CA
+    to trust for ``localhost``, is given. ``responses`` counts the answers seen so far (by status)."""
 
-    def __init__(self, port: int, source: str, clients: int, user: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, __file__, "flood", str(port), source, str(clients), user],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    def __init__(self, port: int, source: str, clients: int, user: str, cafile: str = "") -> None:
+        self.proc = subprocess.Popen([sys.executable, __file__, "flood", str(port), source, str(clients), user,
+                                      cafile], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.responses: dict[str, int] = {}
         self._cond = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -179,17 +180,19 @@ class Flood:
         self._reader.join(timeout=10)
 
 
-def _flood_main(port: int, source: str, clients: int, user: str) -> None:
+def _flood_main(port: int, source: str, clients: int, user: str, cafile: str) -> None:
     stop = threading.Event()
     out = threading.Lock()
     sources = flood_sources(source)
+    ctx = ssl.create_default_context(cafile=cafile) if cafile else None
 
     def client() -> None:
         while not stop.is_set():
             request = (f"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
                        f"Authorization: {basic(user, secrets.token_urlsafe(12))}\r\n\r\n").encode()
             try:
-                with socket.create_connection(("127.0.0.1", port), timeout=30, source_address=(sources(), 0)) as sock:
+                with socket.create_connection(("127.0.0.1", port), timeout=30, source_address=(sources(), 0)) as raw, \
+                        (ctx.wrap_socket(raw, server_hostname="localhost") if ctx else raw) as sock:
                     sock.sendall(request)
                     data = b""
                     while chunk := sock.recv(4096):
@@ -208,4 +211,4 @@ def _flood_main(port: int, source: str, clients: int, user: str) -> None:
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["flood"]:
-    _flood_main(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5])
+    _flood_main(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6] if sys.argv[6:] else "")

@@ -35,6 +35,7 @@ from accelstats.web import auth as webauth
 
 PASSWORD = "legit-pw"
 CLI = [sys.executable, "-m", "accelstats"]
+SCRAPER_ADDRESS = "192.0.2.1"  # the gate's unit tests: a scraper on 192.0.2.0/24
 FIRST_LOGIN_WITHIN = 10.0  # seconds: issue 24's build requirement
 
 
@@ -127,11 +128,11 @@ def fresh(prefix: str, count: int) -> list[str]:
 
 
 def acquire_in_thread(gate: webauth.CheckGate, source: str, results: dict[str, bool], name: str,
-                      order: list[str]) -> threading.Thread:
-    """``gate.acquire(source)`` in a thread: ``results[name]`` becomes its answer; a granted slot is
-    noted in ``order`` and released."""
+                      order: list[str], credentials: bytes = b"") -> threading.Thread:
+    """``gate.acquire(source, credentials)`` in a thread: ``results[name]`` becomes its answer; a
+    granted slot is noted in ``order`` and released."""
     def run() -> None:
-        got = gate.acquire(source)
+        got = gate.acquire(source, credentials)
         results[name] = got
         if got:
             order.append(name)
@@ -203,3 +204,29 @@ def test_check_gate_remembers_a_flooding_prefix_while_its_addresses_churn() -> N
     expected = sum(0.5 ** (0.01 * k / webauth.LOAD_HALF_LIFE) for k in range(10_000))
     for level in (1, 2, 3):  # /32, /48, /64
         assert gate.load(flood[0], level) == pytest.approx(expected)
+
+
+def test_check_gate_a_scraper_trying_its_password_again_is_not_shed_before_a_guess() -> None:
+    """The waiting room (2) holds two guesses from two addresses of the scraper's own /24, each seen
+    once; the scraper's first try ties with them (one arrival each) and, arriving last, is refused.
+    Its second try, with the credentials its refused check had, is a retry: a guess is shed instead,
+    although the scraper's address is now the more loaded, and the scraper gets a slot. Before the fix
+    (no retries) the second try was refused too: the more loaded address."""
+    now = [0.0]
+    gate = webauth.CheckGate(slots=1, max_wait=30, max_waiting=2, per_source=2, clock=lambda: now[0])
+    assert gate.acquire("192.0.2.99", b"guess-0")  # holds the slot
+    results: dict[str, bool] = {}
+    order: list[str] = []
+    threads = []
+    for waiting, (name, address) in enumerate((("guess1", "192.0.2.10"), ("guess2", "192.0.2.11")), 1):
+        threads.append(acquire_in_thread(gate, address, results, name, order, credentials=name.encode()))
+        until(lambda waiting=waiting: gate.waiting() == waiting, f"{name} to wait")  # type: ignore[misc]
+    assert gate.acquire(SCRAPER_ADDRESS, b"scraper-pw") is False  # first try: refused at once
+    threads.append(acquire_in_thread(gate, SCRAPER_ADDRESS, results, "again", order, credentials=b"scraper-pw"))
+    until(lambda: "guess2" in results or "again" in results, "a guess to be shed or the scraper refused")
+    assert results == {"guess2": False} and gate.waiting() == 2
+    gate.release()
+    for t in threads:
+        t.join(timeout=10)
+    assert results == {"guess1": True, "guess2": False, "again": True}, results
+    assert order == ["guess1", "again"]
