@@ -43,17 +43,17 @@ did), the scrape latency, the containers published and the skipped ``devices.lis
 reads counted (``accelstats_attribution_skipped_total{reason="devices_list_unreadable"}``).
 
 ``--auth-flood SHAPE`` (issue 24) runs a wrong-password flood instead: 64 clients in another process
-(tests/support/webconfig_util.py's ``Flood``, over TLS, a new connection and a fresh random password
-for ``prometheus`` each request) from rotating source addresses: ``one`` (127.0.0.2), ``1000``
-(127.0.0.2 - 127.0.3.233 in turn: the scraper's /24), ``fresh`` (a fresh address of 127.1.0.0/16 per
-request: what an IPv6 /64 gives anyone), ``prefixes`` (a fresh address of 127.0.0.0/8 per request, a
-new /16 each: an attacker with many prefixes), or ``all`` of them in turn. Each of ``--auth-rounds``
-rounds (5) starts the exporter afresh (the cache of successful checks is empty, as after a restart or
-a password change), starts the flood, waits for its first ``503``, then logs in from 127.0.0.1 as a
-scraper does: on ``503`` again after ``Retry-After`` (1 s; ``--auth-retry``: Prometheus tries again
-at its next scrape), until ``200`` or ``--auth-deadline`` seconds (30). Printed per shape: the first
-logins' times and tries, and the flood's answers by status with its rate (target: every first login
-within 10 s).
+(tests/support/webconfig_util.py's ``Flood``, over TLS, a new connection and a fresh random password for
+``prometheus`` each request) from rotating source addresses: ``one`` (127.0.0.2), ``1000`` (127.0.0.2 -
+127.0.3.233 in turn: the scraper's /24), ``fresh`` (a fresh address of 127.1.0.0/16 per request: what an
+IPv6 /64 gives anyone), ``prefixes`` (a fresh address of 127.0.0.0/8 per request, a fresh /24 each, the
+/8's 256 /16s in turn: an attacker with many prefixes), or ``all`` of them in turn. Each of
+``--auth-rounds`` rounds (5) starts the exporter afresh (the cache of successful checks is empty, as
+after a restart or a password change), starts the flood, waits for its first ``503``, then logs in from
+127.0.0.1 as a scraper does: on ``503`` again after ``Retry-After`` (1 s; ``--auth-retry``: Prometheus
+tries again at its next scrape), until ``200`` or ``--auth-deadline`` seconds (30). Printed per shape:
+the first logins' times and tries, and the flood's answers by status with its rate (target: every first
+login within 10 s).
 
 Usage: ``python3 benchmarks/attack.py [--connections 2000] [--seconds 60] [--nofile 8192] [--plain]
 [--keep-alive] [--repo DIR]``, or ``python3 benchmarks/attack.py --urandom 50 [--repo DIR]``, or
