@@ -11,7 +11,8 @@ login after the start must get ``200`` within 10 s, retrying once a second on ``
 
 Before the fix the fresh-address shape answered every try ``503``: each flooding address tied with
 the scraper's (one arrival each) and the gate refused the newcomer. The gate's order itself (prefix
-levels, shedding, serving) is tried on :class:`accelstats.web.auth.CheckGate` directly below.
+levels, shedding, serving, what it remembers, retries) is tried on
+:class:`accelstats.web.auth.CheckGate` directly below.
 """
 
 from __future__ import annotations
