@@ -5,9 +5,10 @@ headers go on every answer, and with ``basic_auth_users`` a request needs ``Auth
 listed user and the password of its bcrypt hash, else ``401``; ``/healthz`` answers without (it says
 only ``ok``). Unlike it (docs/security.md): no user enumeration by timing (:meth:`BasicAuth.verify`:
 every failed check costs one check at the highest configured cost); bcrypt once per scraper (successes
-cached as HMAC keys, never passwords); guesses cannot starve a scraper (:class:`CheckGate`: bounded
-slots and waiters, round-robin by client address, ``503`` with ``Retry-After: 1`` when shed); failures
-logged at info, at most a line a second, naming a user only when it is a configured one.
+cached as HMAC keys, never passwords); guesses from other prefixes cannot starve a scraper
+(:class:`CheckGate`: bounded slots and waiters, round-robin by client prefix and address, the heaviest
+prefix shed first, ``503`` with ``Retry-After: 1`` when shed); failures logged at info, at most a line
+a second, naming a user only when it is a configured one.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import ipaddress
 import logging
 import os
 import secrets
@@ -53,7 +55,10 @@ BCRYPT_SLOTS = max(1, min(4, _cpus() // 2))  # concurrent bcrypt checks: a flood
 MAX_WAITING = 4  # checks waiting for a slot (each holds an HTTP worker thread; accelstats.web.server.WORKERS is 64)
 PER_SOURCE_WAITING = 2  # of which from one client address
 LOAD_HALF_LIFE = 10.0  # seconds: how fast an address's past arrivals stop counting against it (CheckGate)
-MAX_ADDRESSES = 4096  # client addresses remembered by CheckGate (least recently seen forgotten first)
+MAX_ADDRESSES = 4096  # addresses, and prefixes of each length, CheckGate remembers (least recently seen forgotten)
+V4_LEVELS = (0, 8, 16, 24, 32)  # prefix lengths an IPv4 client is counted at: all, /8, a provider's /16, a LAN, itself
+V6_LEVELS = (0, 32, 48, 64, 128)  # IPv6: all, a provider's /32, a site's /48, a LAN's /64, the address
+TIE = 2.0  # CheckGate sheds among prefixes with at least 1/TIE of the heaviest one's load
 
 
 def parse_basic(header: str) -> tuple[bytes, bytes] | None:
@@ -78,8 +83,25 @@ def dummy_hash(cost: int) -> bytes:
     return bcrypt.gensalt(rounds=cost) + checksum.encode("ascii")
 
 
+def prefixes(source: str) -> tuple[str, ...]:
+    """The nodes a client address is counted under by :class:`CheckGate`, widest first, one per level
+    of :data:`V4_LEVELS` (an IPv4 address, or an IPv4-mapped IPv6 one) or :data:`V6_LEVELS`: keys
+    such as ``"4:8323072/24"`` (the address's first 24 bits as a number). Anything else (``""``, a
+    Unix socket) is one node of its own under a common one at every wider level."""
+    try:
+        address = ipaddress.ip_address(source.partition("%")[0])  # a scope (fe80::1%eth0) is no part of it
+    except ValueError:
+        return ("?",) * (len(V4_LEVELS) - 1) + ("?" + source,)
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    bits, levels = (32, V4_LEVELS) if address.version == 4 else (128, V6_LEVELS)
+    return tuple(f"{address.version}:{int(address) >> (bits - n)}/{n}" for n in levels)
+
+
 @dataclass(slots=True)
 class _Waiter:
+    credentials: bytes
+    retry: bool
     event: threading.Event = field(default_factory=threading.Event)
     granted: bool = False
     shed: bool = False
@@ -89,17 +111,26 @@ class CheckGate:
     """At most ``slots`` holders at once and ``max_waiting`` waiters (``per_source`` per client
     address); a waiter gives up after ``max_wait`` seconds.
 
-    **Serving**: a freed slot goes to the address served least recently (never served first; ties: the
-    one waiting longest), its newest waiter first. So a check from an address with nothing else waiting
-    gets a slot after the checks running when it arrives and at most one per other waiting address.
+    Arrivals (calls to :meth:`acquire`) and slots handed out are counted per address and per prefix
+    (:func:`prefixes`: IPv4 /0, /8, /16, /24, /32; IPv6 /0, /32, /48, /64, /128), each level
+    remembering its :data:`MAX_ADDRESSES` most recently seen nodes: fresh addresses from one prefix
+    are one heavy prefix, and churning addresses cannot push the few wide prefixes out.
+
+    **Serving**: a freed slot goes to the address whose widest prefix was served least recently
+    (never served first), then the next level's, down to the address (ties: the one waiting longest),
+    its newest waiter first. So a check from a prefix that has not been served lately goes before the
+    waiting checks of a prefix that has, however many addresses these come from.
 
     **Shedding** (the shed waiter's :meth:`acquire` returns False at once): a newcomer whose address
-    has ``per_source`` waiting pushes out the oldest of them. In a full waiting room the victim is the
-    address with the most waiting checks (the newcomer counting as one more of its own), then the more
-    loaded one (:meth:`load`), then the one that arrived last; its oldest waiter is shed, or the
-    newcomer refused when the victim is its own address with nothing waiting. An address's only
-    waiting check is never shed while another has two. The gate holds at most ``slots + max_waiting``
-    threads (HTTP workers, of which the server has more).
+    has ``per_source`` waiting pushes out the oldest of them. In a full waiting room the victim is
+    found among the waiting addresses and the newcomer, level by level from the widest: only those
+    whose prefix has at least 1/:data:`TIE` of the heaviest prefix's load (:meth:`load`) stay in the
+    running; among the addresses left, the one with the most waiting checks (the newcomer counting
+    one more of its own), then one without a *retry* (a check with the ``credentials`` its address's
+    last refused, shed or timed-out check had: a scraper tries its one password again, a guesser
+    seldom does), then the more loaded, then the one that arrived last. Its oldest waiter is shed, or
+    the newcomer refused when the victim is its own address with nothing waiting. The gate holds at
+    most ``slots + max_waiting`` threads (HTTP workers, of which the server has more).
     """
 
     def __init__(self, slots: int, max_wait: float, max_waiting: int = 4, per_source: int = 2,
@@ -112,26 +143,33 @@ class CheckGate:
         self._lock = threading.Lock()
         self._free = slots
         self._waiting: dict[str, list[_Waiter]] = {}  # address -> waiters, oldest first
-        self._served: OrderedDict[str, int] = OrderedDict()  # address -> tick of its last slot
         self._tick = 0
-        self._load: OrderedDict[str, tuple[float, float, int]] = OrderedDict()  # address -> (load, when, arrival)
+        self._refused: OrderedDict[str, bytes] = OrderedDict()  # address -> credentials of its last check refused
+        levels = range(len(V4_LEVELS))
+        self._served: list[OrderedDict[str, int]] = [OrderedDict() for _ in levels]  # node -> tick of its last slot
+        self._load: list[OrderedDict[str, tuple[float, float, int]]] = [OrderedDict() for _ in levels]  # node ->
+        # (load, when, arrival)
 
-    def acquire(self, source: str) -> bool:
-        """Take a slot (True); False when shed or after ``max_wait``. Release a slot with :meth:`release`."""
+    def acquire(self, source: str, credentials: bytes = b"") -> bool:
+        """Take a slot (True); False when shed or after ``max_wait``. Release a slot with :meth:`release`.
+        ``credentials``: an opaque token of what is checked (:class:`BasicAuth`: an HMAC of user,
+        hash and password), for telling a retry; ``b""``: none."""
         with self._lock:
             self._arrive(source)
             if self._free > 0:
                 self._free -= 1
                 self._mark(source)
                 return True
+            retry = bool(credentials) and self._refused.get(source) == credentials
             if len(self._waiting.get(source, ())) >= self.per_source:
                 self._shed(source)
             elif sum(len(q) for q in self._waiting.values()) >= self.max_waiting:
-                victim = self._victim(source)
+                victim = self._victim(source, retry)
                 if victim == source and not self._waiting.get(source):
+                    self._note_refused(source, credentials)
                     return False  # the newcomer itself: its address has nothing waiting to push out
                 self._shed(victim)
-            waiter = _Waiter()
+            waiter = _Waiter(credentials, retry)
             self._waiting.setdefault(source, []).append(waiter)  # after the shedding, which may empty it
         waiter.event.wait(self.max_wait)
         with self._lock:
@@ -141,15 +179,21 @@ class CheckGate:
             queue.remove(waiter)
             if not queue:
                 del self._waiting[source]
+            self._note_refused(source, credentials)
             return False
 
     def release(self) -> None:
-        """Hand the slot to the newest waiter of the address served least recently, or free it."""
+        """Hand the slot to the newest waiter of the address served least recently, prefix by prefix
+        from the widest, or free it."""
         with self._lock:
             if not self._waiting:
                 self._free += 1
                 return
-            source = min(self._waiting, key=lambda s: self._served.get(s, -1))  # ties: first to wait
+
+            def served(address: str) -> list[int]:
+                return [self._served[n].get(node, -1) for n, node in enumerate(prefixes(address))]
+
+            source = min(self._waiting, key=served)  # ties: first to wait
             queue = self._waiting[source]
             waiter = queue.pop()
             if not queue:
@@ -163,43 +207,62 @@ class CheckGate:
         with self._lock:
             return sum(len(q) for q in self._waiting.values())
 
-    def load(self, source: str) -> float:
-        """``source``'s arrivals (calls to :meth:`acquire`), each weighing 1 when it came and half as
-        much every :data:`LOAD_HALF_LIFE` seconds since; 0 for an address not seen (or forgotten)."""
+    def load(self, source: str, level: int = -1) -> float:
+        """The arrivals (calls to :meth:`acquire`) from ``source``'s prefix at ``level`` (an index into
+        :func:`prefixes`; -1, the default: the address itself), each weighing 1 when it came and half as
+        much every :data:`LOAD_HALF_LIFE` seconds since; 0 for a prefix not seen (or forgotten)."""
         with self._lock:
-            return self._load_now(source, self._clock())[0]
+            return self._load_now(level % len(V4_LEVELS), prefixes(source)[level], self._clock())[0]
 
-    def _load_now(self, source: str, now: float) -> tuple[float, int]:
-        load, when, arrival = self._load.get(source, (0.0, now, 0))
+    def _load_now(self, level: int, node: str, now: float) -> tuple[float, int]:
+        load, when, arrival = self._load[level].get(node, (0.0, now, 0))
         return load * 0.5 ** ((now - when) / LOAD_HALF_LIFE), arrival
 
     def _arrive(self, source: str) -> None:
         now = self._clock()
         self._tick += 1
-        self._load[source] = (self._load_now(source, now)[0] + 1.0, now, self._tick)
-        self._load.move_to_end(source)
-        if len(self._load) > MAX_ADDRESSES:  # forget the address seen longest ago
-            self._load.popitem(last=False)
+        for level, node in enumerate(prefixes(source)):
+            table = self._load[level]
+            table[node] = (self._load_now(level, node, now)[0] + 1.0, now, self._tick)
+            table.move_to_end(node)
+            if len(table) > MAX_ADDRESSES:  # forget the node seen longest ago
+                table.popitem(last=False)
 
-    def _victim(self, newcomer: str) -> str:
-        """The address to shed from when the waiting room is full and ``newcomer`` arrives: the most
-        waiting checks (the newcomer's own counting one more), then the highest load, then the most
-        recent arrival."""
+    def _victim(self, newcomer: str, retry: bool) -> str:
+        """The address to shed from when the waiting room is full and ``newcomer`` arrives (see the
+        class's docstring)."""
         now = self._clock()
+        chains = {address: prefixes(address) for address in [*self._waiting, newcomer]}
+        running = list(chains)
+        for level in range(len(V4_LEVELS) - 1):
+            loads = {address: self._load_now(level, chains[address][level], now)[0] for address in running}
+            heaviest = max(loads.values())
+            running = [address for address in running if loads[address] * TIE >= heaviest]
 
-        def rank(address: str) -> tuple[int, float, int]:
-            count = len(self._waiting.get(address, ())) + (address == newcomer)
-            load, arrival = self._load_now(address, now)
-            return count, load, arrival
+        def rank(address: str) -> tuple[int, bool, float, int]:
+            waiters = self._waiting.get(address, [])
+            count = len(waiters) + (address == newcomer)
+            retrying = any(w.retry for w in waiters) or (address == newcomer and retry)
+            load, arrival = self._load_now(len(V4_LEVELS) - 1, chains[address][-1], now)
+            return count, not retrying, load, arrival
 
-        return max([*self._waiting, newcomer], key=rank)
+        return max(running, key=rank)
+
+    def _note_refused(self, source: str, credentials: bytes) -> None:
+        self._refused[source] = credentials
+        self._refused.move_to_end(source)
+        if len(self._refused) > MAX_ADDRESSES:
+            self._refused.popitem(last=False)
 
     def _mark(self, source: str) -> None:
+        self._refused.pop(source, None)
         self._tick += 1
-        self._served[source] = self._tick
-        self._served.move_to_end(source)
-        if len(self._served) > MAX_ADDRESSES:  # forget the addresses served longest ago (they rank as never served)
-            self._served.popitem(last=False)
+        for level, node in enumerate(prefixes(source)):
+            table = self._served[level]
+            table[node] = self._tick
+            table.move_to_end(node)
+            if len(table) > MAX_ADDRESSES:  # forget the node served longest ago (it ranks as never served)
+                table.popitem(last=False)
 
     def _shed(self, source: str) -> None:
         queue = self._waiting[source]
@@ -207,6 +270,7 @@ class CheckGate:
         if not queue:
             del self._waiting[source]
         victim.shed = True
+        self._note_refused(source, victim.credentials)
         victim.event.set()
 
 
@@ -304,7 +368,7 @@ class BasicAuth:
             self._failures.note(peer, what + f" (password over {_BCRYPT_MAX} bytes)")
             return False
         target = hashed if hashed is not None else self._dummy(top)
-        if not self.gate.acquire(peer):
+        if not self.gate.acquire(peer, key):
             who = f"user {name!r}" if hashed is not None else "an unknown user"
             self._failures.note(peer, f"{who} not checked: all {self.gate.slots} bcrypt slots busy and the "
                                       "waiting room full (answered 503)")

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import base64
 import http.client
+import ipaddress
+import itertools
 import secrets
 import socket
 import ssl
@@ -103,14 +105,53 @@ def dated_certificate(folder: Path, name: str, start: str, end: str) -> tuple[Pa
     return cert, key
 
 
+SCRAPER = "127.0.0.1"  # the tests' legitimate client: never a flood's source (:func:`flood_sources`)
+
+
+def flood_sources(spec: str) -> Callable[[], str]:
+    """The source addresses of a flood, one per call (thread-safe), from ``spec``:
+
+    * ``A.B.C.D``: that address every time;
+    * ``NET/LEN``: a fresh address of that IPv4 network per call (a walk with a stride of 65 537 + 256
+      from a random start: a new /24 each call, a new /16 each call too in a /8; fresh until the
+      network's size is used up);
+    * ``NET/LEN*N``: the first ``N`` addresses of the network, in turn.
+
+    :data:`SCRAPER` is always skipped. Raises ValueError for anything else."""
+    if "/" not in spec:
+        address = str(ipaddress.IPv4Address(spec))
+        return lambda: address
+    net_text, _, count = spec.partition("*")
+    net = ipaddress.IPv4Network(net_text)
+    skip = {SCRAPER, str(net.network_address)}
+    if count:
+        every = (str(net.network_address + i) for i in range(net.num_addresses))
+        pool = [a for a in every if a not in skip][:int(count)]
+        if len(pool) < int(count):
+            raise ValueError(f"{net} has fewer than {count} addresses")
+        turn = itertools.cycle(pool)
+        return lambda: next(turn)
+    size, base, lock = net.num_addresses, int(net.network_address), threading.Lock()
+    step = itertools.count(secrets.randbelow(size))
+
+    def fresh() -> str:
+        while True:
+            with lock:
+                address = str(ipaddress.IPv4Address(base + (next(step) * (65537 + 256)) % size))
+            if address not in skip:
+                return address
+    return fresh
+
+
 class Flood:
     """``clients`` threads in a child process, each sending GET /metrics with basic auth for ``user``
-    and a fresh random password, from ``source``, one request at a time, until :meth:`stop`.
-    ``responses`` counts the answers seen so far (by status)."""
+    and a fresh random password, from ``source`` (an address, or a rotation: :func:`flood_sources`),
+    one request at a time, until :meth:`stop`; over TLS (a handshake per request) when ``cafile``, the CA
+    to trust for ``localhost``, is given. ``responses`` counts the answers seen so far (by status)."""
 
-    def __init__(self, port: int, source: str, clients: int, user: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, __file__, "flood", str(port), source, str(clients), user],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    def __init__(self, port: int, source: str, clients: int, user: str, cafile: str = "") -> None:
+        self.proc = subprocess.Popen([sys.executable, __file__, "flood", str(port), source, str(clients), user,
+                                      cafile], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.responses: dict[str, int] = {}
         self._cond = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -123,10 +164,12 @@ class Flood:
                 self.responses[line.strip()] = self.responses.get(line.strip(), 0) + 1
                 self._cond.notify_all()
 
-    def wait_answers(self, count: int, timeout: float) -> bool:
-        """Wait until the flood got ``count`` answers (any status); False on timeout."""
+    def wait_answers(self, count: int, timeout: float, status: str | None = None) -> bool:
+        """Wait until the flood got ``count`` answers (with ``status``, e.g. ``"503"``; None: any); False
+        on timeout."""
         with self._cond:
-            return self._cond.wait_for(lambda: sum(self.responses.values()) >= count, timeout)
+            return self._cond.wait_for(lambda: (sum(self.responses.values()) if status is None
+                                                else self.responses.get(status, 0)) >= count, timeout)
 
     def stop(self) -> None:
         """Kill the child and wait for it (its connections are closed with it)."""
@@ -137,16 +180,19 @@ class Flood:
         self._reader.join(timeout=10)
 
 
-def _flood_main(port: int, source: str, clients: int, user: str) -> None:
+def _flood_main(port: int, source: str, clients: int, user: str, cafile: str) -> None:
     stop = threading.Event()
     out = threading.Lock()
+    sources = flood_sources(source)
+    ctx = ssl.create_default_context(cafile=cafile) if cafile else None
 
     def client() -> None:
         while not stop.is_set():
             request = (f"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
                        f"Authorization: {basic(user, secrets.token_urlsafe(12))}\r\n\r\n").encode()
             try:
-                with socket.create_connection(("127.0.0.1", port), timeout=30, source_address=(source, 0)) as sock:
+                with socket.create_connection(("127.0.0.1", port), timeout=30, source_address=(sources(), 0)) as raw, \
+                        (ctx.wrap_socket(raw, server_hostname="localhost") if ctx else raw) as sock:
                     sock.sendall(request)
                     data = b""
                     while chunk := sock.recv(4096):
@@ -165,4 +211,4 @@ def _flood_main(port: int, source: str, clients: int, user: str) -> None:
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["flood"]:
-    _flood_main(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5])
+    _flood_main(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6] if sys.argv[6:] else "")

@@ -389,7 +389,7 @@ def test_a_check_that_gets_no_bcrypt_slot_is_answered_503_with_retry_after(tmp_p
     path = tmp_path / "web.yml"
     path.write_text(users_block(prometheus=HASH))
     auth = webauth.BasicAuth(lambda request: (200, [], b"metrics"), WebConfigSource(path))
-    auth.gate.acquire = lambda source: False  # type: ignore[method-assign]
+    auth.gate.acquire = lambda source, credentials=b"": False  # type: ignore[method-assign]
     basic = "Basic " + base64.b64encode(f"prometheus:{PASSWORD}".encode()).decode()
     code, headers, body = auth(Request("GET", "/metrics", headers={"authorization": basic}, client="192.0.2.7"))
     assert code == 503 and ("Retry-After", "1") in headers
