@@ -17,6 +17,16 @@ device: process lists, process utilisation, energy every tenth round) over ``--r
 
 Usage: ``python3 benchmarks/accounting.py [--scrapes 60] [--rounds 30]``. Figures are recorded in
 docs/performance.md; no pass/fail here (compare within one run).
+
+``--short-jobs JOBS:PER_SECOND`` measures instead what short jobs in cgroups that stay (nothing removes
+a user's empty job cgroups) leave published: a :class:`~accelstats.accounting.Ledger` with its default
+limits (``IDLE_KEPT_S``, ``ACCOUNTS_KEPT``) is fed directly, one round (one GPU) and one collection a
+second; ``PER_SECOND`` one-second jobs start each second, each in a cgroup of its own that stays, listed
+by the attribution while it runs, until ``JOBS`` have run; then ``IDLE_KEPT_S`` + 30 s with none. It
+prints the peak of accounts published in one collection (and of those not ended), when it came, when
+the last job ran, when the last account was published and how many the last collection published.
+``--no-limits``: the same with a ledger that never ends an idle account and keeps any number (what it
+did before the limits).
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import math
 import os
 import platform
 import secrets
@@ -42,6 +53,56 @@ from collectors.nvidia import NvidiaBackend
 from collectors.replay.lib import open_replay
 
 GIB = 1 << 30
+
+
+@dataclasses.dataclass(frozen=True)
+class StaysLookup:
+    """:class:`~accelstats.accounting.HostLookup` of ``--short-jobs``: PID 100 000 + n runs in job n's
+    cgroup, which stays (alive); no start time."""
+
+    def cgroup_of(self, pid: int) -> str | None:
+        return f"/user.slice/user-1000.slice/user@1000.service/jobs/job-{pid - 100_000}"
+
+    def started_at(self, cgroup: str) -> float | None:
+        return None
+
+    def alive(self, cgroup: str) -> bool:
+        return True
+
+
+def short_jobs(jobs: int, per_second: int, unlimited: bool) -> None:
+    """Run ``--short-jobs`` (see the module's docstring) and print its figures; ``unlimited``: a ledger
+    that never ends an idle account and keeps any number (as it was before the limits)."""
+    from accelstats.accounting import Ledger
+    from accelstats.accounting.ledger import ACCOUNTS_KEPT, IDLE_KEPT_S
+    from accelstats.attribution.containers import ContainerStats
+    from collectors.procsampler import ProcessRound
+
+    lookup, uuid, t0 = StaysLookup(), "GPU-00000000-0000-4000-8000-000000000000", 1_000.0
+    ledger = Ledger(lookup, idle_kept=math.inf, max_accounts=1 << 62) if unlimited else Ledger(lookup)
+    busy_s = -(-jobs // per_second)
+    peak = peak_kept = peak_at = last_published = final = 0
+    started = time.perf_counter()
+    for t in range(busy_s + int(IDLE_KEPT_S) + 30):
+        pids = [100_000 + n for n in range(t * per_second, min(jobs, (t + 1) * per_second))]
+        ledger.add_rounds([ProcessRound(uuid, t0 + t, 1.0 if t else 0.0, tuple((p, GIB) for p in pids),
+                                        tuple((p, 0.5) for p in pids), energy_joules=400.0 * t)])
+        listed = [ContainerStats(cgroup=lookup.cgroup_of(p) or "", identity=None) for p in pids]
+        view = ledger.settle(listed, lambda _: "0")
+        if len(view.accounts) > peak:
+            peak, peak_at = len(view.accounts), t
+        peak_kept = max(peak_kept, sum(not a.ended for a in view.accounts))
+        if view.accounts:
+            last_published = t
+        final = len(view.accounts)
+    print(f"# {time.strftime('%Y-%m-%d')} {platform.node()} python={platform.python_version()} --short-jobs "
+          f"{jobs}:{per_second} " + ("(no limits)" if unlimited else
+                                     f"(IDLE_KEPT_S {IDLE_KEPT_S:g} s, ACCOUNTS_KEPT {ACCOUNTS_KEPT})"))
+    print(f"accounts published in one collection: peak {peak} (not ended: {peak_kept}) at t={peak_at} s; "
+          f"last job at t={busy_s - 1} s; last account published at t={last_published} s "
+          f"({last_published - busy_s + 1} s after the last job); at the end (t={t} s): {final}; "
+          f"accounts_full {ledger.discarded['accounts_full']}; "
+          f"{time.perf_counter() - started:.1f} s")
 
 
 def add_processes(settings: Settings, capture: Path, gpus: int) -> None:
@@ -73,8 +134,21 @@ def main() -> None:
                         help="sampler rounds before each scrape (15: a 15 s scrape interval at the 1 s default)")
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--containers", type=int, default=1000)
+    parser.add_argument("--short-jobs", metavar="JOBS:PER_SECOND",
+                        help="instead: what short jobs in cgroups that stay leave published (e.g. 1000:1)")
+    parser.add_argument("--no-limits", action="store_true",
+                        help="with --short-jobs: a ledger that never ends an idle account (as before the limits)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    if args.short_jobs:
+        try:
+            jobs, per_second = (int(x) for x in args.short_jobs.split(":"))
+        except ValueError:
+            parser.error(f"--short-jobs wants JOBS:PER_SECOND, two integers, got {args.short_jobs!r}")
+        if jobs < 1 or per_second < 1:
+            parser.error(f"--short-jobs wants JOBS and PER_SECOND >= 1, got {args.short_jobs!r}")
+        short_jobs(jobs, per_second, args.no_limits)
+        return
     capture = default_shared() / "fixtures" / "h200" / "nvidia-smi-q.xml"
     print(f"# {time.strftime('%Y-%m-%d')} {platform.node()} cpus={os.cpu_count()} "
           f"python={platform.python_version()} {args.gpus} GPUs x {args.containers} containers, one GPU process each")

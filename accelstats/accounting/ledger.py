@@ -72,6 +72,7 @@ class Ledger:
         self.max_accounts = max_accounts
         self._kept = 0  # accounts not ended
         self._evictable: list[tuple[str, str]] | None = None  # idle accounts, longest-idle last (one settlement)
+        self._owners: set[str] = set()  # cgroups with a PID or exited sums held (one settlement): never evicted
         self.started: float | None = None  # monotonic time of the first round
         self.discarded: Counter[str] = Counter({r: 0 for r in DISCARD_REASONS})
         self._lock = threading.Lock()
@@ -243,6 +244,8 @@ class Ledger:
 
             self._accounts = {k: a for k, a in self._accounts.items() if not a.ended}
             self._kept, self._evictable = len(self._accounts), None
+            # known before any account is made, so that none whose cgroup runs a job again this round ends
+            self._owners = {o for _, entry, _ in self._held() if (o := self._owner(entry, by_cgroup)) is not None}
             if containers is not None:
                 self._allocate(by_cgroup, once, index_of, as_of)
             live = self._settle_pids(by_cgroup, once, index_of)
@@ -291,12 +294,12 @@ class Ledger:
         return account
 
     def _evict(self) -> bool:
-        """End the account idle and empty the longest (by ``idle_since``, as of the last settlement and
-        not listed by this one's attribution); its final totals are published by this settlement. False
-        when none is idle."""
+        """End the account idle and empty the longest (by ``idle_since``, as of the last settlement, not
+        listed by this one's attribution and with no PID or exited sums held this round: a job run again
+        in its cgroup keeps it); its final totals are published by this settlement. False when none is idle."""
         if self._evictable is None:
-            idle = [(a.idle_since, key) for key, a in self._accounts.items()
-                    if a.idle_since is not None and not a.ended and key[0] not in self._containers]
+            idle = [(a.idle_since, key) for key, a in self._accounts.items() if a.idle_since is not None
+                    and not a.ended and key[0] not in self._containers and key[0] not in self._owners]
             self._evictable = [key for _, key in sorted(idle, reverse=True)]
         while self._evictable:
             account = self._accounts.get(self._evictable.pop())
@@ -331,18 +334,28 @@ class Ledger:
             # created), never before accounting started; without a start time, from the latest round
             made.open(max(self.started, began if began is not None else as_of))
 
+    def _held(self) -> list[tuple[str, PidSums, bool]]:
+        """(device UUID, sums, still held) of each running PID and each exited cgroup's sums; still held:
+        running, or waiting for its last energy share."""
+        held = [(uuid, entry, True) for uuid, pids in self._pids.items() for entry in pids.values()]
+        return held + [(uuid, entry, entry.window_sm > 0) for (uuid, _), entry in self._exited.items()]
+
+    @staticmethod
+    def _owner(entry: PidSums, by_cgroup: dict[str, ContainerStats]) -> str | None:
+        """The container cgroup ``entry``'s readings go to; None: no container's (unattributed)."""
+        owner = container_of(entry.cgroup, by_cgroup)
+        if owner is None and entry.cgroup is not None and unseen_container(entry.cgroup):
+            owner = entry.cgroup  # a container no collection saw (it ran between two scrapes)
+        return owner
+
     def _settle_pids(self, by_cgroup: dict[str, ContainerStats], labels: _Labels,
                      index_of: Callable[[str], str]) -> set[str]:
         """Move each PID's (and each exited cgroup's) growth to its account; return the owners of PIDs
         still held (running, or waiting for their last energy share)."""
         busy: dict[tuple[str, str], Spans] = {}
         live: set[str] = set()
-        held = [(uuid, entry, True) for uuid, pids in self._pids.items() for entry in pids.values()]
-        held += [(uuid, entry, entry.window_sm > 0) for (uuid, _), entry in self._exited.items()]
-        for uuid, entry, still_held in held:
-            owner = container_of(entry.cgroup, by_cgroup)
-            if owner is None and entry.cgroup is not None and unseen_container(entry.cgroup):
-                owner = entry.cgroup  # a container no collection saw (it ran between two scrapes)
+        for uuid, entry, still_held in self._held():
+            owner = self._owner(entry, by_cgroup)
             sm, memory, energy, spans = entry.take()
             if owner is None:
                 self._devices.setdefault(uuid, DeviceSums()).unattributed_energy += energy

@@ -39,6 +39,8 @@ SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PID_FILE = "nvidia-cuda-mps-control.pid"
 #: The control socket the daemon creates in its pipe dir once it accepts commands.
 CONTROL_FILE = "control"
+#: At most this many bytes of another process's environment value are shown in a message.
+SHOWN_BYTES = 200
 
 
 @dataclass(frozen=True)
@@ -169,7 +171,8 @@ class DaemonChannel:
         for var, want in (("CUDA_MPS_PIPE_DIRECTORY", self.pipe_dir), ("CUDA_MPS_LOG_DIRECTORY", self.log_dir)):
             have = env.get(var.encode())
             if have != os.fsencode(want):
-                shown = os.fsdecode(have) if have is not None else "unset"
+                # the value comes from the other process's environment (a task's): cut and escaped
+                shown = repr(os.fsdecode(have[:SHOWN_BYTES])) if have is not None else "unset"
                 return f"its {var} is {shown}, not {want}"
         return None
 

@@ -211,22 +211,11 @@ class Daemon(DaemonChannel):
         """Remove a pipe dir no live daemon serves. A live control daemon there is never replaced: one
         that answers is refused as already running; one that does not answer is refused too, because
         removing its pipe dir would orphan it and its MPS server (nothing could reach or stop them).
-        Both refusals are :class:`DaemonRunningError`. Called holding the resource's lock."""
+        Whatever the pid file says (a task can empty it or write any PID or text there), the control
+        socket is asked before the dir is removed. Both refusals are :class:`DaemonRunningError`.
+        Called holding the resource's lock."""
         if not (pipe_dir.exists() or pipe_dir.is_symlink()):
             return
-        pid = self.pid()
-        if not self.running() and pid is not None and alive(pid) and (pipe_dir / CONTROL_FILE).exists():
-            # the pid file names a process that is not this resource's daemon (a task can write it): a
-            # daemon of ours may still serve the pipe dir, so it is asked before the dir is removed
-            try:
-                self.assert_healthy()
-            except MpsError:
-                pass  # nothing answers there: stale, removed below
-            else:
-                raise DaemonRunningError(
-                    f"MPS resource {self.name!r}: already running: a control daemon answers in {pipe_dir}, "
-                    f"though its pid file names pid {pid}, which is not it ({self.not_this_daemon(pid)}); "
-                    "stop it first (accelstats mps stop)")
         if self.running():
             try:
                 self.assert_healthy()
@@ -236,6 +225,19 @@ class Daemon(DaemonChannel):
                     f"{pipe_dir} but does not answer ({exc}); stop it first (accelstats mps stop)") from exc
             raise DaemonRunningError(f"MPS resource {self.name!r}: already running: a control daemon "
                                      f"(pid {self.pid()}) already answers in {pipe_dir}; stop it first")
+        if (pipe_dir / CONTROL_FILE).exists():
+            # the pid file names no daemon of this resource, but one may still serve the pipe dir
+            try:
+                self.assert_healthy()
+            except MpsError:
+                pass  # nothing answers there: stale, removed below
+            else:
+                pid = self.pid()
+                said = ("names no PID (missing, empty or not a plain number)" if pid is None else
+                        f"names pid {pid}, which is not it ({self.not_this_daemon(pid)})")
+                raise DaemonRunningError(
+                    f"MPS resource {self.name!r}: already running: a control daemon answers in {pipe_dir}, "
+                    f"though its pid file {said}; stop it first (accelstats mps stop)")
         log.info("MPS resource %r: removing stale pipe dir %s", self.name, pipe_dir)
         try:
             remove_path(pipe_dir)

@@ -121,3 +121,52 @@ def test_short_jobs_in_cgroups_that_stay_end_their_series_and_the_accounts_are_c
     assert [r.getMessage() for r in caplog.records if "accounts_full" in r.getMessage()] == [
         "GPU accounting: readings left out or not attributed (accounts_full); counted in "
         "accelstats_accounting_discarded_total"]
+
+
+# | job | cgroup | runs (s) | the attribution lists it |
+RERUN_JOBS = (
+    (3000, job_cgroup(0), 2.0, 4.0, True),
+    (3001, job_cgroup(1), 6.0, 8.0, True),
+    (3002, job_cgroup(0), 13.0, 18.0, False),  # job-0 again, in the cgroup that stayed; no collection finds it
+    (3003, job_cgroup(2), 12.0, 15.0, True),  # a new job: its first readings come as job-0 runs again (cap 2)
+)
+
+
+def test_at_the_cap_an_account_whose_cgroup_runs_a_job_again_is_not_the_one_ended(
+        tmp_path: Path, fixtures_dir: Path) -> None:
+    """security.md, short jobs in cgroups that stay (row 5's scenario at the cap): a user re-runs a job
+    in job-0's cgroup, which no collection's attribution lists (the ledger attributes its PID through
+    the cgroup, as for a container no collection saw), while a new job needs an account past
+    ``max_accounts`` = 2. The account ended is job-1's (idle, no PID), not job-0's: job-0's series goes
+    on, never said ended while its job runs, its counters never going backwards."""
+    processes = "".join(f"[[gpu.process]]\npid = {pid}\nstart_s = {start:g}\nend_s = {end:g}\n"
+                        f"sm_utilization_percent = 50\nused_memory_bytes = {GIB}\n"
+                        for pid, _, start, end, _ in RERUN_JOBS)
+    scenario = tmp_path / "rerun.toml"
+    scenario.write_text(f'[[gpu]]\ncapture = "{fixtures_dir / "h200" / "nvidia-smi-q.xml"}"\n'
+                        f"[gpu.override]\npower_usage_mw = 400000\n{processes}")
+    now = [T0]
+    nvml = open_replay(scenario, clock=lambda: now[0])
+    nvml.nvmlInit()
+    cgroups = {pid: cgroup for pid, cgroup, *_ in RERUN_JOBS}
+    ledger = Ledger(Lookup(cgroups.get, lambda c: None, lambda c: True), max_accounts=2)
+    sampler = ProcessSampler(NvmlCaller(nvml), 1.0, ledger.add_rounds, clock=lambda: now[0], wall=lambda: now[0])
+    sampler.set_devices([(Device(uuid=UUID, index=0, minor=0, name="NVIDIA H200"), nvml.nvmlDeviceGetHandleByIndex(0))])
+    job0: list[tuple[int, Published]] = []
+    ended: dict[str, int] = {}
+    for t in range(22):
+        sampler.read_round()
+        listed = [ContainerStats(cgroup=cgroup, identity=None) for _, cgroup, start, end, shown in RERUN_JOBS
+                  if shown and start <= t < end]
+        view = ledger.settle(listed, lambda uuid: "0")
+        job0 += [(t, a) for a in view.accounts if a.labels[0] == job_cgroup(0)]
+        ended.update({a.labels[0]: t for a in view.accounts if a.ended and a.labels[0] not in ended})
+        now[0] += 1.0
+    assert ledger.discarded["accounts_full"] > 0  # the cap was reached
+    assert ended[job_cgroup(1)] == 13 and ended.get(job_cgroup(0), 99) > 18, ended  # job-1 made room for job-2
+    during = [(t, a) for t, a in job0 if 13 <= t <= 18]
+    assert [t for t, _ in during] == list(range(13, 19)), job0  # published throughout the re-run
+    assert not any(a.ended for _, a in during), [(t, a.ended) for t, a in during]
+    for (_, earlier), (_, later) in itertools.pairwise(job0):
+        assert all(x <= y for x, y in zip(totals(earlier), totals(later), strict=True)), job0
+    assert during[-1][1].sm_seconds - during[0][1].sm_seconds > 2.0  # the re-run's readings are in it

@@ -200,7 +200,7 @@ def test_stop_never_signals_another_resources_daemon_named_in_its_pid_file(
     assert b_pid is not None and b.running()
     (a.pipe_dir / "nvidia-cuda-mps-control.pid").write_text(f"{b_pid}\n")  # what the task writes
     assert a.pid() == b_pid and not a.running() and a.visible_devices() is None
-    assert f"its CUDA_MPS_PIPE_DIRECTORY is {b.pipe_dir}, not {a.pipe_dir}" == a.not_this_daemon(b_pid)
+    assert f"its CUDA_MPS_PIPE_DIRECTORY is {str(b.pipe_dir)!r}, not {a.pipe_dir}" == a.not_this_daemon(b_pid)
     problems = a.stop()
     assert any(f"names pid {b_pid}, which is not this resource's control daemon" in p and "nothing signalled" in p
                for p in problems), problems
@@ -210,28 +210,65 @@ def test_stop_never_signals_another_resources_daemon_named_in_its_pid_file(
     assert not a.pipe_dir.exists()
 
 
+def dead_pid() -> int:
+    """The PID of a process that has exited and been reaped."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+# what a task of resource ``a`` (its pipe dir mounted read-write) writes into a's pid file
+PID_FILE_TAMPERING = {
+    "b's daemon": lambda b_pid: f"{b_pid}\n",
+    "empty": lambda b_pid: "",
+    "a dead PID": lambda b_pid: f"{dead_pid()}\n",
+    "not decimal": lambda b_pid: "12x\n",
+}
+
+
+@pytest.mark.parametrize("tampering", PID_FILE_TAMPERING, ids=list(PID_FILE_TAMPERING))
 def test_a_start_never_removes_a_pipe_dir_a_daemon_answers_in_whatever_its_pid_file_says(
-        make_daemon: Callable[..., Daemon]) -> None:
-    """The double leaves when its pid file changes; a daemon that stays is what this recreates: ``a``'s
-    pipe dir answers (its control file and state are back) while its pid file names ``b``'s daemon. A
-    start of ``a`` is refused as already running, and the pipe dir is left alone."""
+        make_daemon: Callable[..., Daemon], tampering: str) -> None:
+    """security.md, MPS pid file: whatever a task writes in ``a``'s pid file (another resource's daemon
+    PID, nothing, a dead PID, text), ``a``'s daemon, which still answers on its control socket, is
+    neither replaced nor orphaned by a start of ``a``: the start is refused as already running and
+    the pipe dir is left alone, the daemon still answering there."""
     a = make_daemon(MpsResource("example.com/a", 2, (UUID0,)))
     b = make_daemon(MpsResource("example.com/b", 2, (UUID1,)))
     a.start()
     b.start()
-    b_pid = b.pid()
-    assert b_pid is not None
-    state = (a.pipe_dir / "double.state.json").read_text()
-    a_pid = a.pid()
-    assert a_pid is not None
-    (a.pipe_dir / "nvidia-cuda-mps-control.pid").write_text(f"{b_pid}\n")
-    assert gone(a_pid)  # the double left; the files of a daemon that stays are put back
-    (a.pipe_dir / "double.state.json").write_text(state)
-    (a.pipe_dir / "control").touch()
-    (a.pipe_dir / "nvidia-cuda-mps-control.pid").write_text(f"{b_pid}\n")
-    with pytest.raises(MpsError, match=rf"already running: a control daemon answers in .*pid {b_pid}, which is not it"):
+    b_pid, a_pid = b.pid(), a.pid()
+    assert b_pid is not None and a_pid is not None
+    (a.pipe_dir / "nvidia-cuda-mps-control.pid").write_text(PID_FILE_TAMPERING[tampering](b_pid))
+    assert not a.running()
+    said = rf"pid {b_pid}, which is not it" if tampering == "b's daemon" else "names no PID" \
+        if tampering != "a dead PID" else r"names pid \d+, which is not it \(no such process\)"
+    with pytest.raises(MpsError, match=rf"already running: a control daemon answers in .*{said}"):
         a.start()
-    assert (a.pipe_dir / "control").exists() and b.running()
+    assert (a.pipe_dir / "control").exists() and not gone(a_pid, wait=0.0) and b.running()
+    a.assert_healthy()
+
+
+def test_a_task_set_environment_value_is_shown_escaped() -> None:
+    """The environment ``not_this_daemon`` quotes is another process's (a task's): shown with repr,
+    cut to 200 bytes, so it cannot forge lines in a log or a terminal."""
+    daemon = Daemon(MpsResource("example.com/a", 2, (UUID0,)), GPUS, Root(Path("/nonexistent-mps")),
+                    binary=str(DOUBLE))
+    forged = "/x\n[2026-01-01 00:00:00.000 Control 1] forged\x1b[31m" + "y" * 500
+    env = {"PATH": os.environ["PATH"], "CUDA_MPS_PIPE_DIRECTORY": forged}
+    task = subprocess.Popen(["bash", "-c", "exec -a nvidia-cuda-mps-control sleep 30"], env=env)
+    try:
+        deadline = time.monotonic() + 5.0
+        while b"nvidia-cuda-mps-control" not in Path(f"/proc/{task.pid}/cmdline").read_bytes():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        why = daemon.not_this_daemon(task.pid)
+        assert why is not None and "\n" not in why and "\x1b" not in why, why
+        assert why.startswith("its CUDA_MPS_PIPE_DIRECTORY is '/x\\n[2026") and "\\x1b[31m" in why, why
+        assert "y" * 100 in why and "y" * 500 not in why, why
+    finally:
+        task.kill()
+        task.wait()
 
 
 def test_a_recycled_pid_is_not_signalled(make_daemon: Callable[..., Daemon]) -> None:
