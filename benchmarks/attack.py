@@ -47,21 +47,11 @@ exporter over a cgroup v2 subtree of N containers with helper-calling device pro
 ``--looping-programs`` (20) with distinct long loops, ``--program-scrapes`` (300) scrapes: RSS,
 first and later scrape times and CPU, and the cost of replaced and of new programs.
 
-``--variants`` runs row 3 of issue 24 instead (:func:`variants_run`): rotating ``Accept`` variants
-from one address and ``name[]`` filters from ``--variant-clients`` addresses against a Prometheus scraper.
+``--variants`` runs row 3 of issue 24 instead (``benchmarks/attack_variants.py``): rotating ``Accept``
+variants from one address and ``name[]`` filters from ``--variant-clients`` addresses against a Prometheus scraper.
 
-``--auth-flood SHAPE`` (issue 24) runs a wrong-password flood instead: 64 clients in another process
-(tests/support/webconfig_util.py's ``Flood``, over TLS, a new connection and a fresh random password for
-``prometheus`` each request) from rotating source addresses: ``one`` (127.0.0.2), ``1000`` (127.0.0.2 -
-127.0.3.233 in turn: the scraper's /24), ``fresh`` (a fresh address of 127.1.0.0/16 per request: what an
-IPv6 /64 gives anyone), ``prefixes`` (a fresh address of 127.0.0.0/8 per request, a fresh /24 each, the
-/8's 256 /16s in turn: an attacker with many prefixes), or ``all`` of them in turn. Each of
-``--auth-rounds`` rounds (5) starts the exporter afresh (the cache of successful checks is empty, as
-after a restart or a password change), starts the flood, waits for its first ``503``, then logs in from
-127.0.0.1 as a scraper does: on ``503`` again after ``Retry-After`` (1 s; ``--auth-retry``: Prometheus
-tries again at its next scrape), until ``200`` or ``--auth-deadline`` seconds (30). Printed per shape:
-the first logins' times and tries, and the flood's answers by status with its rate (target: every first
-login within 10 s).
+``--auth-flood SHAPE`` (issue 24) runs a wrong-password flood from rotating source addresses instead
+(``benchmarks/attack_auth.py``): the scraper's first logins under it (target: within 10 s).
 
 Usage: ``python3 benchmarks/attack.py [--connections 2000] [--seconds 60] [--nofile 8192] [--plain]
 [--keep-alive] [--repo DIR]``, or ``python3 benchmarks/attack.py --urandom 50 [--repo DIR]``, or
@@ -488,145 +478,6 @@ def urandom_run(args: argparse.Namespace, capture: Path) -> int:
     return 1 if failed or growth >= 5 else 0
 
 
-# -- rotating Accept variants and name[] filters (issue 24, row 3) --------------------------------------
-
-VARIANT_MEDIA = ("text/plain", "text/plain; version=0.0.4", "text/plain; version=1.0.0",
-                 "application/openmetrics-text", "application/openmetrics-text; version=1.0.0")
-VARIANT_ESCAPINGS = ("", "; escaping=underscores", "; escaping=allow-utf-8", "; escaping=dots", "; escaping=values")
-PROMETHEUS_HEADERS = {"Accept": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;"
-                                "version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
-                      "Accept-Encoding": "gzip"}
-
-
-def variants_run(args: argparse.Namespace, capture: Path) -> int:
-    """Row 3 of issue 24: the exporter (plain HTTP) over ``--gpus`` x ``--containers``; a Prometheus scraper
-    (its Accept and gzip, a new connection each) every ``--interval`` s for ``--seconds`` s, three times:
-    alone; while one address (127.0.0.2) rotates every ``Accept`` variant (text 0.0.4/1.0.0, OpenMetrics x
-    escapings x gzip: 50) on ``--variant-clients`` connections; while ``--variant-clients`` addresses
-    (127.0.1.x) each send ``name[]`` filters of their own naming every family. The floods run in their own
-    process (tests/support/http_flood.py). Printed per phase: scraper latency, errors, the exporter's RSS
-    (max, sampled every 0.5 s) and CPU, the flood's answers by status. Exit 1 when a scrape failed."""
-    from support.http_flood import flooding
-
-    variants = [{"Accept": m + e} | ({"Accept-Encoding": "gzip"} if z else {})
-                for m in VARIANT_MEDIA for e in VARIANT_ESCAPINGS for z in (False, True)]
-    n = args.variant_clients
-    print(f"# {args.repo}: plain HTTP, {args.gpus} GPUs x {args.containers} containers; a Prometheus scrape "
-          f"every {args.interval:g} s for {args.seconds:g} s per phase; floods of {n} clients")
-    failed = 0
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
-        settings = build_host(folder, capture, args.gpus, args.containers)
-        assert settings.nvml_replay is not None
-        with exporter(args.repo, folder, None, args.nofile, settings.nvml_replay) as (proc, port):
-            body = scrape_once(port, None)[1]
-            families = sorted(set(re.findall(rb"^# TYPE (\S+)", body, re.M)))
-            query = "&".join(f"name[]={f.decode()}" for f in families)
-            phases = {
-                "alone": None,
-                f"one address rotating {len(variants)} Accept variants": [
-                    [("127.0.0.2", "/metrics", variants[(7 * i + k) % len(variants)]) for k in range(len(variants))]
-                    for i in range(n)],
-                f"{n} addresses with name[] filters of their own": [
-                    [(f"127.0.1.{i + 1}", f"/metrics?{query}&name[]=nothing_{i}_{k}", {}) for k in range(50)]
-                    for i in range(n)],
-            }
-            for phase, clients in phases.items():
-                flood = flooding(port, clients) if clients else contextlib.nullcontext(Counter())
-                with flood as answers:
-                    watch = Watch(proc.pid)
-                    watch.start()
-                    cpu0 = cpu_seconds(proc.pid)
-                    latencies: list[float] = []
-                    errors: Counter[str] = Counter()
-                    t_end = time.monotonic() + args.seconds
-                    while time.monotonic() < t_end:
-                        t0 = time.monotonic()
-                        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-                        try:
-                            conn.request("GET", "/metrics", headers=PROMETHEUS_HEADERS)
-                            r = conn.getresponse()
-                            r.read()
-                            if r.status != 200:
-                                errors[f"HTTP {r.status}"] += 1
-                        except (OSError, http.client.HTTPException) as exc:
-                            errors[type(exc).__name__] += 1
-                        finally:
-                            conn.close()
-                        latencies.append(time.monotonic() - t0)
-                        time.sleep(max(0.0, args.interval - (time.monotonic() - t0)))
-                    cpu = cpu_seconds(proc.pid) - cpu0
-                    watch.stop()
-                ms = sorted(x * 1000 for x in latencies)
-                failed += sum(errors.values())
-                print(f"{phase}: scrapes {len(ms)}, errors {sum(errors.values())} {dict(errors) if errors else ''}; "
-                      f"latency ms p50 {percentile(ms, 50):.0f}, p99 {percentile(ms, 99):.0f}, max {ms[-1]:.0f}; "
-                      f"exporter RSS max {max(watch.rss, default=0) / 2**20:.0f} MiB, CPU {cpu / args.seconds:.2f} "
-                      f"cores; flood answers {dict(sorted(answers.items())) or '-'}")
-    print(f"# end {loadavg()}")
-    return 1 if failed else 0
-AUTH_FLOOD_SHAPES = {  # --auth-flood: the flood's sources (tests/support/webconfig_util.py flood_sources)
-    "one": "127.0.0.2",
-    "1000": "127.0.0.0/22*1000",
-    "fresh": "127.1.0.0/16",
-    "prefixes": "127.0.0.0/8",
-}
-FIRST_LOGIN_TARGET = 10.0  # seconds: issue 24's build requirement
-
-
-def auth_flood_run(args: argparse.Namespace, capture: Path) -> int:
-    """Issue 24's auth floods from rotating addresses (the module's docstring): per shape, the
-    scraper's first-login times and tries over ``--auth-rounds`` fresh exporters, and the flood's
-    answers. Exit status 1 when a first login took longer than :data:`FIRST_LOGIN_TARGET`."""
-    from support.webconfig_util import Flood  # tests/ is on sys.path
-
-    shapes = list(AUTH_FLOOD_SHAPES) if args.auth_flood == "all" else [args.auth_flood]
-    print(f"# {args.repo}: TLS + basic auth (bcrypt cost 12); a flood of 64 clients, a wrong password "
-          f"and a new TLS connection each request; {args.auth_rounds} fresh exporter(s) per shape; "
-          f"the scraper tries again {args.auth_retry:g} s after a 503")
-    worst = 0.0
-    for shape in shapes:
-        took: list[float] = []
-        tries: list[str] = []
-        answers: Counter[str] = Counter()
-        flood_s = 0.0
-        for _ in range(args.auth_rounds):
-            with tempfile.TemporaryDirectory() as tmp:
-                folder = Path(tmp)
-                web = make_web_config(folder, plain=False)
-                ctx = ssl.create_default_context(cafile=str(folder / "tls.crt"))
-                with exporter(args.repo, folder, web, args.nofile, capture) as (_, port):
-                    flood = Flood(port, AUTH_FLOOD_SHAPES[shape], 64, "prometheus", cafile=str(folder / "tls.crt"))
-                    began_flood = time.monotonic()
-                    try:
-                        if not flood.wait_answers(1, timeout=60, status="503"):
-                            raise RuntimeError(f"the flood never filled the gate: {flood.responses}")
-                        began = time.monotonic()
-                        statuses = []
-                        while True:
-                            try:
-                                status = scrape_once(port, ctx, timeout=args.auth_deadline)[0]
-                            except (OSError, http.client.HTTPException) as exc:
-                                status = type(exc).__name__
-                            statuses.append(str(status))
-                            if status == 200 or time.monotonic() - began > args.auth_deadline:
-                                break
-                            time.sleep(args.auth_retry)  # 1: the 503's Retry-After
-                        took.append(time.monotonic() - began if status == 200 else float("inf"))
-                        tries.append("/".join(statuses) if len(statuses) <= 3 else
-                                     f"{len(statuses)} tries, {statuses.count('503')} of them 503, last {statuses[-1]}")
-                        answers.update(dict(flood.responses))
-                    finally:
-                        flood_s += time.monotonic() - began_flood
-                        flood.stop()
-        worst = max(worst, *took)
-        shown = ", ".join(f"{t:.2f}" if t != float("inf") else f"none in {args.auth_deadline:g}" for t in took)
-        print(f"{shape} ({AUTH_FLOOD_SHAPES[shape]}): first login s {shown}; tries {tries}")
-        print(f"{shape}: flood answers {dict(sorted(answers.items()))}, {sum(answers.values()) / flood_s:.0f}/s")
-    print(f"# end {loadavg()}")
-    return 1 if worst > FIRST_LOGIN_TARGET else 0
-
-
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of ``pid`` (``/proc/<pid>/stat`` fields 14 and 15)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -635,6 +486,8 @@ def cpu_seconds(pid: int) -> float:
 
 def main() -> int:
     """Start the exporter, open the hostile connections, time the scrapes, print the figures."""
+    from attack_auth import AUTH_FLOOD_SHAPES
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--connections", type=int, default=2000)
     parser.add_argument("--seconds", type=float, default=60.0)
@@ -681,8 +534,10 @@ def main() -> int:
         from attack_programs import programs_run
         return programs_run(args, capture)
     if args.variants:
+        from attack_variants import variants_run
         return variants_run(args, capture)
     if args.auth_flood:
+        from attack_auth import auth_flood_run
         return auth_flood_run(args, capture)
     args.plain = args.plain or args.requests
     mode = "plain HTTP" if args.plain else "TLS + basic auth (bcrypt cost 12)"

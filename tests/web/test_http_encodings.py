@@ -131,12 +131,16 @@ def test_one_address_rotating_accept_variants_does_not_hold_up_a_scraper(host: H
     encodings, collections = host.shared.encodings - encodings, len(host.made) - collections
     print(f"scraper p50 {alone * 1000:.0f} ms alone, {attacked * 1000:.0f} ms under attack; {encodings} encodings "
           f"for {collections} collections; attacker's answers {dict(statuses)}")
-    # 2026-12-05, 2-core VM: 4.5 to 5.4 x, 6.9 x at load average 11 (before: 9.9 to 15 x, 5.3 encodings a
-    # collection); a flood of Prometheus' own variant on as many connections: 2.1 x, of /healthz: 3.5 x.
-    # The bound leaves room for a loaded machine; the encodings per collection are what tells the two apart.
-    assert attacked <= 10 * alone, f"scraper p50 {attacked:.2f} s under attack, {alone:.2f} s alone"
-    assert encodings <= 3 * collections  # text, OpenMetrics, and re-escaped ones one at a time (2.2 measured)
-    assert statuses["200"] > 0 and statuses["429"] > 0  # served, and re-escaped bodies capped
+    # 2026-12-05, 2-core VM: 4.5 to 5.4 x, 6.9 x at load average 11 (before: 4.5 to 33 x); a flood of
+    # Prometheus' own variant on as many connections: 2.1 x, of /healthz: 3.5 x. What tells the two apart
+    # is the encodings, a collection (2.2 to 2.3; before 2.5 to 5.3) and an answer (0.14 to 0.16; before
+    # 0.50 to 0.58), and the 429s; the time bound only catches a scraper held up for good, with room for
+    # 4 test workers on 2 cores.
+    answered = statuses["200"] + 7
+    assert encodings <= 3 * collections, f"{encodings} encodings for {collections} collections"
+    assert encodings <= answered / 3, f"{encodings} encodings for {answered} answers"
+    assert statuses["200"] > 0 and statuses["429"] > 0, dict(statuses)  # served, and re-escaped bodies capped
+    assert attacked <= 20 * alone, f"scraper p50 {attacked:.2f} s under attack, {alone:.2f} s alone"
 
 
 def test_32_addresses_sending_their_own_filters_do_not_hold_up_a_scraper(host: Host) -> None:
@@ -151,9 +155,10 @@ def test_32_addresses_sending_their_own_filters_do_not_hold_up_a_scraper(host: H
     print(f"scraper p50 {alone * 1000:.0f} ms alone, {attacked * 1000:.0f} ms under attack; "
           f"attackers' answers {dict(statuses)}")
     # 2026-12-05, 2-core VM: 5.4 to 6.0 x, 7 to 8.6 x at load average 11, most of it the flood's 600
-    # requests a second (before: 42 to 46 x)
-    assert attacked <= 15 * alone, f"scraper p50 {attacked:.2f} s under attack, {alone:.2f} s alone"
-    assert statuses["200"] > 0 and statuses["503"] > 0  # some served, the rest told to retry
+    # requests a second (before: 14 to 63 x, no 503). The 503s tell the two apart; the time bound leaves
+    # room for 4 test workers on 2 cores (it failed the old code in 2 of 3 runs at load average 8 to 11).
+    assert statuses["200"] > 0 and statuses["503"] > 0, dict(statuses)  # some served, the rest told to retry
+    assert attacked <= 25 * alone, f"scraper p50 {attacked:.2f} s under attack, {alone:.2f} s alone"
 
 
 class _Fixed:

@@ -156,7 +156,8 @@ def test_requests_of_clients_that_have_closed_are_answered_within_their_address_
         for sock in clients:
             sock.shutdown(socket.SHUT_WR)
         status, took = request(server.port, "/healthz", source="127.0.0.2")
-        assert status == "HTTP/1.1 200 OK" and took < 1.0, took
+        # a few ms alone; 3 s: room for 4 test workers on 2 cores, far under a wait for the held share
+        assert status == "HTTP/1.1 200 OK" and took < 3.0, took
         assert not server.arrived.acquire(timeout=0.2), "more than one address's share ran at once"
         server.gate.set()
         answers = [split_responses(read_until_closed(sock, 10.0)) for sock in clients]
