@@ -25,6 +25,7 @@ import http.client
 import itertools
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -183,3 +184,25 @@ def test_accept_variants_of_one_collection_share_their_bodies(host: Host) -> Non
     assert len(set(fast.values())) == 4  # text and OpenMetrics, each plain and gzipped
     assert shared.encodings == 2 + 4  # + text and OpenMetrics with dots and with values
     assert sum(len(b) for b in shared._bodies.values()) <= 2 * (3 << 20) + 2 * (1 << 20) + app.COSTLY_BYTES
+
+
+def test_a_scrape_given_an_older_collection_than_the_newest_seen_is_answered(host: Host) -> None:
+    """Two scrapes can get two collections, and the one with the older collection can ask for its body after
+    the newer one was seen (a small host collects fast): that body is made apart, outside the lock its
+    encoding takes (before: the thread waited on a lock it held, and every later /metrics waited on it)."""
+    older = host.manager.collect()
+    newer = host.manager.collect()  # a call after the last one ended runs a collection of its own
+    assert newer.started > older.started
+    manager = _Fixed(newer)
+    shared = app.SharedExposition(manager)  # type: ignore[arg-type]
+    shared.body("", "")  # the newest collection seen
+    manager.collection = older
+    for names in (None, ["accelstats_gpu_info"]):
+        done: list[bytes] = []
+        worker = threading.Thread(target=lambda out=done, wanted=names: out.append(shared.body("", "", wanted)[0]),
+                                  daemon=True)
+        worker.start()
+        worker.join(10)
+        assert done and done[0].startswith(b"# HELP"), f"no body for an older collection (names {names})"
+    manager.collection = newer
+    assert shared.body("", "")[0].startswith(b"# HELP")  # and the next scrape is served
