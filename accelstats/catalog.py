@@ -511,7 +511,9 @@ SKIPPED_LINES = Family("accelstats_devices_list_skipped_lines_total", "counter",
                        lambda c: [((), float(c.devices_list_skipped_lines_total))])
 ATTRIBUTION_SKIPPED = Family(
     "accelstats_attribution_skipped_total", "counter",
-    "Items skipped during attribution because they vanished or could not be read, by reason.", ("reason",),
+    "Items skipped during attribution because they vanished or could not be read, by reason "
+    "(runtime_index_refused: a containers/storage index not used: too large, too dense, not a JSON list).",
+    ("reason",),
     lambda c: [((reason,), float(n)) for reason, n in sorted(c.attribution_skipped.items())])
 NVML_ERRORS = Family("accelstats_nvml_errors_total", "counter",
                      "NVML calls that failed, by call and NVML error (NOT_SUPPORTED excluded).", ("call", "error"),

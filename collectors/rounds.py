@@ -6,8 +6,11 @@ simultaneous NVML calls from multiple threads", NVML API reference), never on th
 worker, so a round cannot delay a scrape's pass. A timer thread starts one round per interval and
 never waits for it; a round still running when the next is due is not doubled, so a hang (a GPU fell
 off the bus) costs one thread for as long as it lasts. A round still running is only said to be
-late (how long it has run: a loaded CPU does that too), at info, once per episode; it is called a
-hang, at warning, once, only after it has run ``hang_after`` seconds (:data:`HANG_AFTER_S`).
+late (how long it has run: a loaded CPU does that too), at info, once per episode and at most once
+per :data:`LATE_LOG_EVERY_S` (the next line says how many episodes were left out); it is called a
+hang, at warning, once per episode, only after it has run ``hang_after`` seconds (:data:`HANG_AFTER_S`).
+Skipped rounds are counted in :attr:`BackgroundRounds.skipped` (no metric family exports sampler
+health yet).
 
 Subclasses: :class:`collectors.pcie.PcieSampler` (PCIe throughput, ~21 ms per call) and
 :class:`collectors.procsampler.ProcessSampler` (per-process accounting reads).
@@ -28,25 +31,33 @@ log = logging.getLogger(__name__)
 #: round measured, loaded CPU or not, and far short of a GPU that fell off the bus.
 HANG_AFTER_S = 10.0
 
+#: Seconds between two "still running" info lines at least: sustained load can make every few rounds
+#: a new episode; one line a minute says it, with the count of the episodes left out since the last.
+LATE_LOG_EVERY_S = 60.0
+
 
 class BackgroundRounds:
     """A timer thread that starts :meth:`_round` every ``interval`` seconds (> 0) on its own worker.
 
     ``what`` names the rounds in thread names and log lines; ``first_wait``: seconds :meth:`start`
     waits for the first round; ``hang_after``: seconds a round runs before the log calls it a hang
-    (before that it is "still running after N s"). Lifecycle: :meth:`start` → :meth:`stop` (:meth:`resume` may follow)
+    (before that it is "still running after N s"); ``late_log_every``: seconds between two "still
+    running" lines at least. :attr:`skipped` counts the rounds that were due while the previous one
+    still ran (not started). Lifecycle: :meth:`start` → :meth:`stop` (:meth:`resume` may follow)
     → :meth:`close`. Raises ValueError for an interval that is not > 0.
     """
 
     def __init__(self, what: str, interval: float, *, first_wait: float = 0.5,
-                 hang_after: float = HANG_AFTER_S) -> None:
+                 hang_after: float = HANG_AFTER_S, late_log_every: float = LATE_LOG_EVERY_S) -> None:
         if not interval > 0:
             raise ValueError(f"{what} interval must be > 0 seconds, got {interval!r}")
         self.what = what
         self.interval = interval
         self.first_wait = first_wait
         self.hang_after = hang_after
+        self.late_log_every = late_log_every
         self.rounds = 0  # rounds completed (tests and logs)
+        self.skipped = 0  # rounds not started: the previous one still ran
         self._worker = DeadlineWorker(f"accelstats-{what}-nvml")
         self._timer: threading.Thread | None = None
         self._stop = threading.Event()
@@ -54,6 +65,8 @@ class BackgroundRounds:
         self._late_logged = False  # "still running" said in this episode
         self._hang_logged = False  # "hangs" said in this episode
         self._round_started = 0.0  # time.monotonic() when the running (or last) round was started
+        self._late_said_at: float | None = None  # time.monotonic() of the last "still running" line
+        self._late_left_out = 0  # late episodes not logged since that line (rate limit)
 
     @property
     def busy(self) -> bool:
@@ -120,19 +133,28 @@ class BackgroundRounds:
         return done
 
     def _skipped(self) -> None:
-        """A round was due while the previous one still runs: say how long it has run (info, once per
-        episode), and that an NVML call hangs only once it has run :attr:`hang_after` seconds (warning,
-        once per episode)."""
-        running = time.monotonic() - self._round_started
+        """A round was due while the previous one still runs: count it in :attr:`skipped`, say how long
+        the previous one has run (info, once per episode, at most once per :attr:`late_log_every`),
+        and that an NVML call hangs only once it has run :attr:`hang_after` seconds (warning, once per
+        episode)."""
+        self.skipped += 1
+        now = time.monotonic()
+        running = now - self._round_started
         if running >= self.hang_after:
             if not self._hang_logged:
                 log.warning("%s: the previous round is still running after %.1f s, past %g s: an NVML call "
                             "hangs; %s", self.what, running, self.hang_after, self._stuck_consequence())
                 self._hang_logged = self._late_logged = True
         elif not self._late_logged:
-            log.info("%s: the previous round is still running after %.1f s (interval %g s); this round is "
-                     "skipped", self.what, running, self.interval)
             self._late_logged = True
+            if self._late_said_at is not None and now - self._late_said_at < self.late_log_every:
+                self._late_left_out += 1
+                return
+            left_out = (f"; {self._late_left_out} more such episodes since the last line were not logged"
+                        if self._late_left_out else "")
+            log.info("%s: the previous round is still running after %.1f s (interval %g s); this round is "
+                     "skipped%s", self.what, running, self.interval, left_out)
+            self._late_said_at, self._late_left_out = now, 0
 
     # -- what a subclass provides ----------------------------------------------------------------
     def _round(self) -> None:

@@ -72,7 +72,7 @@ log = logging.getLogger(__name__)
 SKIP_REASONS = ("cgroup_vanished", "cgroup_unreadable", "cgroup_too_deep", "devices_list_unreadable",
                 "pid_vanished", "pid_unreadable", "bad_cgroup_path", "foreign_cgroupns", "fd_unreadable",
                 "mig_minors_line", "device_programs_denied", "device_programs_unreadable",
-                "device_program_undecidable", "cgroup_unrecognised_too_many")
+                "device_program_undecidable", "cgroup_unrecognised_too_many", "runtime_index_refused")
 _MAX_LOGGED = 10_000
 
 
@@ -146,6 +146,7 @@ class Attributor:
         if self.hierarchy is None:
             return [], view
         self.runtimes.refresh()
+        self.skipped["runtime_index_refused"] = self.runtimes.errors  # each refused version once
         known = self.runtimes.known
         found = (discover_v1_containers(self.hierarchy, known=known) if self.devices_list
                  else discover_v2_containers(self.hierarchy, known=known))

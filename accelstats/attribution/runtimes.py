@@ -139,7 +139,8 @@ class RuntimeState:
     the parse back-off (both injectable for tests).
 
     :attr:`errors` counts state files that exist but cannot be used (not JSON, too large, too many
-    values for their size: see :data:`MIN_BYTES_PER_VALUE`).
+    values for their size: see :data:`MIN_BYTES_PER_VALUE`), each version once; the attributor
+    exports it as ``accelstats_attribution_skipped_total{reason="runtime_index_refused"}``.
     """
 
     def __init__(self, rootfs: Path, roots: RuntimeRoots, *, clock: Callable[[], float] = time.time,

@@ -242,6 +242,9 @@ class DeviceProgramCache:
     ``collection_steps``: instructions the evaluations may execute per collection (call
     :meth:`begin_collection` at the start of each); a new text met once they are spent is not
     evaluated and its cgroup gets :class:`UndecidableError` saying so, for this collection only.
+    Each evaluation reserves its share (at most :data:`MAX_STEPS`) before it runs and gives back what it
+    did not execute, so concurrent grants together never pass ``collection_steps``; a grant that finds
+    them all reserved by running evaluations waits for the next collection.
     ``steps``: instructions executed in all (the evaluator's total cost).
     """
 
@@ -312,8 +315,9 @@ class DeviceProgramCache:
                 programs.append(self._decode(text))
             except UndecidableError as exc:
                 return _Undecided(str(exc), position)
-        with self._lock:
-            steps = min(self._steps_left, MAX_STEPS)
+        with self._lock:  # reserved up front: concurrent grants cannot spend the same instructions twice
+            steps = max(0, min(self._steps_left, MAX_STEPS))
+            self._steps_left -= steps
         if steps <= 0:
             raise UndecidableError(f"device programs {', '.join(map(str, ids))}: not evaluated in this collection, "
                                    f"whose {self._collection_steps} instructions for new device programs are spent")
@@ -327,8 +331,8 @@ class DeviceProgramCache:
                                        "collection, whose instructions for new device programs ran out") from None
             return _Undecided(str(exc))
         finally:
-            with self._lock:
-                self._steps_left -= budget.used
+            with self._lock:  # what the evaluation did not execute goes back to this collection
+                self._steps_left = min(self._collection_steps, self._steps_left + steps - budget.used)
                 self.steps += budget.used
 
     def _remember(self, key: tuple[tuple[int, ...], _Question], found: GpuGrant | _Undecided) -> None:

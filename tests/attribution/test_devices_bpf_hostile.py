@@ -11,6 +11,8 @@
 | container restarted, a program replaced)| are kept by program text too                                |
 | many new texts, each costly             | at most MAX_COLLECTION_STEPS (400 000) instructions per      |
 |                                         | collection; the rest wait for the next collections          |
+| the same, asked from concurrent threads | the same bound: each evaluation reserves its instructions   |
+|                                         | before it runs                                              |
 """
 
 from __future__ import annotations
@@ -19,15 +21,18 @@ import contextlib
 import gc
 import os
 import secrets
+import threading
 import time
 import tracemalloc
 import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 import support.bpf_util as b
 from test_devices_bpf import require_bpf_cgroup
 
+import accelstats.cgroups.devices_bpf as devices_bpf
 from accelstats.attribution.attributor import Attributor
 from accelstats.cgroups.bpf_program import MAX_QUESTION_STEPS, UndecidableError
 from accelstats.cgroups.devices_bpf import MAX_COLLECTION_STEPS, DeviceProgramCache
@@ -140,6 +145,51 @@ def test_new_costly_programs_share_one_budget_per_collection() -> None:
     assert decided == {cgroup: frozenset() for cgroup in table}  # all decided: deny every GPU
     assert all(steps <= MAX_COLLECTION_STEPS for steps in per_collection), per_collection
     assert per_collection[0] > 0 and per_collection[1] > 0 and per_collection[2] == 0
+
+
+def test_concurrent_grants_share_one_budget_per_collection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Row 8 follow-up: the six costly programs above asked from six threads at once.  Every thread
+    that gets instructions holds its evaluation until all six have started theirs or given up, so each
+    has taken its share before any spends it; together they run at most MAX_COLLECTION_STEPS (the old
+    cache read what was left under the lock, evaluated outside it and subtracted after: all six saw
+    200 000 left and ran about 600 000)."""
+    table = {f"/cg{i}": [(100 + i, deny_after(4_990 - i))] for i in range(6)}
+    cache = DeviceProgramCache(FakeReader(table))  # type: ignore[arg-type]
+    real = devices_bpf.device_grant
+    turn = threading.Condition()
+    evaluating = finished = 0
+
+    def held_device_grant(*args: Any, **kwargs: Any) -> Any:
+        nonlocal evaluating
+        with turn:
+            evaluating += 1
+            turn.notify_all()
+            assert turn.wait_for(lambda: evaluating + finished == len(table), timeout=10)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(devices_bpf, "device_grant", held_device_grant)
+    outcomes: dict[str, str] = {}
+
+    def ask(cgroup: str) -> None:
+        nonlocal finished
+        try:
+            outcomes[cgroup] = f"deny {sorted(cache.grant(cgroup, range(8)).grant.minors)}"
+        except UndecidableError as exc:
+            outcomes[cgroup] = "next collection" if "not evaluated in this collection" in str(exc) else str(exc)
+        finally:
+            with turn:
+                finished += 1
+                turn.notify_all()
+
+    cache.begin_collection()
+    threads = [threading.Thread(target=ask, args=(cgroup,)) for cgroup in table]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert len(outcomes) == len(table), outcomes
+    assert cache.steps <= MAX_COLLECTION_STEPS, cache.steps
+    assert set(outcomes.values()) == {"deny []", "next collection"}, outcomes
 
 
 PROGRAMS = 10

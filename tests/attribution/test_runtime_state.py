@@ -21,9 +21,14 @@ from pathlib import Path
 import pytest
 
 from accelstats.attribution import runtimes
+from accelstats.attribution.attributor import Attributor
 from accelstats.attribution.runtimes import RuntimeState
+from accelstats.catalog import ATTRIBUTION_SKIPPED
 from accelstats.cgroups.identity import identify_with_root
+from accelstats.cgroups.mode import CgroupLayout, CgroupMode
+from accelstats.manager import Collection
 from accelstats.settings import RuntimeRoots
+from collectors.model import DeviceSnapshot
 
 D1, D2, P1, P2, C1 = "d1" * 32, "d2" * 32, "a1" * 32, "a2" * 32, "c1" * 32
 ALLOC = "0b9f4a1e-1c7b-4a53-a7a4-3d1f4cfc3b61"
@@ -352,3 +357,35 @@ def test_real_podman_indexes_fit_the_limits_with_room(tmp_path: Path, request: p
     assert s.errors == 0
     found = {e.name: e.image for e in (s.storage_entry(d["id"]) for d in json.loads(data)) if e is not None}
     assert found == {f"c{i}": "localhost/empty:1" for i in range(10)}
+
+
+REFUSED_INDEXES = {
+    "over MAX_INDEX_BYTES": b"[" + b" " * runtimes.MAX_INDEX_BYTES + b"]",
+    "more than one value per 10 bytes": b"[" + b"[]," * 30_000 + b"[]]",
+    "not JSON": b"[{",
+}
+
+
+@pytest.mark.parametrize("why", REFUSED_INDEXES)
+def test_a_refused_index_is_counted_in_the_attribution_skipped_metric(tmp_path: Path, why: str) -> None:
+    """Row 7 follow-up: an index that is not used is warned once per path and counted in
+    ``accelstats_attribution_skipped_total{reason="runtime_index_refused"}``, once per version of the
+    file (before, only in ``MetadataReader.errors``, which nothing exports)."""
+    text = REFUSED_INDEXES[why]
+    path = tmp_path / STORAGE_INDEX
+    path.parent.mkdir(parents=True)
+    path.write_bytes(text)
+    (tmp_path / "cgroup").mkdir()
+    attributor = Attributor(CgroupLayout(CgroupMode.V2, None, tmp_path / "cgroup"), tmp_path / "proc", tmp_path,
+                            open_fds=False)
+
+    def exported() -> float:
+        attributor.attribute(DeviceSnapshot())
+        collection = Collection(DeviceSnapshot(), attribution_skipped=dict(attributor.skipped))
+        assert ATTRIBUTION_SKIPPED.read is not None
+        return dict(ATTRIBUTION_SKIPPED.read(collection))[("runtime_index_refused",)]
+
+    assert exported() == 1
+    assert exported() == 1  # the same version: not counted again
+    path.write_bytes(text + b" ")
+    assert exported() == 2  # a new version refused again
