@@ -31,6 +31,7 @@ import bcrypt
 
 from accelstats.web.app import TEXT, Answer, App, Request
 from accelstats.web.config import WebConfig
+from accelstats.web.refused import RefusedMemory
 from accelstats.web.source import REQUEST_WAIT, WebConfigSource
 
 log = logging.getLogger(__name__)
@@ -126,11 +127,13 @@ class CheckGate:
     found among the waiting addresses and the newcomer, level by level from the widest: only those
     whose prefix has at least 1/:data:`TIE` of the heaviest prefix's load (:meth:`load`) stay in the
     running; among the addresses left, the one with the most waiting checks (the newcomer counting
-    one more of its own), then one without a *retry* (a check with the ``credentials`` its address's
-    last refused, shed or timed-out check had: a scraper tries its one password again, a guesser
-    seldom does), then the more loaded, then the one that arrived last. Its oldest waiter is shed, or
-    the newcomer refused when the victim is its own address with nothing waiting. The gate holds at
-    most ``slots + max_waiting`` threads (HTTP workers, of which the server has more).
+    one more of its own), then one without a *retry* (a check with ``credentials`` a refused, shed or
+    timed-out check of its address had, not served since: a scraper tries its one password again at
+    its next scrape, a guesser seldom does; remembered in :class:`accelstats.web.refused.RefusedMemory`,
+    which a flood of fresh addresses does not turn over within a scrape interval), then the more
+    loaded, then the one that arrived last. Its oldest waiter is shed, or the newcomer refused when
+    the victim is its own address with nothing waiting. The gate holds at most ``slots +
+    max_waiting`` threads (HTTP workers, of which the server has more).
     """
 
     def __init__(self, slots: int, max_wait: float, max_waiting: int = 4, per_source: int = 2,
@@ -144,7 +147,7 @@ class CheckGate:
         self._free = slots
         self._waiting: dict[str, list[_Waiter]] = {}  # address -> waiters, oldest first
         self._tick = 0
-        self._refused: OrderedDict[str, bytes] = OrderedDict()  # address -> credentials of its last check refused
+        self._refused = RefusedMemory()  # (address, credentials) of checks refused and not since served
         levels = range(len(V4_LEVELS))
         self._served: list[OrderedDict[str, int]] = [OrderedDict() for _ in levels]  # node -> tick of its last slot
         self._load: list[OrderedDict[str, tuple[float, float, int]]] = [OrderedDict() for _ in levels]  # node ->
@@ -158,9 +161,9 @@ class CheckGate:
             self._arrive(source)
             if self._free > 0:
                 self._free -= 1
-                self._mark(source)
+                self._mark(source, credentials)
                 return True
-            retry = bool(credentials) and self._refused.get(source) == credentials
+            retry = bool(credentials) and self._refused.seen(source, credentials)
             if len(self._waiting.get(source, ())) >= self.per_source:
                 self._shed(source)
             elif sum(len(q) for q in self._waiting.values()) >= self.max_waiting:
@@ -199,7 +202,7 @@ class CheckGate:
             if not queue:
                 del self._waiting[source]
             waiter.granted = True
-            self._mark(source)
+            self._mark(source, waiter.credentials)
             waiter.event.set()
 
     def waiting(self) -> int:
@@ -249,13 +252,12 @@ class CheckGate:
         return max(running, key=rank)
 
     def _note_refused(self, source: str, credentials: bytes) -> None:
-        self._refused[source] = credentials
-        self._refused.move_to_end(source)
-        if len(self._refused) > MAX_ADDRESSES:
-            self._refused.popitem(last=False)
+        if credentials:
+            self._refused.note(source, credentials)
 
-    def _mark(self, source: str) -> None:
-        self._refused.pop(source, None)
+    def _mark(self, source: str, credentials: bytes) -> None:
+        if credentials:
+            self._refused.forget(source, credentials)
         self._tick += 1
         for level, node in enumerate(prefixes(source)):
             table = self._served[level]

@@ -231,3 +231,33 @@ def test_check_gate_a_scraper_trying_its_password_again_is_not_shed_before_a_gue
         t.join(timeout=10)
     assert results == {"guess1": True, "guess2": False, "again": True}, results
     assert order == ["guess1", "again"]
+
+
+def test_check_gate_remembers_a_refused_scraper_through_a_flood_of_fresh_addresses() -> None:
+    """As above, in one IPv6 /64 (the scraper ties with the guesses at every prefix level), but between
+    the scraper's refused first try and its next scrape, 10 000 guesses from fresh addresses of its /64
+    are refused too (10 s of a 1000-a-second flood). Its next try is still a retry: a guess is shed
+    instead and the scraper gets a slot. Before the fix the refused credentials were an LRU of 4096
+    addresses, which the flood turned over: the scraper was forgotten and refused again."""
+    now = [0.0]
+    gate = webauth.CheckGate(slots=1, max_wait=30, max_waiting=2, per_source=2, clock=lambda: now[0])
+    guesses = iter(fresh("2001:db8:a::/64", 10_003))
+    scraper = "2001:db8:a::1"
+    assert gate.acquire(next(guesses), b"guess-0")  # holds the slot
+    results: dict[str, bool] = {}
+    order: list[str] = []
+    threads = []
+    for waiting, name in enumerate(("guess1", "guess2"), 1):
+        threads.append(acquire_in_thread(gate, next(guesses), results, name, order, credentials=name.encode()))
+        until(lambda waiting=waiting: gate.waiting() == waiting, f"{name} to wait")  # type: ignore[misc]
+    assert gate.acquire(scraper, b"scraper-pw") is False  # first try: refused at once
+    for i, address in enumerate(guesses, 3):
+        now[0] += 0.001
+        assert gate.acquire(address, b"guess-%d" % i) is False
+    threads.append(acquire_in_thread(gate, scraper, results, "next scrape", order, credentials=b"scraper-pw"))
+    until(lambda: "guess1" in results or "next scrape" in results, "a guess to be shed or the scraper refused")
+    assert results == {"guess1": False} and gate.waiting() == 2, results
+    gate.release()
+    for t in threads:
+        t.join(timeout=10)
+    assert results == {"guess1": False, "guess2": True, "next scrape": True}, results
