@@ -103,6 +103,7 @@ def prefixes(source: str) -> tuple[str, ...]:
 class _Waiter:
     credentials: bytes
     retry: bool
+    since: float  # the gate's clock when it began to wait
     event: threading.Event = field(default_factory=threading.Event)
     granted: bool = False
     shed: bool = False
@@ -120,7 +121,9 @@ class CheckGate:
     **Serving**: a freed slot goes to the address whose widest prefix was served least recently
     (never served first), then the next level's, down to the address (ties: the one waiting longest),
     its newest waiter first. So a check from a prefix that has not been served lately goes before the
-    waiting checks of a prefix that has, however many addresses these come from.
+    waiting checks of a prefix that has, however many addresses these come from. But a check that
+    has waited ``max_wait / 2`` goes first (the longest waiting first): one that is never shed is
+    served before it times out even when fresh prefixes keep arriving ahead of its own.
 
     **Shedding** (the shed waiter's :meth:`acquire` returns False at once): a newcomer whose address
     has ``per_source`` waiting pushes out the oldest of them. In a full waiting room the victim is
@@ -172,7 +175,7 @@ class CheckGate:
                     self._note_refused(source, credentials)
                     return False  # the newcomer itself: its address has nothing waiting to push out
                 self._shed(victim)
-            waiter = _Waiter(credentials, retry)
+            waiter = _Waiter(credentials, retry, self._clock())
             self._waiting.setdefault(source, []).append(waiter)  # after the shedding, which may empty it
         waiter.event.wait(self.max_wait)
         with self._lock:
@@ -186,19 +189,23 @@ class CheckGate:
             return False
 
     def release(self) -> None:
-        """Hand the slot to the newest waiter of the address served least recently, prefix by prefix
-        from the widest, or free it."""
+        """Hand the slot to the longest waiter if it has waited ``max_wait / 2``, else to the newest
+        waiter of the address served least recently, prefix by prefix from the widest; or free it."""
         with self._lock:
             if not self._waiting:
                 self._free += 1
                 return
+            aged = self._clock() - self.max_wait / 2
 
-            def served(address: str) -> list[int]:
-                return [self._served[n].get(node, -1) for n, node in enumerate(prefixes(address))]
+            def order(address: str) -> tuple[bool, float, list[int]]:
+                since = self._waiting[address][0].since
+                if since <= aged:
+                    return False, since, []
+                return True, 0.0, [self._served[n].get(node, -1) for n, node in enumerate(prefixes(address))]
 
-            source = min(self._waiting, key=served)  # ties: first to wait
+            source = min(self._waiting, key=order)  # ties: first to wait
             queue = self._waiting[source]
-            waiter = queue.pop()
+            waiter = queue.pop(0) if queue[0].since <= aged else queue.pop()
             if not queue:
                 del self._waiting[source]
             waiter.granted = True

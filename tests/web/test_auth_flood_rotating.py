@@ -300,3 +300,31 @@ def test_check_gate_remembers_a_refused_scraper_through_a_flood_of_fresh_address
     for t in threads:
         t.join(timeout=10)
     assert results == {"guess1": False, "guess2": True, "next scrape": True}, results
+
+
+def test_check_gate_serves_a_check_that_waited_half_its_time_before_fresh_prefixes() -> None:
+    """| at (s) | check                          | its prefixes                   |
+    |--------|--------------------------------|--------------------------------|
+    | 0      | 192.0.2.50 holds the slot      | 192.0.2.0/24 and wider: served |
+    | 0      | the scraper, 192.0.2.1, waits  | as above                       |
+    | 6      | 10.1.0.1, 10.2.0.1, 10.3.0.1   | never served                   |
+
+    ``max_wait`` is 10 s: when the slot is freed at 6 s the scraper has waited more than half of it
+    and goes first, then the others by prefix. Before the fix the slot went to the never-served
+    prefixes first, and a many-prefix flood kept bringing new ones until the scraper timed out
+    (docs/performance.md: `--auth-flood prefixes --auth-retry 15`)."""
+    now = [0.0]
+    gate = webauth.CheckGate(slots=1, max_wait=10, max_waiting=4, per_source=2, clock=lambda: now[0])
+    assert gate.acquire("192.0.2.50", b"guess-0")
+    results: dict[str, bool] = {}
+    order: list[str] = []
+    threads = [acquire_in_thread(gate, SCRAPER_ADDRESS, results, "scraper", order, credentials=b"scraper-pw")]
+    until(lambda: gate.waiting() == 1, "the scraper to wait")
+    now[0] = 6.0
+    for waiting, address in enumerate(("10.1.0.1", "10.2.0.1", "10.3.0.1"), 2):
+        threads.append(acquire_in_thread(gate, address, results, address, order, credentials=address.encode()))
+        until(lambda waiting=waiting: gate.waiting() == waiting, f"{address} to wait")  # type: ignore[misc]
+    gate.release()
+    for t in threads:
+        t.join(timeout=10)
+    assert order == ["scraper", "10.1.0.1", "10.2.0.1", "10.3.0.1"], order
