@@ -31,6 +31,7 @@ import bcrypt
 
 from accelstats.web.app import TEXT, Answer, App, Request
 from accelstats.web.config import WebConfig
+from accelstats.web.refused import RefusedMemory
 from accelstats.web.source import REQUEST_WAIT, WebConfigSource
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,7 @@ def prefixes(source: str) -> tuple[str, ...]:
 class _Waiter:
     credentials: bytes
     retry: bool
+    since: float  # the gate's clock when it began to wait
     event: threading.Event = field(default_factory=threading.Event)
     granted: bool = False
     shed: bool = False
@@ -119,18 +121,22 @@ class CheckGate:
     **Serving**: a freed slot goes to the address whose widest prefix was served least recently
     (never served first), then the next level's, down to the address (ties: the one waiting longest),
     its newest waiter first. So a check from a prefix that has not been served lately goes before the
-    waiting checks of a prefix that has, however many addresses these come from.
+    waiting checks of a prefix that has, however many addresses these come from. But a check that
+    has waited ``max_wait / 2`` goes first (the longest waiting first): one that is never shed is
+    served before it times out even when fresh prefixes keep arriving ahead of its own.
 
     **Shedding** (the shed waiter's :meth:`acquire` returns False at once): a newcomer whose address
     has ``per_source`` waiting pushes out the oldest of them. In a full waiting room the victim is
     found among the waiting addresses and the newcomer, level by level from the widest: only those
     whose prefix has at least 1/:data:`TIE` of the heaviest prefix's load (:meth:`load`) stay in the
     running; among the addresses left, the one with the most waiting checks (the newcomer counting
-    one more of its own), then one without a *retry* (a check with the ``credentials`` its address's
-    last refused, shed or timed-out check had: a scraper tries its one password again, a guesser
-    seldom does), then the more loaded, then the one that arrived last. Its oldest waiter is shed, or
-    the newcomer refused when the victim is its own address with nothing waiting. The gate holds at
-    most ``slots + max_waiting`` threads (HTTP workers, of which the server has more).
+    one more of its own), then one without a *retry* (a check with ``credentials`` a refused, shed or
+    timed-out check of its address had, not served since: a scraper tries its one password again at
+    its next scrape, a guesser seldom does; remembered in :class:`accelstats.web.refused.RefusedMemory`,
+    which a flood of fresh addresses does not turn over within a scrape interval), then the more
+    loaded, then the one that arrived last. Its oldest waiter is shed, or the newcomer refused when
+    the victim is its own address with nothing waiting. The gate holds at most ``slots +
+    max_waiting`` threads (HTTP workers, of which the server has more).
     """
 
     def __init__(self, slots: int, max_wait: float, max_waiting: int = 4, per_source: int = 2,
@@ -144,7 +150,7 @@ class CheckGate:
         self._free = slots
         self._waiting: dict[str, list[_Waiter]] = {}  # address -> waiters, oldest first
         self._tick = 0
-        self._refused: OrderedDict[str, bytes] = OrderedDict()  # address -> credentials of its last check refused
+        self._refused = RefusedMemory()  # (address, credentials) of checks refused and not since served
         levels = range(len(V4_LEVELS))
         self._served: list[OrderedDict[str, int]] = [OrderedDict() for _ in levels]  # node -> tick of its last slot
         self._load: list[OrderedDict[str, tuple[float, float, int]]] = [OrderedDict() for _ in levels]  # node ->
@@ -158,9 +164,9 @@ class CheckGate:
             self._arrive(source)
             if self._free > 0:
                 self._free -= 1
-                self._mark(source)
+                self._mark(source, credentials)
                 return True
-            retry = bool(credentials) and self._refused.get(source) == credentials
+            retry = bool(credentials) and self._refused.seen(source, credentials)
             if len(self._waiting.get(source, ())) >= self.per_source:
                 self._shed(source)
             elif sum(len(q) for q in self._waiting.values()) >= self.max_waiting:
@@ -169,7 +175,7 @@ class CheckGate:
                     self._note_refused(source, credentials)
                     return False  # the newcomer itself: its address has nothing waiting to push out
                 self._shed(victim)
-            waiter = _Waiter(credentials, retry)
+            waiter = _Waiter(credentials, retry, self._clock())
             self._waiting.setdefault(source, []).append(waiter)  # after the shedding, which may empty it
         waiter.event.wait(self.max_wait)
         with self._lock:
@@ -183,23 +189,27 @@ class CheckGate:
             return False
 
     def release(self) -> None:
-        """Hand the slot to the newest waiter of the address served least recently, prefix by prefix
-        from the widest, or free it."""
+        """Hand the slot to the longest waiter if it has waited ``max_wait / 2``, else to the newest
+        waiter of the address served least recently, prefix by prefix from the widest; or free it."""
         with self._lock:
             if not self._waiting:
                 self._free += 1
                 return
+            aged = self._clock() - self.max_wait / 2
 
-            def served(address: str) -> list[int]:
-                return [self._served[n].get(node, -1) for n, node in enumerate(prefixes(address))]
+            def order(address: str) -> tuple[bool, float, list[int]]:
+                since = self._waiting[address][0].since
+                if since <= aged:
+                    return False, since, []
+                return True, 0.0, [self._served[n].get(node, -1) for n, node in enumerate(prefixes(address))]
 
-            source = min(self._waiting, key=served)  # ties: first to wait
+            source = min(self._waiting, key=order)  # ties: first to wait
             queue = self._waiting[source]
-            waiter = queue.pop()
+            waiter = queue.pop(0) if queue[0].since <= aged else queue.pop()
             if not queue:
                 del self._waiting[source]
             waiter.granted = True
-            self._mark(source)
+            self._mark(source, waiter.credentials)
             waiter.event.set()
 
     def waiting(self) -> int:
@@ -249,13 +259,12 @@ class CheckGate:
         return max(running, key=rank)
 
     def _note_refused(self, source: str, credentials: bytes) -> None:
-        self._refused[source] = credentials
-        self._refused.move_to_end(source)
-        if len(self._refused) > MAX_ADDRESSES:
-            self._refused.popitem(last=False)
+        if credentials:
+            self._refused.note(source, credentials)
 
-    def _mark(self, source: str) -> None:
-        self._refused.pop(source, None)
+    def _mark(self, source: str, credentials: bytes) -> None:
+        if credentials:
+            self._refused.forget(source, credentials)
         self._tick += 1
         for level, node in enumerate(prefixes(source)):
             table = self._served[level]
