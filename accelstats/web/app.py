@@ -263,17 +263,16 @@ class SharedExposition:
                 if self._collection is None or collection.started > self._collection.started:
                     self._collection, self._bodies, self._making, self._costly_bytes = collection, {}, {}, 0
                 older = collection is not self._collection
-                if not older:
-                    body = self._bodies.get(key)
-                    if body is not None:
-                        return body
-                    making = self._making.get(key)
-                    if making is None:
-                        making = self._making[key] = threading.Event()
-                        break
-            if older:  # made outside the lock, which make() takes itself (_encode counts under it)
+                body = None if older else self._bodies.get(key)
+                if body is not None:
+                    return body
+                waiting = None if older else self._making.get(key)
+                if waiting is None and not older:
+                    making = self._making[key] = threading.Event()
+                    break
+            if waiting is None:  # older: made outside the lock, which make() takes itself (_encode counts under it)
                 return make()
-            making.wait()  # then kept, or not (over the bounds, or the maker failed): made here next turn
+            waiting.wait()  # then kept, or not (over the bounds, or the maker failed): made here next turn
         try:
             body = make()
             with self._lock:
