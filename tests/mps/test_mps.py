@@ -256,12 +256,11 @@ def test_a_task_set_environment_value_is_shown_escaped() -> None:
                     binary=str(DOUBLE))
     forged = "/x\n[2026-01-01 00:00:00.000 Control 1] forged\x1b[31m" + "y" * 500
     env = {"PATH": os.environ["PATH"], "CUDA_MPS_PIPE_DIRECTORY": forged}
-    task = subprocess.Popen(["bash", "-c", "exec -a nvidia-cuda-mps-control sleep 30"], env=env)
+    # argv[0] set at the exec, which Popen waits for: the command line is the control binary's from the start
+    # (a `bash -c "exec -a …"` names it in bash's own arguments before the exec: read then, it is bash's)
+    task = subprocess.Popen(["nvidia-cuda-mps-control", "30"], executable=shutil.which("sleep"), env=env)
     try:
-        deadline = time.monotonic() + 5.0
-        while b"nvidia-cuda-mps-control" not in Path(f"/proc/{task.pid}/cmdline").read_bytes():
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        assert Path(f"/proc/{task.pid}/cmdline").read_bytes().startswith(b"nvidia-cuda-mps-control\0")
         why = daemon.not_this_daemon(task.pid)
         assert why is not None and "\n" not in why and "\x1b" not in why, why
         assert why.startswith("its CUDA_MPS_PIPE_DIRECTORY is '/x\\n[2026") and "\\x1b[31m" in why, why
