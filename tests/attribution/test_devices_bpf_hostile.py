@@ -205,7 +205,7 @@ def test_looping_programs_cost_one_question_each_once_per_text() -> None:
     top = f"accelstats-test-{os.getpid()}-looping"
     with contextlib.ExitStack() as stack:
         stack.enter_context(b.cgroup_with_programs(top, []))
-        cgroups = [stack.enter_context(b.cgroup_with_programs(f"{top}/c{i}", [b.looping(ROUNDS + i)]))
+        cgroups = [stack.enter_context(b.cgroup_with_programs(f"{top}/c{i}", [b.looping(ROUNDS + i)], held=True))
                    for i in range(PROGRAMS)]
         cache = DeviceProgramCache()
 
@@ -222,7 +222,7 @@ def test_looping_programs_cost_one_question_each_once_per_text() -> None:
         assert first < 1.0  # about 0.06 s here; the old evaluator ran 200 000 per program (about 1.3 s)
         collect(cgroups)
         assert cache.steps == PROGRAMS * MAX_QUESTION_STEPS and cache.reads == PROGRAMS
-        again = [stack.enter_context(b.cgroup_with_programs(f"{top}/again{i}", [b.looping(ROUNDS + i)]))
+        again = [stack.enter_context(b.cgroup_with_programs(f"{top}/again{i}", [b.looping(ROUNDS + i)], held=True))
                  for i in range(PROGRAMS)]
         collect(again)
         assert cache.reads == 2 * PROGRAMS  # new IDs: read once each

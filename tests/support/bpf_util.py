@@ -363,16 +363,20 @@ def unified_root() -> Path | None:
 
 
 @contextlib.contextmanager
-def cgroup_with_programs(name: str, programs: Sequence[bytes]) -> Iterator[Path]:
-    """A fresh cgroup v2 directory ``<unified>/<name>`` with ``programs`` attached; removed after."""
+def cgroup_with_programs(name: str, programs: Sequence[bytes], held: bool = False) -> Iterator[Path]:
+    """A fresh cgroup v2 directory ``<unified>/<name>`` with ``programs`` attached; removed after. ``held``:
+    a ``sleep`` process lives in it meanwhile, as in a real container, so that nothing can remove it (an
+    empty cgroup can be removed by anyone with the right; three full runs of the suite saw the empty tree of
+    the looping-programs test removed while it ran, beside the runtime tests' daemons)."""
     root = unified_root()
     if root is None:
         raise OSError(errno.ENOENT, "no cgroup2 mount")
     directory = root / name
     fds: list[int] = []
+    holder: subprocess.Popen[bytes] | None = None
     try:
         # loaded first: the verifier takes a while over a long loop, and the directory is made just before
-        # its programs are attached (twice in CI, an empty directory made before a slow load was gone
+        # its programs are attached (in full runs, an empty directory made before a slow load was gone
         # when the attach came; which concurrent test removed it is not known: once more, then raise)
         for code in programs:
             fds.append(load_program(code))
@@ -385,8 +389,14 @@ def cgroup_with_programs(name: str, programs: Sequence[bytes]) -> Iterator[Path]
             except FileNotFoundError:
                 if attempt == 2:
                     raise
+        if held:
+            holder = subprocess.Popen(["sleep", "600"])
+            (directory / "cgroup.procs").write_text(f"{holder.pid}\n")
         yield directory
     finally:
+        if holder is not None:
+            holder.kill()
+            holder.wait()
         for fd in fds:
             os.close(fd)
         with contextlib.suppress(OSError):
