@@ -23,21 +23,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support.faultmatrix_util import HELD, HeldHang
+from support.faultmatrix_util import HELD, HeldHang, wait_until
 
 from collectors.model import DeviceSnapshot
 from collectors.nvidia import NvidiaBackend
 from collectors.procsampler import ProcessSampler
 from collectors.replay.lib import open_replay
-
-
-def wait_for(predicate: object, timeout: float = 20.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"not true within {timeout}s")
 
 
 def backend(tmp_path: Path, fixtures_dir: Path, hang_seconds: float, sleep: Callable[[float], None], *,
@@ -92,7 +83,7 @@ def test_a_slow_round_is_still_running_not_a_hang(tmp_path: Path, fixtures_dir: 
     b, sampler = backend(tmp_path, fixtures_dir, 0.5, time.sleep)
     try:
         b.update(DeviceSnapshot())
-        wait_for(lambda: sampler.rounds >= 3)  # the slow round ended and the next ran
+        wait_until(lambda: sampler.rounds >= 3, timeout=20.0)  # the slow round ended and the next ran
     finally:
         b.close()
     assert not any("hang" in r.getMessage() for r in caplog.records), caplog.text
@@ -110,13 +101,13 @@ def test_a_round_held_past_hang_after_is_a_hang(tmp_path: Path, fixtures_dir: Pa
         sampler.hang_after = 0.5
         try:
             b.update(DeviceSnapshot())
-            wait_for(lambda: messages(caplog, logging.WARNING))
+            wait_until(lambda: messages(caplog, logging.WARNING), timeout=20.0)
             skipped = sampler.skipped
-            wait_for(lambda: sampler.skipped >= skipped + 3)  # three more rounds skipped, still held
+            wait_until(lambda: sampler.skipped >= skipped + 3, timeout=20.0)  # three more rounds skipped, still held
             assert hang.entered == 1 and sampler.rounds == 1
             hung, late = messages(caplog, logging.WARNING), messages(caplog, logging.INFO)
             hang.release()
-            wait_for(lambda: sampler.rounds >= 3)
+            wait_until(lambda: sampler.rounds >= 3, timeout=20.0)
         finally:
             b.close()
     assert len(hung) == 1, hung  # once in the episode, not at each skipped round
@@ -135,14 +126,14 @@ def test_late_episodes_are_said_at_most_once_a_minute(tmp_path: Path, fixtures_d
     try:
         b.update(DeviceSnapshot())
         for episode in range(1, 4):
-            wait_for(lambda: gate.entered == episode)  # noqa: B023 (called at once)
+            wait_until(lambda: gate.entered == episode, timeout=20.0)  # noqa: B023 (called at once)
             skipped = sampler.skipped
-            wait_for(lambda: sampler.skipped > skipped)  # noqa: B023 (called at once)
+            wait_until(lambda: sampler.skipped > skipped, timeout=20.0)  # noqa: B023 (called at once)
             gate.gate.release()  # this held round ends; the next round is held again
         assert len(messages(caplog, logging.INFO)) == 1, messages(caplog, logging.INFO)
         sampler.late_log_every = 0.0
-        wait_for(lambda: gate.entered == 4)
-        wait_for(lambda: len(messages(caplog, logging.INFO)) >= 2)
+        wait_until(lambda: gate.entered == 4, timeout=20.0)
+        wait_until(lambda: len(messages(caplog, logging.INFO)) >= 2, timeout=20.0)
     finally:
         gate.release_all()
         b.close()
