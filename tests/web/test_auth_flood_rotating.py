@@ -20,10 +20,7 @@ levels, shedding, serving, what it remembers, retries) is tried on
 from __future__ import annotations
 
 import ipaddress
-import os
-import socket
-import subprocess
-import sys
+import resource
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -31,44 +28,27 @@ from pathlib import Path
 
 import bcrypt
 import pytest
-from support.ports import free_port
+from support.http_attack_util import serve_process
 from support.webconfig_util import SCRAPER, Flood, fetch
 
 from accelstats.web import auth as webauth
 
 PASSWORD = "legit-pw"
-CLI = [sys.executable, "-m", "accelstats"]
 SCRAPER_ADDRESS = "192.0.2.1"  # the gate's unit tests: a scraper on 192.0.2.0/24
 FIRST_LOGIN_WITHIN = 10.0  # seconds: issue 24's build requirement
 
 
 @pytest.fixture
 def server(fixtures_dir: Path, tmp_path: Path) -> Iterator[int]:
-    """``accelstats serve`` on a free port, basic auth for ``prometheus`` (cost 10), plain HTTP; the
-    port once it is bound (systemd's READY=1 on a notify socket); SIGTERM, then SIGKILL, at the end."""
+    """``accelstats serve`` on a free port, basic auth for ``prometheus`` (cost 10), plain HTTP
+    (:func:`support.http_attack_util.serve_process`: until ``/healthz`` answers; SIGTERM, then SIGKILL)."""
     web = tmp_path / "web.yml"
     hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=10)).decode()
     web.write_text(f"basic_auth_users:\n  prometheus: '{hashed}'\n")
-    port = free_port()
-    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    notify.bind(str(tmp_path / "notify"))
-    notify.settimeout(30)
-    proc = subprocess.Popen([*CLI, "serve", "--listen", f"127.0.0.1:{port}", "--collector", "nvidia",
-                             "--nvml-replay", str(fixtures_dir / "h200" / "nvidia-smi-q.xml"),
-                             "--web-config", str(web), "--log-level", "warning"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify")})
-    try:
-        assert notify.recv(4096).decode().startswith("READY=1")
+    args = ["--collector", "nvidia", "--nvml-replay", str(fixtures_dir / "h200" / "nvidia-smi-q.xml"),
+            "--web-config", str(web), "--log-level", "warning"]
+    with serve_process(args, tmp_path / "serve.log", resource.getrlimit(resource.RLIMIT_NOFILE)[0]) as (_, port):
         yield port
-    finally:
-        notify.close()
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
 
 
 def first_login(port: int, within: float) -> tuple[int, list[str], float]:
