@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.faultmatrix_util import wait_until
 from support.mps_util import (
     DOUBLE,
     DOUBLE_DIR,
@@ -256,10 +257,13 @@ def test_a_task_set_environment_value_is_shown_escaped() -> None:
                     binary=str(DOUBLE))
     forged = "/x\n[2026-01-01 00:00:00.000 Control 1] forged\x1b[31m" + "y" * 500
     env = {"PATH": os.environ["PATH"], "CUDA_MPS_PIPE_DIRECTORY": forged}
-    # argv[0] set at the exec, which Popen waits for: the command line is the control binary's from the start
-    # (a `bash -c "exec -a …"` names it in bash's own arguments before the exec: read then, it is bash's)
+    # argv[0] set at the exec (a `bash -c "exec -a …"` names it in bash's own arguments before the exec:
+    # read then, it is bash's). Popen returns when the exec closes its close-on-exec pipe, which the kernel
+    # does before it publishes the new image's arguments (load_elf_binary: begin_new_exec, then
+    # create_elf_tables): /proc/<pid>/cmdline reads empty for that moment (a CI run saw it), so wait for it.
     task = subprocess.Popen(["nvidia-cuda-mps-control", "30"], executable=shutil.which("sleep"), env=env)
     try:
+        wait_until(lambda: Path(f"/proc/{task.pid}/cmdline").read_bytes() != b"", timeout=5.0, step=0.01)
         assert Path(f"/proc/{task.pid}/cmdline").read_bytes().startswith(b"nvidia-cuda-mps-control\0")
         why = daemon.not_this_daemon(task.pid)
         assert why is not None and "\n" not in why and "\x1b" not in why, why
