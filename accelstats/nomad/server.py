@@ -179,7 +179,10 @@ def main() -> None:
     sys.stdout.flush()
     log.info("plugin started", extra={"socket": path, "pid": os.getpid()})
     try:
-        stop.wait()
+        # A timed wait: a process-directed SIGTERM the kernel gives to a gRPC thread only sets Python's
+        # flag, and a main thread asleep in an untimed wait would not run the handler until woken.
+        while not stop.wait(0.2):
+            pass
     finally:
         # Nomad kills the plugin 2 s after Shutdown: whatever is still running at 1.8 s is abandoned.
         threading.Timer(1.8, os._exit, args=(0,)).start()
