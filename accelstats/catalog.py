@@ -93,7 +93,7 @@ def _flag(attr: str) -> SampleReader:
 
 def _process_counts(sample: DeviceSample) -> Iterable[Reading]:
     for ptype in sample.process_types:  # only the lists NVML answered: NOT_SUPPORTED stays absent
-        yield (ptype,), float(sum(1 for p in sample.processes or () if p.type == ptype))
+        yield (ptype,), float(sum(1 for p in sample.processes or () if ptype in (p.types or (p.type,))))
 
 
 def _gpu_base(d: Device) -> tuple[str, ...]:
@@ -106,6 +106,14 @@ def _up_devices(c: Collection) -> Iterator[tuple[Device, DeviceSample]]:
         sample = snap.samples.get(d.uuid)
         if sample is not None and sample.up:
             yield d, sample
+
+
+def _gpu_energy_counter(c: Collection) -> Iterator[Reading]:
+    read = dict(c.accounting.energy_read) if c.accounting is not None else {}
+    for d, sample in _up_devices(c):
+        joules = read.get(d.uuid, sample.energy_joules)
+        if joules is not None:
+            yield _gpu_base(d), joules
 
 
 def _gpu(name: str, help_: str, read: SampleReader, extra: tuple[str, ...] = (),
@@ -229,8 +237,10 @@ GPU_SAMPLED: tuple[Family, ...] = (
     _gpu("accelstats_gpu_bar1_memory_used_bytes", "Used BAR1 memory.", _scalar("bar1_used_bytes")),
     _gpu("accelstats_gpu_power_watts", "Power draw of the GPU board.", _scalar("power_watts")),
     _gpu("accelstats_gpu_power_limit_watts", "Enforced power limit.", _scalar("power_limit_watts")),
-    _gpu("accelstats_gpu_energy_joules_total", "Energy consumed since the driver was loaded.",
-         _scalar("energy_joules"), type_="counter"),
+    Family("accelstats_gpu_energy_joules_total", "counter",
+           "Energy consumed since the driver was loaded (nvmlDeviceGetTotalEnergyConsumption); while the "
+           "per-container energy split runs, the reading it last split, so that the containers', idle and "
+           "unattributed energy add up to its growth on every scrape.", GPU_LABELS, _gpu_energy_counter),
     _gpu("accelstats_gpu_temperature_celsius", "Temperature by sensor (gpu, memory).",
          _pairs("temperatures_celsius"), ("sensor",)),
     _gpu("accelstats_gpu_clock_hertz", "Current clock frequency by clock domain.", _pairs("clocks_hz"),
@@ -264,7 +274,9 @@ GPU_SAMPLED: tuple[Family, ...] = (
          "68, 109) are not counted here. Absent where XID events are not watched.", _scalar("xid_critical")),
     _gpu("accelstats_gpu_fan_speed_ratio", "Fan speed as a fraction of its maximum (0-1).",
          _scalar("fan_speed_ratio")),
-    _gpu("accelstats_gpu_processes", "Processes on the device by type (compute, graphics, mps).",
+    _gpu("accelstats_gpu_processes", "Processes in each of NVML's process lists of the device (type: compute, "
+         "graphics, mps); a process in two lists (a C+G process, an MPS client) counts in both, so the types "
+         "do not add up to the processes.",
          _process_counts, ("type",)),
 )
 
@@ -383,7 +395,7 @@ def _allocated(a: Published) -> float | None:
 
 
 def _idle(a: Published) -> float | None:
-    return max(0.0, a.allocated_seconds - a.busy_seconds) if a.was_allocated and a.has_sm else None
+    return a.idle_seconds if a.was_allocated and a.has_sm else None
 
 
 ACCOUNT_SM = Family(

@@ -53,13 +53,15 @@ class ProcessUsage:
 
     ``used_memory_bytes`` is NVML's ``usedGpuMemory`` (``None`` when NVML says "not available");
     ``sm_utilization_ratio`` is the mean of ``nvmlDeviceGetProcessUtilization`` samples for this PID
-    since the previous collection (``None`` when the device does not report it).
+    since the previous collection (``None`` when the device does not report it); ``types``: every list
+    NVML names it in (``type`` is the first; a "C+G" process is in the compute and the graphics list).
     """
 
     pid: int
     type: ProcessType
     used_memory_bytes: int | None = None
     sm_utilization_ratio: float | None = None
+    types: tuple[ProcessType, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -603,7 +603,7 @@ class NvidiaBackend:
                 sm = {pid: sum(v) / len(v) for pid, v in per_pid.items()}
         return tuple(
             ProcessUsage(pid=pid, type=p.type, used_memory_bytes=p.used_memory_bytes,
-                         sm_utilization_ratio=(sm.get(pid, 0.0) if sm is not None else None))
+                         sm_utilization_ratio=(sm.get(pid, 0.0) if sm is not None else None), types=p.types)
             for pid, p in listed.items()
         ), readable
 

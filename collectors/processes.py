@@ -25,11 +25,13 @@ NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId of a process outside MIG instances
 class Listed:
     """One PID as the process lists give it: ``type`` from the first list naming it, the first known
     ``used_memory_bytes`` among the lists (None: "not available" in all), ``gpu_instance_id``
-    (:data:`NO_INSTANCE` outside MIG; absent from NVML's v1 structs, before MIG)."""
+    (:data:`NO_INSTANCE` outside MIG; absent from NVML's v1 structs, before MIG); ``types``: every list
+    naming it (a "C+G" process: compute and graphics)."""
 
     type: ProcessType
     used_memory_bytes: int | None
     gpu_instance_id: int
+    types: tuple[ProcessType, ...] = ()
 
 
 def used_memory(proc: Any) -> int | None:
@@ -58,7 +60,9 @@ def running_processes(call: NvmlCaller, handle: Any) -> tuple[dict[int, Listed],
             pid, used = int(p.pid), used_memory(p)
             first = found.get(pid)
             if first is None:
-                found[pid] = Listed(ptype, used, int(getattr(p, "gpuInstanceId", NO_INSTANCE)))
-            elif first.used_memory_bytes is None and used is not None:  # a known amount wins
-                found[pid] = Listed(first.type, used, first.gpu_instance_id)
+                found[pid] = Listed(ptype, used, int(getattr(p, "gpuInstanceId", NO_INSTANCE)), (ptype,))
+                continue
+            types = first.types if ptype in first.types else (*first.types, ptype)
+            known = used if first.used_memory_bytes is None and used is not None else first.used_memory_bytes
+            found[pid] = Listed(first.type, known, first.gpu_instance_id, types)  # a known amount wins
     return found, tuple(readable)

@@ -10,15 +10,11 @@ Per device and round, one :class:`ProcessRound`:
 * the processes NVML lists now (:func:`collectors.processes.running_processes`: a PID once, a known
   ``usedGpuMemory`` winning over "not available"); a GPU in MIG mode lists its instances' processes too, which are left
   to their instances (each instance is read as a device of its own);
-* SM-busy seconds per PID from ``nvmlDeviceGetProcessUtilization(lastSeenTimeStamp)``. NVML returns
-  one sample per process that was busy since ``lastSeenTimeStamp`` ("one utilization sample
-  structure is returned per process running, that had some non-zero utilization during the last
-  sample period"; "set lastSeenTimeStamp to a timeStamp retrieved from a previous query to read
-  utilization since the previous query", NVML API reference), with a CPU timestamp in µs. Each
-  sample therefore covers ``(lastSeenTimeStamp, timeStamp]``, and the next read asks from the newest
-  timestamp seen: every driver sample is integrated once (:func:`busy_seconds`). GPUs outside MIG mode
-  only: NVML gives no per-process utilisation for MIG instances (``sm`` is None there); a wall clock
-  that steps back (the timestamps are its µs) restarts every device's reads;
+* SM-busy seconds and busy spans per PID from ``nvmlDeviceGetProcessUtilization(lastSeenTimeStamp)``
+  (:class:`collectors.smsamples.SmSamples`: what period a sample covers, for both answer shapes NVML's
+  words allow, whatever the interval). GPUs outside MIG mode only: NVML gives no per-process
+  utilisation for MIG instances (``sm`` is None there); a wall clock that steps back (the timestamps
+  are its µs) restarts every device's reads;
 * the GPU's total energy counter (``nvmlDeviceGetTotalEnergyConsumption``, mJ; ~3 ms on the H200)
   every :data:`ENERGY_EVERY` rounds.
 
@@ -29,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,10 +33,10 @@ from collectors.model import Device
 from collectors.nvml_call import DeviceLostError, NvmlCaller, NvmlUnavailableError
 from collectors.processes import NO_INSTANCE, running_processes
 from collectors.rounds import BackgroundRounds
+from collectors.smsamples import SmReading, SmSamples
 
 ENERGY_EVERY = 10
 """Rounds between two energy reads of a GPU (10 s at the default 1 s interval): the call costs ~3 ms."""
-
 
 
 @dataclass(frozen=True)
@@ -53,7 +49,8 @@ class ProcessRound:
     processes NVML sampled busy in this read, None when the device gives no per-process utilisation
     (MIG instances and GPUs in MIG mode, NOT_SUPPORTED, an error); ``energy_joules``: the GPU's total
     energy counter when read in this round, else None; ``discarded``: (reason, count) of what this read
-    left out (``sample_from_future``, ``clock_stepped_back``).
+    left out (``sample_from_future``, ``clock_stepped_back``); ``busy``: ``(pid, begin, end)`` monotonic
+    seconds with SM activity, from the samples' own periods (not the round's).
     """
 
     uuid: str
@@ -63,52 +60,7 @@ class ProcessRound:
     sm: tuple[tuple[int, float], ...] | None
     energy_joules: float | None = None
     discarded: tuple[tuple[str, int], ...] = ()
-
-
-FUTURE_SLACK_US = 600_000_000
-"""A sample stamped more than this (10 min) after the wall clock is left out: NVML's CPU timestamps
-are the wall clock's µs on the drivers seen, and one absurd stamp must not stall every later read."""
-DRIVER_LAG = 1.0
-"""Seconds a sample may cover beyond the time since the previous read: the driver samples every 1/6 s
-to 1 s (nvidia-smi(1), "sample period"), so its newest sample, and what the previous read could see,
-lag the reads by up to one period."""
-
-
-def busy_seconds(samples: Iterable[Any], last_seen_us: int, elapsed: float, *,
-                 not_after_us: int | None = None) -> tuple[dict[int, float], int, int]:
-    """SM-busy seconds per PID from ``nvmlProcessUtilizationSample_t`` ``samples`` (``.pid``,
-    ``.timeStamp`` µs, ``.smUtil`` percent) read with ``lastSeenTimeStamp`` = ``last_seen_us``.
-
-    A PID's sample covers the time since its previous sample in this answer, or since ``last_seen_us`` for its
-    first (NVML: "utilization since the previous query"; so one sample per PID, as NVML documents, and every
-    driver sample per PID, give the same integral). A PID's samples together cover at most ``elapsed`` seconds
-    (the time since the previous read) plus :data:`DRIVER_LAG` (nothing at all at the first read, ``elapsed``
-    0): a ``lastSeenTimeStamp`` that stood still while NVML answered NOT_FOUND (no process busy) must not
-    stretch one sample over an idle hour, while reads faster than the driver samples (most answer NOT_FOUND)
-    lose nothing. smUtil above 100 (seen with zombie processes, nvtop #110) counts as 100; a sample stamped
-    after ``not_after_us`` is left out. Returns ``({pid: seconds}, the newest timestamp used or last_seen_us,
-    samples left out)``.
-    """
-    per_pid: dict[int, list[tuple[int, int]]] = {}
-    newest, future = last_seen_us, 0
-    for s in samples:
-        ts = int(s.timeStamp)
-        if not_after_us is not None and ts > not_after_us:
-            future += 1
-            continue
-        per_pid.setdefault(int(s.pid), []).append((ts, max(0, min(int(s.smUtil), 100))))
-        newest = max(newest, ts)
-    cap = elapsed + DRIVER_LAG if elapsed > 0 else 0.0  # the first read primes: nothing to integrate
-    out: dict[int, float] = {}
-    for pid, stamped in per_pid.items():
-        previous, busy, covered_total = last_seen_us, 0.0, 0.0
-        for ts, util in sorted(stamped):
-            covered = min(max(0.0, (ts - previous) / 1e6), max(0.0, cap - covered_total))
-            covered_total += covered
-            busy += util / 100.0 * covered
-            previous = max(previous, ts)
-        out[pid] = busy
-    return out, newest, future
+    busy: tuple[tuple[int, float, float], ...] = ()
 
 
 class _DeviceReads:
@@ -117,7 +69,7 @@ class _DeviceReads:
     def __init__(self, device: Device, handle: Any) -> None:
         self.device = device
         self.handle = handle
-        self.last_seen_us = 0
+        self.samples = SmSamples()
         self.previous_at: float | None = None
         self.rounds = 0
 
@@ -166,6 +118,13 @@ class ProcessSampler(BackgroundRounds):
                 fresh.append(reads)
             self._devices = fresh
 
+    def answer_shapes(self) -> dict[str, tuple[str | None, int | None]]:
+        """Per device UUID, how ``nvmlDeviceGetProcessUtilization`` answers as learnt so far
+        (:class:`collectors.smsamples.SmSamples`: ``"mean"``, ``"every"`` or None) and the driver period
+        seen (µs, or None): what scripts/accounting_check.py reports from a real GPU."""
+        with self._lock:
+            return {r.device.uuid: (r.samples.shape, r.samples.period_us) for r in self._devices}
+
     def _round(self) -> None:
         self.read_round()
 
@@ -184,7 +143,8 @@ class ProcessSampler(BackgroundRounds):
             # the wall clock stepped back: NVML's timestamps (wall-clock µs) restart below lastSeenTimeStamp
             discarded.append(("clock_stepped_back", 1))
             for reads in devices:
-                reads.last_seen_us, reads.previous_at = 0, None
+                reads.samples.restart()
+                reads.previous_at = None
         self._wall_offset = offset
         out = []
         for reads in devices:
@@ -217,17 +177,29 @@ class ProcessSampler(BackgroundRounds):
         sm: tuple[tuple[int, float], ...] | None = None
         energy = None
         discarded: tuple[tuple[str, int], ...] = ()
+        busy: tuple[tuple[int, float, float], ...] = ()
         if device.kind == "gpu" and not own_only:
-            util = c("nvmlDeviceGetProcessUtilization", h, reads.last_seen_us, not_found=[])
+            now_us = int(self.wall() * 1e6)
+            state = reads.samples
+            util = c("nvmlDeviceGetProcessUtilization", h, state.ask(now_us), not_found=[])
             if util is not None:
-                busy, reads.last_seen_us, future = busy_seconds(
-                    util, reads.last_seen_us, elapsed, not_after_us=int(self.wall() * 1e6) + FUTURE_SLACK_US)
-                sm = tuple(busy.items())
-                discarded = (("sample_from_future", future),) if future else ()
+                if util:
+                    got = state.answer(util, now_us, prime=reads.previous_at is None,
+                                       query=lambda since: c("nvmlDeviceGetProcessUtilization", h, since,
+                                                             not_found=[]))
+                elif reads.previous_at is None:
+                    state.prime(now_us)
+                    got = SmReading()
+                else:
+                    got = state.not_found(now_us)
+                sm = tuple(got.seconds.items())
+                offset = self.wall() - at  # wall-clock seconds at monotonic 0: the spans' clock
+                busy = tuple((pid, b - offset, e - offset) for pid, spans in got.spans.items() for b, e in spans)
+                discarded = (("sample_from_future", got.future),) if got.future else ()
         if device.kind == "gpu" and reads.rounds % ENERGY_EVERY == 0:
             mj = c("nvmlDeviceGetTotalEnergyConsumption", h)
             energy = None if mj is None else mj / 1000.0
         reads.previous_at = at
         reads.rounds += 1
         return ProcessRound(device.uuid, at, elapsed, tuple(memory.items()) if readable else None, sm, energy,
-                            discarded)
+                            discarded, busy)

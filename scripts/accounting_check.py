@@ -76,6 +76,7 @@ def main() -> int:
         sampler.read_round()
         time.sleep(args.interval)
     wall = time.monotonic() - started
+    learnt = sampler.answer_shapes().get(uuid)
     container = ContainerStats(cgroup=cgroup, identity=None, accelerators=[AcceleratorStats(
         make="nvidia", model="", id=uuid, minor=0, index=0, attribution="devices_cgroup", memory_total_bytes=None,
         memory_used_bytes=None, duty_cycle=None, container_memory_used_bytes=None,
@@ -92,6 +93,10 @@ def main() -> int:
     if mine is None:
         print("- the child was never accounted: FAIL")
         return 1
+    shape, period_us = learnt if learnt is not None else (None, None)
+    print(f"- nvmlDeviceGetProcessUtilization's answer shape as the sampler learnt it (collectors/smsamples.py): "
+          f"{shape or 'not learnt (no idle stretch before the child)'}; driver period seen: "
+          f"{f'{period_us / 1000:.1f} ms' if period_us else 'none'}")
     print(f"- child SM-seconds {mine.sm_seconds:.2f} for {args.seconds:g} s of a busy loop "
           f"({mine.sm_seconds / args.seconds:.2f} per second)")
     mean_used = sum(used) / len(used) if used else 0

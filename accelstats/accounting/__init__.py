@@ -4,7 +4,7 @@
 and hands each round to :meth:`Ledger.add_rounds`, which integrates per (device, PID):
 
 * SM-busy seconds: the seconds each NVML process-utilisation sample covers x its smUtil, every driver
-  sample once (:func:`collectors.procsampler.busy_seconds`);
+  sample once (:class:`collectors.smsamples.SmSamples`);
 * memory byte-seconds: ``usedGpuMemory`` held from one read to the next (a value read at *t* counts
   until the next read);
 * energy: each delta of the GPU's total energy counter, split over the PIDs on that GPU by their SM-busy

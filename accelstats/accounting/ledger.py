@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 
 from accelstats.accounting.host import HostLookup
@@ -24,6 +24,7 @@ from accelstats.accounting.records import (
 from accelstats.attribution.containers import ContainerStats
 from accelstats.attribution.labels import identity_labels
 from collectors.procsampler import ENERGY_EVERY, ProcessRound
+from collectors.smsamples import DRIVER_PERIOD_MAX
 
 log = logging.getLogger(__name__)
 
@@ -61,13 +62,18 @@ class Ledger:
     hierarchy). ``discarded`` counts readings left out, by reason
     (:data:`DISCARD_REASONS`). ``idle_kept``: seconds (of the sampler's clock) an idle and empty
     account keeps its series (:data:`IDLE_KEPT_S`); ``max_accounts``: accounts kept
-    (:data:`ACCOUNTS_KEPT`). Raises ValueError for ``idle_kept`` < 0 or ``max_accounts`` < 1.
+    (:data:`ACCOUNTS_KEPT`); ``lag``: seconds idle seconds trail the latest round (None: :meth:`span_lag`,
+    from the rounds' spacing; tests that hand in exact spans give 0). Raises ValueError for ``idle_kept`` or
+    ``lag`` < 0 or ``max_accounts`` < 1.
     """
 
-    def __init__(self, host: HostLookup, *, idle_kept: float = IDLE_KEPT_S, max_accounts: int = ACCOUNTS_KEPT) -> None:
-        if not idle_kept >= 0 or max_accounts < 1:
-            raise ValueError(f"idle_kept must be >= 0 s and max_accounts >= 1, got {idle_kept!r}, {max_accounts!r}")
+    def __init__(self, host: HostLookup, *, idle_kept: float = IDLE_KEPT_S, max_accounts: int = ACCOUNTS_KEPT,
+                 lag: float | None = None) -> None:
+        if not idle_kept >= 0 or max_accounts < 1 or (lag is not None and not lag >= 0):
+            raise ValueError(f"idle_kept and lag must be >= 0 s and max_accounts >= 1, got {idle_kept!r}, "
+                             f"{lag!r}, {max_accounts!r}")
         self.host = host
+        self.lag = lag
         self.idle_kept = idle_kept
         self.max_accounts = max_accounts
         self._kept = 0  # accounts not ended
@@ -82,6 +88,7 @@ class Ledger:
         self._accounts: dict[tuple[str, str], Account] = {}
         self._containers: dict[str, ContainerStats] = {}  # the last attribution's, by cgroup path
         self._latest = 0.0
+        self._elapsed: deque[float] = deque(maxlen=64)  # the longest elapsed between two reads, per round
         self._logged: set[str] = set()
 
     # -- the sampler's side ------------------------------------------------------------------------
@@ -98,6 +105,8 @@ class Ledger:
                 self._latest = max(self._latest, r.at)
                 for reason, n in r.discarded:
                     self._discard(reason, n)
+            if rounds:
+                self._elapsed.append(max(r.elapsed for r in rounds))
             if rounds and self.started is None:
                 self.started = min(r.at for r in rounds)
             for uuid, pids in self._pids.items():
@@ -174,8 +183,9 @@ class Ledger:
                 entry = sampled
                 entry.sm += seconds
                 entry.window_sm += seconds
-                if seconds > 0:
-                    entry.mark_busy(r.at - r.elapsed, r.at)
+            for pid, begin, end in r.busy:
+                if pid in pids:
+                    pids[pid].mark_busy(begin, end)
         if r.energy_joules is not None:
             self._split_energy(r.uuid, dev, r.at, r.energy_joules)
 
@@ -264,10 +274,15 @@ class Ledger:
                     if account.idle_since is None:
                         account.idle_since = as_of
                     account.ended = as_of - account.idle_since >= self.idle_kept
+            for account in self._accounts.values():
+                if account.ended and account.was_allocated:
+                    account.count_busy([], as_of)  # its final totals: every span counted
             return AccountingView(
                 accounts=tuple(published(a, as_of) for a in self._accounts.values()),
                 devices=tuple((u, d.idle_energy, d.unattributed_energy) for u, d in sorted(self._devices.items())
                               if d.energy_joules is not None),  # GPUs whose energy counter answered
+                energy_read=tuple((u, d.energy_joules) for u, d in sorted(self._devices.items())
+                                  if d.energy_joules is not None),
                 discarded=tuple(sorted(self.discarded.items())), as_of=as_of)
 
     def _account(self, cgroup: str, uuid: str, ident: tuple[str, ...] | None,
@@ -375,10 +390,19 @@ class Ledger:
             if spans:
                 busy.setdefault((owner, uuid), []).extend(spans)
         self._exited = {k: e for k, e in self._exited.items() if e.window_sm > 0}  # the rest is handed over
-        for owned, spans in busy.items():  # the union of its PIDs' spans, within its allocations
-            account = self._accounts[owned]
+        horizon = self._latest - self.span_lag()
+        for owned, account in self._accounts.items():  # the union of its PIDs' spans, within its allocations
+            spans = busy.get(owned, [])
             if account.was_allocated:
-                account.busy_seconds += sum(account.overlap(begin, end) for begin, end in merge_spans(spans))
-            else:  # kept for an allocation back-dated over them (bounded)
+                account.count_busy(spans, self._latest if account.ended else horizon)
+            elif spans:  # kept for an allocation back-dated over them (bounded)
                 account.busy_before = merge_spans(account.busy_before + spans)[-BUSY_SPANS_KEPT:]
         return live
+
+    def span_lag(self) -> float:
+        """Seconds busy spans may reach the ledger after the time they cover: a sample's period ends up to
+        a driver period before the read that answers it, and a window that may hold idle time waits for
+        the PID's next one (at most two rounds). Idle seconds are published up to this long ago."""
+        if self.lag is not None:
+            return self.lag
+        return DRIVER_PERIOD_MAX + 2.0 * max(self._elapsed, default=0.0) + 0.5

@@ -115,6 +115,8 @@ class Account:
     ended: bool = False
     has_sm: bool = False
     busy_before: Spans = field(default_factory=list)  # busy before any allocation: counted by the first
+    recent: Spans = field(default_factory=list)  # busy after ``counted_to``: counted once the horizon passes them
+    counted_to: float | None = None  # the horizon busy time is counted up to (see :meth:`count_busy`)
     idle_since: float | None = None  # as_of of the first settlement that found it idle and empty, until not
 
     @property
@@ -148,6 +150,25 @@ class Account:
             s, e = self.intervals.pop(0)
             self.closed_seconds += max(0.0, (e if e is not None else s) - s)
 
+    def count_busy(self, spans: Spans, horizon: float) -> None:
+        """Count ``spans`` (with those kept from earlier collections, as one union) as busy up to
+        ``horizon``, within the allocations; keep what lies beyond. Busy spans come from driver samples
+        that reach the exporter up to a few seconds after the time they cover, so idle seconds are
+        published up to a horizon that late spans no longer reach (they only grow: a counter); a span
+        that arrives for time before the horizon already counted is clipped to it."""
+        before = self.counted_to
+        horizon = horizon if before is None else max(before, horizon)
+        kept: Spans = []
+        for begin, end in merge_spans(self.recent + spans):
+            if before is not None:
+                begin = max(begin, before)
+            if begin < horizon:
+                self.busy_seconds += self.overlap(begin, min(end, horizon))
+            if end > horizon:
+                kept.append((max(begin, horizon), end))
+        self.recent = kept[-BUSY_SPANS_KEPT:]
+        self.counted_to = horizon
+
     def close(self, at: float) -> None:
         """End the open allocation at ``at`` (nothing when none is open)."""
         if self.allocated_now:
@@ -159,7 +180,9 @@ class Published(NamedTuple):
     """One (container, device) as a collection publishes it (a copy: the sampler goes on meanwhile).
     ``allocated_seconds`` up to the view's ``as_of``; ``was_allocated``: a devices-cgroup grant was
     seen (else allocated and idle seconds are absent); ``has_sm``: the device reports per-process
-    utilisation (else SM-seconds, energy and idle seconds are absent)."""
+    utilisation (else SM-seconds, energy and idle seconds are absent); ``busy_seconds`` and
+    ``idle_seconds``: allocated time with and without SM activity up to the account's busy horizon
+    (:meth:`Account.count_busy`), which trails ``as_of`` by a few seconds."""
 
     labels: tuple[str, ...]
     sm_seconds: float
@@ -167,6 +190,7 @@ class Published(NamedTuple):
     energy_joules: float
     allocated_seconds: float
     busy_seconds: float
+    idle_seconds: float
     was_allocated: bool
     has_sm: bool
     ended: bool
@@ -175,17 +199,20 @@ class Published(NamedTuple):
 @dataclass(frozen=True)
 class AccountingView:
     """What one collection publishes: per (container, device) :class:`Published`; per device UUID
-    ``(idle joules, unattributed joules)``; ``discarded``: (reason, count) of readings left out;
+    ``(idle joules, unattributed joules)``; ``energy_read``: per device UUID the energy counter reading
+    (joules) the split last used, published as the GPU's energy counter so that both add up on every
+    scrape; ``discarded``: (reason, count) of readings left out;
     ``as_of``: monotonic time of the last round."""
 
     accounts: tuple[Published, ...] = ()
     devices: tuple[tuple[str, float, float], ...] = ()
+    energy_read: tuple[tuple[str, float], ...] = ()
     discarded: tuple[tuple[str, int], ...] = ()
     as_of: float = 0.0
 
 
 def published(a: Account, as_of: float) -> Published:
-    """What ``a`` publishes, allocated seconds up to ``as_of``."""
+    """What ``a`` publishes, allocated seconds up to ``as_of``, idle seconds up to its busy horizon."""
     if not a.intervals:
         allocated = a.closed_seconds
     elif len(a.intervals) == 1:  # the usual case, without a generator
@@ -193,8 +220,11 @@ def published(a: Account, as_of: float) -> Published:
         allocated = a.closed_seconds + max(0.0, (as_of if end is None else min(end, as_of)) - start)
     else:
         allocated = a.allocated(as_of)
+    horizon = min(as_of, a.counted_to) if a.counted_to is not None else as_of
+    until_horizon = allocated if horizon >= as_of else a.allocated(horizon)
     return Published(a.labels, a.sm_seconds, a.memory_byte_seconds, a.energy_joules, allocated,
-                     min(a.busy_seconds, allocated), a.was_allocated, a.has_sm, a.ended)
+                     min(a.busy_seconds, until_horizon), max(0.0, until_horizon - a.busy_seconds), a.was_allocated,
+                     a.has_sm, a.ended)
 
 
 def container_of(cgroup: str | None, containers: Mapping[str, object]) -> str | None:

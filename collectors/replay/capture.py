@@ -36,6 +36,9 @@ and MIG instances, and names the driver (:func:`load_scenario`)::
     capture = "nvidia-smi-q.xml"     # relative to the TOML file; required
     capture_index = 0                # which <gpu> of the capture (default 0)
     index = 0                        # optional overrides: NVML index, minor, uuid, name, pci_bus_id
+    process_samples = "mean"         # optional: how nvmlDeviceGetProcessUtilization answers: "mean" (one
+                                     #   sample per process, the mean since lastSeenTimeStamp) or "every"
+                                     #   (every busy driver sample); collectors.replay.state
     [gpu.override]                   # optional: any GpuCapture field, e.g. temp_gpu_c = 80;
     power_usage_mw = 300000          #   the string "N/A" makes that call raise NOT_SUPPORTED
     [[gpu.process]]                  # added to the capture's <processes> (same pid and type: replaced)
@@ -285,6 +288,7 @@ class GpuCapture:
     retired_pages_dbe: tuple[int, ...] | None = None
     processes: tuple[ProcessCapture, ...] = ()
     migs: tuple[MigCapture, ...] = ()
+    process_samples: tuple[str, ...] = ("mean",)  # how nvmlDeviceGetProcessUtilization answers: "mean" | "every"
     deprecated: frozenset[str] = field(default_factory=frozenset)
     invalid: frozenset[str] = field(default_factory=frozenset)
 
@@ -710,7 +714,9 @@ def mig_profile(parent: GpuCapture, mig: MigCapture) -> str:
 
 # -- scenarios ---------------------------------------------------------------------------------------
 MAX_HANG_SECONDS = 365 * 86400  # a year; time.sleep refuses from about 9.2e9 s (OverflowError / EINVAL)
-_GPU_KEYS = {"capture", "capture_index", "index", "minor", "uuid", "name", "pci_bus_id", "override", "process", "mig"}
+_GPU_KEYS = {"capture", "capture_index", "index", "minor", "uuid", "name", "pci_bus_id", "override", "process", "mig",
+             "process_samples"}
+PROCESS_SAMPLE_SHAPES = ("mean", "every")
 _PROCESS_KEYS = {"pid", "used_memory_bytes", "sm_utilization_percent", "type", "name", "start_s", "end_s", "step"}
 _STEP_KEYS = {"at_s", "used_memory_bytes", "sm_utilization_percent"}
 _MIG_KEYS = {"gpu_instance_id", "compute_instance_id", "profile", "memory_total_bytes", "uuid", "process"}
@@ -872,6 +878,11 @@ def _gpu(t: ScenarioTable, base: Path, captures: dict[Path, SystemCapture]) -> t
         _set_uuid(t, "uuid", t.get("uuid", str), changes)
     if "pci_bus_id" in t.data:
         _set_pci_bus_id(t, "pci_bus_id", t.get("pci_bus_id", str), changes)
+    if "process_samples" in t.data:
+        shape = t.get("process_samples", str)
+        if shape not in PROCESS_SAMPLE_SHAPES:
+            t.fail(f"must be one of {', '.join(map(repr, PROCESS_SAMPLE_SHAPES))}, got {shape!r}", "process_samples")
+        changes["process_samples"] = (shape,)
     if "override" in t.data:
         o = ScenarioTable(t.path, f"{t.where}.override", t.data["override"], set(_OVERRIDABLE))
         for key, value in o.data.items():

@@ -672,18 +672,24 @@ class ReplayState:
         return self._processes("nvmlDeviceGetMPSComputeRunningProcesses", handle)
 
     def nvmlDeviceGetProcessUtilization(self, handle: Any, timeStamp: int) -> list[Any]:
-        """One ``c_nvmlProcessUtilizationSample_t`` per process with SM samples newer than ``timeStamp``
-        (µs), as NVML documents it ("one utilization sample structure is returned per process running,
-        that had some non-zero utilization during the last sample period"; ``lastSeenTimeStamp``: "read
-        utilization since the previous query").
+        """Per-process SM samples newer than ``timeStamp`` (µs), in one of the two shapes NVML's words
+        allow ("one utilization sample structure is returned per process running, that had some non-zero
+        utilization during the last sample period"; ``lastSeenTimeStamp``: "read utilization since the
+        previous query"), chosen by the scenario's ``process_samples``.
 
         The replayed driver samples every process with a scenario ``sm_utilization_percent`` on a grid of
         :data:`SAMPLE_PERIOD_US` from the first ``nvmlInit`` (at most :data:`SAMPLE_BUFFER` samples back),
-        each sample the process's value at that instant (its timeline's steps). The answer per process:
-        ``.timeStamp`` its newest sample, ``.smUtil`` the mean of its samples in the window rounded to a whole
-        percent (NVML's unsigned int), ``.pid``; ``.memUtil .encUtil .decUtil`` 0. A process whose samples in
-        the window are all 0 is left out; NOT_FOUND when no process is left (as on the H200); NOT_SUPPORTED
-        on a GPU in MIG mode.
+        each sample the process's value at that instant (its timeline's steps; 0 while it does not run),
+        standing for the period that ends there.
+
+        * ``"mean"`` (default): one sample per process with a non-zero sample in the window: ``.timeStamp``
+          its newest non-zero sample (so each process has its own, lagging the read while it idles, as
+          NVIDIA/go-nvml#51 shows), ``.smUtil`` the mean over the window's samples up to it, rounded to a
+          whole percent (NVML's unsigned int): utilisation since ``timeStamp``, idle samples included.
+        * ``"every"``: one sample per non-zero driver sample in the window, its own value.
+
+        ``.pid``; ``.memUtil .encUtil .decUtil`` 0. NOT_FOUND when no sample is left (as on the H200);
+        NOT_SUPPORTED on a GPU in MIG mode.
         """
         g = self._device("nvmlDeviceGetProcessUtilization", handle).gpu
         if g.migs:  # MIG mode: per-process utilisation is not reported (nor for the instances)
@@ -693,16 +699,23 @@ class ReplayState:
         newest = (now - base) // SAMPLE_PERIOD_US
         after = int(timeStamp) - base
         first = max(0, after // SAMPLE_PERIOD_US + 1 if after >= 0 else 0, newest - SAMPLE_BUFFER + 1)
+        every = g.process_samples == ("every",)
         out = []
         for p in g.processes:
             if p.sm_utilization_percent is None and not any(s[1] is not None for s in p.steps):
                 continue
-            values = [(k, got[0] or 0) for k in range(first, newest + 1)
-                      if (got := p.at(k * SAMPLE_PERIOD_US / 1_000_000)) is not None]
-            if values and any(v for _, v in values):
-                mean = sum(v for _, v in values) / len(values)
-                out.append(pynvml.c_nvmlProcessUtilizationSample_t(
-                    pid=p.pid, timeStamp=base + values[-1][0] * SAMPLE_PERIOD_US, smUtil=int(mean + 0.5)))
+            values = [(k, (got[0] or 0) if (got := p.at(k * SAMPLE_PERIOD_US / 1_000_000)) is not None else 0)
+                      for k in range(first, newest + 1)]
+            busy = [k for k, v in values if v]
+            if not busy:
+                continue
+            if every:
+                out += [pynvml.c_nvmlProcessUtilizationSample_t(pid=p.pid, timeStamp=base + k * SAMPLE_PERIOD_US,
+                                                                smUtil=v) for k, v in values if v]
+                continue
+            upto = [v for k, v in values if k <= busy[-1]]
+            out.append(pynvml.c_nvmlProcessUtilizationSample_t(
+                pid=p.pid, timeStamp=base + busy[-1] * SAMPLE_PERIOD_US, smUtil=int(sum(upto) / len(upto) + 0.5)))
         if not out:
             raise _err("NOT_FOUND")
         return out

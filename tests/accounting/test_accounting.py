@@ -28,12 +28,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from accelstats import catalog
 from accelstats.accounting import AccountingView, Ledger, Published
+from accelstats.accounting.records import merge_spans
 from accelstats.attribution.containers import AcceleratorStats, ContainerStats
 from accelstats.config import load_config
 from accelstats.manager import AcceleratorManager, Collection
@@ -42,9 +44,10 @@ from accelstats.web.exposition import exposition
 from collectors.model import Device, DeviceSnapshot
 from collectors.nvidia import NvidiaBackend
 from collectors.nvml_call import NvmlCaller
-from collectors.procsampler import DRIVER_LAG, ProcessRound, ProcessSampler, busy_seconds
+from collectors.procsampler import ProcessRound, ProcessSampler
 from collectors.replay.lib import open_replay
 from collectors.replay.state import SAMPLE_PERIOD_US
+from collectors.smsamples import CURSOR_WINDOW, DRIVER_PERIOD_MAX, SmSamples
 
 UUID = "GPU-5f1c2a9e-0b7d-4c3e-9a61-2d8e4f7b9c10"
 T0 = 5_000.0  # fake clock at nvmlInit
@@ -212,35 +215,84 @@ class Sample:
         self.pid, self.timeStamp, self.smUtil = pid, ts, sm
 
 
+NOW = 10_000_000  # µs: the read's wall clock in the table below
+
+
 @pytest.mark.parametrize(
-    ("samples", "last_seen_us", "elapsed", "busy", "newest"),
+    ("shape", "cursor", "idle_read", "samples", "busy", "spans"),
     [
-        # (pid, timeStamp µs, smUtil %): one sample covers (lastSeenTimeStamp, timeStamp]
-        ([(7, 2_000_000, 50)], 1_000_000, 1.0, {7: 0.5}, 2_000_000),
-        ([(7, 1_500_000, 40), (8, 2_000_000, 100)], 1_000_000, 1.0, {7: 0.2, 8: 1.0}, 2_000_000),
-        # every driver sample of a PID (six per second): each covers the time since the PID's previous one
-        ([(7, 1_000_000 + k * 166_667, 100) for k in range(1, 7)], 1_000_000, 1.0, {7: 1.000002}, 2_000_002),
-        ([(7, 2_000_000, 100), (7, 1_500_000, 0)], 1_000_000, 1.0, {7: 0.5}, 2_000_000),  # any order
-        # the driver's newest sample lags the read by up to a period: reads faster than it samples lose nothing
-        ([(7, 2_050_000, 100)], 1_000_000, 1.0, {7: 1.05}, 2_050_000),
-        ([(7, 1_166_667, 100)], 1_000_000, 0.01, {7: 0.166667}, 1_166_667),
-        # but a lastSeenTimeStamp left an hour behind by NOT_FOUND answers: one read's time, plus the lag
-        ([(7, 3_601_000_000, 50)], 1_000_000, 1.0, {7: 1.0}, 3_601_000_000),
-        ([(7, 2_000_000, 250)], 1_000_000, 1.0, {7: 1.0}, 2_000_000),  # > 100 % (zombies): 100 %
-        ([(7, 900_000, 50)], 1_000_000, 1.0, {7: 0.0}, 1_000_000),  # not newer: covers nothing
-        ([], 1_000_000, 1.0, {}, 1_000_000),
+        # (pid, timeStamp µs, smUtil %). Mean shape: a sample covers (cursor, timeStamp]
+        ("mean", 9_000_000, None, [(7, 10_000_000, 50)], {7: 0.5}, {7: [(9.0, 10.0)]}),
+        ("mean", 9_000_000, None, [(7, 9_500_000, 40), (8, 10_000_000, 100)], {7: 0.2, 8: 1.0},
+         {7: [(9.0, 9.5)], 8: [(9.0, 10.0)]}),
+        # after reads that proved 4 s idle (NOT_FOUND at 8 s): the mean over the window holds the idle
+        # samples (20 % of 5 s = 1 SM-second); its busy part waits for the next window's level
+        ("mean", 5_000_000, 8_000_000, [(7, 10_000_000, 20)], {7: 1.0}, {}),  # placed by the next window
+        # a NOT_FOUND read within a driver period of the cursor proves nothing: the window is busy
+        ("mean", 9_000_000, 9_100_000, [(7, 10_000_000, 50)], {7: 0.5}, {7: [(9.0, 10.0)]}),
+        ("mean", 9_000_000, None, [(7, 10_000_000, 250)], {7: 1.0}, {7: [(9.0, 10.0)]}),  # > 100 % (zombies)
+        ("mean", 9_000_000, None, [(7, 8_900_000, 50)], {}, {}),  # not newer than the cursor: nothing
+        # every shape: each sample covers the time since the PID's previous one, at most the driver period
+        ("every", 9_000_000, None, [(7, 9_000_000 + k * 166_667, 100) for k in range(1, 7)],
+         {7: 5 * 0.166667 + 0.166667},
+         {7: [(9.0, 10.000002)]}),
+        ("every", 5_000_000, 8_000_000, [(7, 9_833_333, 100), (7, 10_000_000, 100)], {7: 0.333334},
+         {7: [(9.666666, 10.0)]}),
     ],
 )
-def test_busy_seconds(samples: list[tuple[int, int, int]], last_seen_us: int, elapsed: float,
-                      busy: dict[int, float], newest: int) -> None:
-    got, seen, future = busy_seconds([Sample(*s) for s in samples], last_seen_us, elapsed)
-    assert got == pytest.approx(busy) and seen == newest and future == 0
+def test_a_sample_covers(shape: str, cursor: int, idle_read: int | None, samples: list[tuple[int, int, int]],
+                         busy: dict[int, float], spans: dict[int, list[tuple[float, float]]]) -> None:
+    state = SmSamples()
+    state.shape, state.cursor_us, state.idle_read_us = shape, cursor, idle_read
+    state.sampled_before = {7, 8}
+    got = state.answer([Sample(*x) for x in samples], NOW)
+    assert got.seconds == pytest.approx(busy, abs=1e-6)
+    assert {pid: merge_spans(v) for pid, v in got.spans.items()} == {
+        pid: [pytest.approx(x, abs=1e-6) for x in v] for pid, v in spans.items()}
+    assert state.cursor_us == max([cursor] + [ts for _, ts, _ in samples])
+
+
+def test_the_cursor_never_lags_the_read_by_more_than_the_window() -> None:
+    state = SmSamples()
+    assert state.ask(3_600_000_000) == 3_600_000_000 - int(CURSOR_WINDOW * 1e6)
+    state.cursor_us = 3_599_999_000
+    assert state.ask(3_600_000_000) == 3_599_999_000
+
+
+@pytest.mark.parametrize(("again", "shape"), [
+    ([(7, 10_000_000, 100)], "every"),  # the same sample answered again: every driver sample
+    ([(7, 10_000_000, 100), (7, 10_166_667, 100)], "every"),
+    ([(7, 10_000_000, 100 // 6)], "mean"),  # a mean that the idle stretch no longer dilutes
+    ([(7, 10_166_667, 100)], "mean"),
+])
+def test_the_answer_shape_is_learnt_after_a_proven_idle_stretch(again: list[tuple[int, int, int]],
+                                                                shape: str) -> None:
+    state = SmSamples()
+    state.cursor_us, state.idle_read_us = 5_000_000, 9_000_000
+    asked: list[int] = []
+
+    def query(since: int) -> list[Sample]:
+        asked.append(since)
+        return [Sample(*x) for x in again]
+
+    state.answer([Sample(7, 10_000_000, 100)], NOW, query=query)
+    assert (state.shape, asked) == (shape, [9_999_999])
+    state.answer([Sample(7, 11_000_000, 100)], 11_000_000, query=query)
+    assert len(asked) == 1  # learnt once
+
+
+def test_a_pid_listed_twice_is_the_every_shape_and_shows_the_driver_period() -> None:
+    state = SmSamples()
+    state.cursor_us = 9_000_000
+    state.answer([Sample(7, 9_500_000, 100), Sample(7, 9_750_000, 100), Sample(7, 10_000_000, 100)], NOW)
+    assert (state.shape, state.period_us) == ("every", 250_000)
 
 
 def test_a_sample_from_the_future_is_left_out_and_does_not_stall_later_reads() -> None:
-    got, seen, future = busy_seconds([Sample(7, 2**63, 100), Sample(8, 2_000_000, 100)], 1_000_000, 1.0,
-                                     not_after_us=10_000_000)
-    assert (got, seen, future) == ({8: 1.0}, 2_000_000, 1)
+    state = SmSamples()
+    state.cursor_us, state.sampled_before = 1_000_000, {8}
+    got = state.answer([Sample(7, 2**63, 100), Sample(8, 2_000_000, 100)], NOW)
+    assert (got.seconds, state.cursor_us, got.future) == ({8: 1.0}, 2_000_000, 1)
 
 
 def test_sm_seconds_integrate_every_driver_sample_once(scenario: Path) -> None:
@@ -283,14 +335,21 @@ def test_energy_is_conserved_and_split_by_sm_share(scenario: Path) -> None:
 
 
 def test_allocated_and_idle_seconds(scenario: Path) -> None:
-    totals = Host(scenario).run(scrape_every=1)
+    host = Host(scenario)
+    totals = host.run(scrape_every=1)
+    horizon = END - host.ledger.span_lag()  # idle seconds trail the last round (rounds 1 s apart: 3.5 s)
+    assert horizon == END - 3.5
     assert totals[A].allocated_seconds == END  # granted before accounting started: from the start
     assert totals[C].allocated_seconds == END
-    assert totals[C].allocated_seconds - totals[C].busy_seconds == END  # granted, never busy: all idle
+    assert totals[C].idle_seconds == horizon  # granted, never busy: all idle, up to the horizon
     assert totals[B].allocated_seconds == 80.0 - 19.5  # from its oldest process to the removal of its cgroup
-    assert totals[B].busy_seconds == 30.0  # reads at 21 … 50 s saw it busy
-    assert totals[A].busy_seconds == 90.0
-    assert (totals[D].allocated_seconds, totals[D].busy_seconds) == (76.0 - 59.5, 15.0)
+    # busy while its samples say so (the replay's 1/6 s grid drifts 4 µs a second from whole seconds)
+    assert totals[B].busy_seconds == pytest.approx(30.0, abs=1e-3)
+    assert totals[B].idle_seconds == pytest.approx(80.0 - 19.5 - 30.0, abs=1e-3)  # ended: counted to its end
+    assert totals[A].busy_seconds == pytest.approx(90.0, abs=1e-3)
+    assert totals[A].idle_seconds == pytest.approx(horizon - 90.0, abs=1e-3)
+    assert totals[D].allocated_seconds == 76.0 - 59.5
+    assert totals[D].busy_seconds == pytest.approx(15.0, abs=1e-3)
     assert totals[D].ended and totals[D].energy_joules > 0
 
 
@@ -364,7 +423,7 @@ def monotonic(views: list[AccountingView], value: Callable[[Published], float]) 
 
 COUNTERS: tuple[Callable[[Published], float], ...] = (
     lambda a: a.sm_seconds, lambda a: a.memory_byte_seconds, lambda a: a.energy_joules,
-    lambda a: a.allocated_seconds, lambda a: a.allocated_seconds - a.busy_seconds)
+    lambda a: a.allocated_seconds, lambda a: a.idle_seconds)
 
 
 def test_counters_only_grow_and_an_ended_container_is_published_once_more(scenario: Path) -> None:
@@ -448,10 +507,15 @@ def test_the_exporter_publishes_the_counters_from_its_own_sampler(tmp_path: Path
         deadline = time.monotonic() + 30
         while ledger.split_energy(UUID) == 0 and time.monotonic() < deadline:
             time.sleep(0.02)
+        earlier = {f.name: f for f in text_string_to_metric_families(exposition(manager).decode())}
+        split = ledger.split_energy(UUID)
+        while ledger.split_energy(UUID) == split and time.monotonic() < deadline:
+            time.sleep(0.02)  # one more split at least
         sampler.stop()  # what /metrics says next is then what the ledger holds
         assert sampler.wait_idle(5)
         families = {f.name: f for f in text_string_to_metric_families(exposition(manager).decode())}
         ledger_split = ledger.split_energy(UUID)
+        lag = ledger.span_lag()
 
     def values(name: str) -> dict[str, float]:
         return {s.labels.get("id", s.labels.get("uuid", "")): s.value for s in families[name].samples
@@ -460,13 +524,26 @@ def test_the_exporter_publishes_the_counters_from_its_own_sampler(tmp_path: Path
     sm = values("accelstats_container_gpu_sm_seconds")
     allocated = values("accelstats_container_gpu_allocated_seconds")
     idle = values("accelstats_container_gpu_idle_seconds")
-    assert 0 < sm[A] <= 0.4 * (time.monotonic() - began + DRIVER_LAG)  # 40 % busy since accounting began
-    assert idle[C] == allocated[C] > 0  # granted, never busy
+    assert 0 < sm[A] <= 0.4 * (time.monotonic() - began + DRIVER_PERIOD_MAX)  # 40 % busy since accounting began
+    assert allocated[C] > 0  # granted, never busy: idle up to the horizon, which trails the last round
+    assert idle[C] == pytest.approx(max(0.0, allocated[C] - lag), abs=1e-6)
     assert values("accelstats_container_gpu_memory_byte_seconds")[A] > 0
     energy = values("accelstats_container_gpu_energy_joules")
     gpu_idle = values("accelstats_gpu_idle_energy_joules")[UUID]
     unattributed = values("accelstats_gpu_unattributed_energy_joules")[UUID]
     assert sum(energy.values()) + gpu_idle + unattributed == pytest.approx(ledger_split, rel=1e-9)
+    # the GPU's energy counter on /metrics is the reading the split used: their growth agrees on every scrape
+    def split_total(fams: dict[str, Any]) -> float:
+        return sum(s.value for name in ("accelstats_container_gpu_energy_joules", "accelstats_gpu_idle_energy_joules",
+                                        "accelstats_gpu_unattributed_energy_joules")
+                   for s in fams[name].samples if s.name.endswith("_total"))
+
+    def counter(fams: dict[str, Any]) -> float:
+        return next(s.value for s in fams["accelstats_gpu_energy_joules"].samples if s.name.endswith("_total"))
+
+    assert counter(families) > counter(earlier)
+    assert counter(families) - counter(earlier) == pytest.approx(split_total(families) - split_total(earlier),
+                                                                 rel=1e-9)
     assert energy[A] > 0 and energy.get(C, 0.0) == 0.0
 
 
@@ -481,13 +558,14 @@ class Feed:
     def __init__(self, cgroups: dict[int, str | None], alive: Callable[[str], bool] = lambda c: True) -> None:
         self.t = 0.0
         self.cgroups = cgroups
-        self.ledger = Ledger(Lookup(lambda pid: self.cgroups.get(pid), lambda c: None, alive))
+        self.ledger = Ledger(Lookup(lambda pid: self.cgroups.get(pid), lambda c: None, alive), lag=0.0)
 
     def round(self, memory: dict[int, int | None] | None, sm: dict[int, float] | None,
               energy: float | None = None, uuid: str = UUID, also: tuple[ProcessRound, ...] = ()) -> None:
         elapsed = 1.0 if self.t > 0 else 0.0
+        busy = tuple((pid, self.t - elapsed, self.t) for pid, seconds in (sm or {}).items() if seconds > 0)
         self.ledger.add_rounds([ProcessRound(uuid, self.t, elapsed, None if memory is None else tuple(memory.items()),
-                                             None if sm is None else tuple(sm.items()), energy), *also])
+                                             None if sm is None else tuple(sm.items()), energy, busy=busy), *also])
         self.t += 1.0
 
     def settle(self, containers: list[ContainerStats] | None) -> dict[str, Published]:
@@ -665,7 +743,7 @@ def test_an_idle_granted_container_learns_that_its_gpu_reports_utilisation() -> 
     for _ in range(10):
         feed.round({}, {})
     seen = feed.settle(granted(X))
-    assert seen[X].has_sm and seen[X].allocated_seconds - seen[X].busy_seconds == 10.0
+    assert seen[X].has_sm and seen[X].idle_seconds == 10.0
 
 
 def test_busy_time_before_the_first_collection_that_sees_the_grant_counts_as_busy() -> None:

@@ -320,6 +320,39 @@ error = "NOT_SUPPORTED"
     assert "accelstats_gpu_performance_state" not in families
 
 
+def test_a_c_plus_g_process_counts_in_both_lists_it_is_in(tmp_path: Path, h200: Path) -> None:
+    """| PID | lists             | compute | graphics |
+    |-----|-------------------|---------|----------|
+    | 51  | compute, graphics | 1       | 1        |
+    | 52  | compute           | 1       |          |
+    | 53  | graphics          |         | 1        |
+    accelstats_gpu_processes counts each list, as nvidia-smi's C+G says; the process is one process
+    (memory counted once)."""
+    scenario = write_scenario(tmp_path, h200, """
+[[gpu]]
+capture = "CAPTURE"
+[[gpu.process]]
+pid = 51
+used_memory_bytes = 1048576
+[[gpu.process]]
+pid = 51
+type = "graphics"
+used_memory_bytes = 1048576
+[[gpu.process]]
+pid = 52
+[[gpu.process]]
+pid = 53
+type = "graphics"
+""")
+    b = backend(scenario)
+    b.setup()
+    s = snapshot(b).samples[H200_UUID]
+    assert sorted(p.pid for p in s.processes or ()) == [51, 52, 53]
+    families = {f.name: f for f in render(_collection(s))}
+    counts = {smp.labels["type"]: smp.value for smp in families["accelstats_gpu_processes"].samples}
+    assert counts == {"compute": 2.0, "graphics": 2.0, "mps": 0.0}
+
+
 def test_memory_info_falls_back_to_v1_on_drivers_without_v2(tmp_path: Path, h200: Path) -> None:
     path = tmp_path / "old.toml"  # a library without nvmlDeviceGetMemoryInfo_v2, as before R510
     path.write_text(f'missing_functions = ["nvmlDeviceGetMemoryInfo_v2"]\n[[gpu]]\ncapture = "{h200.as_posix()}"\n')

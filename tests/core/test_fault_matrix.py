@@ -286,7 +286,7 @@ def test_row5_hung_call_exporter(tmp_path: Path, h200: Path) -> None:
     scenario = eight_h200(tmp_path, h200, HUNG_GPU0, count=3)
     clock = ReplayClock()
     with HeldHang() as hang, replay_exporter(tmp_path, scenario, replay=held_replay(hang, clock)) as exporter:
-        exporter.backend.slow_interval = 0  # energy read on every pass: a fresh read shows the clock moved
+        exporter.backend.slow_interval = 0  # slow reads on every pass: the stuck GPU is asked on each
         complete = exporter.scrape()  # the fault lets one memory call through: a complete pass
         assert complete.values("accelstats_gpu_up", "uuid") == ALL_UP
         clock.advance(100.0)
@@ -307,8 +307,7 @@ def test_row5_hung_call_exporter(tmp_path: Path, h200: Path) -> None:
         assert_no_new_threads(before)  # no thread per stuck scrape
         hang.release()
         wait_until(lambda: exporter.scrape().values("accelstats_gpu_up", "uuid") == ALL_UP)
-        fresh = exporter.scrape().values(ENERGY, "uuid")
-        assert all(fresh[u] > complete.values(ENERGY, "uuid")[u] for u in THREE)  # read anew: the clock moved
+        # read anew (the energy family is the accounting split's reading here, every tenth round)
         assert all(t > read_at[u] for u, t in exporter.scrape().values(LAST_READ, "uuid").items())
         assert hang.in_progress == 0
         assert_no_new_threads(before)  # the call returned: no thread left behind
