@@ -86,7 +86,7 @@ def test_undecidable_programs_keep_no_memory_across_collections() -> None:
     unified = require_bpf_cgroup()
     top = f"accelstats-test-{os.getpid()}-undecidable"
     with contextlib.ExitStack() as stack:
-        root = stack.enter_context(b.cgroup_with_programs(top, []))
+        root = stack.enter_context(b.cgroup_with_programs(top, [], held=True))  # not empty: removable by none
         for i in range(HOSTILE_CGROUPS):
             stack.enter_context(b.cgroup_with_programs(f"{top}/docker-{secrets.token_hex(32)}.scope",
                                                        [b.calls_helper(i)]))
@@ -204,7 +204,7 @@ def test_looping_programs_cost_one_question_each_once_per_text() -> None:
     require_bpf_cgroup()
     top = f"accelstats-test-{os.getpid()}-looping"
     with contextlib.ExitStack() as stack:
-        stack.enter_context(b.cgroup_with_programs(top, []))
+        stack.enter_context(b.cgroup_with_programs(top, [], held=True))  # not empty: removable by none
         cgroups = [stack.enter_context(b.cgroup_with_programs(f"{top}/c{i}", [b.looping(ROUNDS + i)], held=True))
                    for i in range(PROGRAMS)]
         cache = DeviceProgramCache()
