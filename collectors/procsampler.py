@@ -192,6 +192,8 @@ class ProcessSampler(BackgroundRounds):
                     got = SmReading()
                 else:
                     got = state.not_found(now_us)
+                if readable:
+                    state.exited(memory, got)  # a job shorter than a window: its span before its PID retires
                 sm = tuple(got.seconds.items())
                 offset = self.wall() - at  # wall-clock seconds at monotonic 0: the spans' clock
                 busy = tuple((pid, b - offset, e - offset) for pid, spans in got.spans.items() for b, e in spans)

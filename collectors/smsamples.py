@@ -199,6 +199,13 @@ class SmSamples:
         else:
             out.spans.setdefault(pid, []).append((self.cursor_us / 1e6, ts / 1e6))
 
+    def exited(self, listed: Iterable[int], out: SmReading) -> None:
+        """Place, into ``out``, the waiting windows of PIDs no longer in the process lists (``listed``):
+        their work ended there, at full use (no next window will tell its level)."""
+        gone = set(self.pending) - set(listed)
+        for pid in gone:
+            self._place(pid, 1.0, out)
+
     def _place(self, pid: int, level: float, out: SmReading) -> None:
         """The waiting window of ``pid``: its SM-seconds at ``level`` (a fraction; the next window's, or 1
         when none tells), placed at the window's end."""

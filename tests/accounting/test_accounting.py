@@ -809,3 +809,14 @@ def test_accounting_interval_zero_publishes_no_accounting_family(tmp_path: Path,
         body = exposition(manager).decode()
         assert manager.ledger is None
     assert "accounting" not in body and "idle_energy" not in body and "_seconds_total" not in body
+
+
+def test_a_job_shorter_than_a_window_keeps_its_busy_time_when_its_pid_goes() -> None:
+    """A PID sampled once after an idle stretch (its busy span waits for its next window's level) and
+    gone from the process lists before that: its span is placed at full use before the PID retires."""
+    state = SmSamples()
+    state.cursor_us, state.idle_read_us = 5_000_000, 8_000_000
+    got = state.answer([Sample(7, 10_000_000, 10)], NOW)  # 10 % of 5 s: 0.5 s of work before 10 s
+    assert got.seconds == {7: pytest.approx(0.5)} and got.spans == {}
+    state.exited([8], got)
+    assert got.spans == {7: [(pytest.approx(9.5), pytest.approx(10.0))]} and state.pending == {}
