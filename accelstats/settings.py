@@ -110,13 +110,16 @@ class NomadSettings:
     ``ignored_gpu_ids``: GPU or MIG UUIDs left out of the fingerprint; ``fingerprint_period``: seconds
     between two full fingerprints; ``visible_devices_env``: the variables a reservation names the
     reserved UUIDs in (``CUDA_VISIBLE_DEVICES`` and/or ``NVIDIA_VISIBLE_DEVICES``); ``serve_metrics``:
-    the plugin process serves ``/metrics`` on :attr:`Settings.listen` (its ``metrics_listen`` is set).
+    the plugin process serves ``/metrics`` on :attr:`Settings.listen` (its ``metrics_listen`` is set);
+    ``fail_mps_requests_greater_than_one``: Reserve refuses more than one MPS replica in one request
+    (the ``mps`` block's ``fail_requests_greater_than_one``; NVIDIA k8s-device-plugin's default).
     """
 
     ignored_gpu_ids: tuple[str, ...] = ()
     fingerprint_period: float = 60.0
     visible_devices_env: tuple[str, ...] = ("CUDA_VISIBLE_DEVICES",)
     serve_metrics: bool = False
+    fail_mps_requests_greater_than_one: bool = True
 
 
 @dataclass(frozen=True)

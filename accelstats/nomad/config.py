@@ -108,6 +108,7 @@ MPS_ATTRIBUTES: dict[str, tuple[str, str]] = {
     "root": ("string", '"/run/accelstats/mps"'),
     "timeout": ("string", '"3s"'),
     "exclusive_process": ("bool", "false"),
+    "fail_requests_greater_than_one": ("bool", "true"),
 }
 FILE_DEVICE_ATTRIBUTES: dict[str, tuple[str, str]] = {
     "dir": ("string", '""'),
@@ -149,7 +150,8 @@ def schema(hclspec: Any) -> Any:
 #: Settings paths (:class:`accelstats.settings.Settings`) whose field in the plugin's block has another
 #: name; ``nomad.<x>`` is ``<x>``, and every other path is the block's own.
 _BLOCK_NAMES = {"collectors": "enabled", "listen_host": "metrics_listen", "listen_port": "metrics_listen",
-                "web_config": "metrics_web_config", "mps.resources": "mps.resource"}
+                "web_config": "metrics_web_config", "mps.resources": "mps.resource",
+                "fail_mps_requests_greater_than_one": "mps.fail_requests_greater_than_one"}
 
 
 def plugin_field(path: str) -> str:
@@ -213,6 +215,9 @@ def decode(data: bytes) -> Settings:
         nomad["visible_devices_env"] = _visible_env(raw["visible_devices_env"])
     file_devices = _file_devices(raw["file_devices"]) if raw.get("file_devices") is not None else DEFAULTS.file_devices
     mps = _mps(raw["mps"]) if raw.get("mps") is not None else DEFAULTS.mps
+    if isinstance(raw.get("mps"), dict) and raw["mps"].get("fail_requests_greater_than_one") is not None:
+        nomad["fail_mps_requests_greater_than_one"] = _bool(raw["mps"]["fail_requests_greater_than_one"],
+                                                            "mps.fail_requests_greater_than_one")
     collectors = tuple(name for name, on in (("nvidia", enabled), ("files", file_devices.dir is not None),
                                              ("mps", bool(mps.resources))) if on)
     return replace(DEFAULTS, **out, file_devices=file_devices, mps=mps, collectors=collectors,
@@ -249,7 +254,9 @@ def _visible_env(value: Any) -> tuple[str, ...]:
 def _mps(block: Any) -> MpsSettings:
     """The ``mps { root, timeout, exclusive_process, resource "…" { name, replicas, devices } }`` block
     (docs/mps.md): go-cty's types decoded here (numbers sent as decimal strings, ``devices = []`` for
-    every GPU), every rule by :func:`accelstats.mps.rules.check_settings`."""
+    every GPU), every rule by :func:`accelstats.mps.rules.check_settings`. The block's
+    ``fail_requests_greater_than_one`` is Reserve's, not the daemons': :func:`decode` reads it into
+    :class:`~accelstats.settings.NomadSettings`."""
     if not isinstance(block, dict):
         raise ConfigError("config: mps: expected a block")
     _string_keys(block, "config: mps")

@@ -375,8 +375,34 @@ def reserve_ids(ids: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(ids))
 
 
+def replica_count_error(replicas: Sequence[tuple[str, Reservable]]) -> str | None:
+    """Why a request of these MPS replicas is refused while ``fail_requests_greater_than_one`` is on
+    (the default), naming each GPU and how many of its replicas were asked; None for one replica.
+
+    As NVIDIA's k8s-device-plugin (``api/config/v1/config.go:72-76`` makes its MPS
+    ``failRequestsGreaterThanOne`` true by default, ``internal/rm/rm.go:101-104`` refuses a request of
+    more than one replica): a task is one MPS client, and its limits are the control daemon's defaults —
+    one replica's thread percentage and pinned memory — however many replicas it holds (a client's own
+    ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` can only lower them); the others would be held and unused.
+    Replicas on different GPUs count too: Nomad picks a request's instances from a Go map
+    (``scheduler/feasible/device.go:130-145``, ``nomad/structs/devices.go:24``), so which GPUs a
+    ``count = 2`` gets is chance, and a rule on one GPU only would pass or fail the same job by chance."""
+    if len(replicas) < 2:
+        return None
+    per_gpu: dict[str, int] = {}
+    for i, r in replicas:
+        gpu = r.device.uuid if r.device is not None else i
+        per_gpu[gpu] = per_gpu.get(gpu, 0) + 1
+    named = ", ".join(f"{n} of GPU {gpu[:200]}" for gpu, n in per_gpu.items())
+    return (f"{len(replicas)} MPS replicas in one request ({named}), at most 1: a task is one MPS client with "
+            "one replica's share however many it holds; ask for count = 1, or set "
+            "fail_requests_greater_than_one = false in the plugin's mps block to let a task hold several "
+            "(docs/nomad.md, \"One replica per task\")")
+
+
 def reserve(device_pb2: Any, snap: Snapshot, ids: list[str], mig_caps: dict[tuple[int, int, int], list[int]],
-            dev_root: str = "/dev", visible_env: Sequence[str] = DEFAULT_VISIBLE_ENV) -> Any:
+            dev_root: str = "/dev", visible_env: Sequence[str] = DEFAULT_VISIBLE_ENV,
+            fail_requests_greater_than_one: bool = True) -> Any:
     """ContainerReservation for ``ids`` of the latest fingerprint ``snap`` (never touches the
     filesystem with an ID: IDs are looked up, not joined into paths).
 
@@ -398,7 +424,9 @@ def reserve(device_pb2: Any, snap: Snapshot, ids: list[str], mig_caps: dict[tupl
 
     Repeated IDs count once, more than :data:`MAX_RESERVE_IDS` are refused (:func:`reserve_ids`).
     Raises ReserveError for no IDs, too many, an unknown ID, replicas of two resources, replicas with whole
-    GPUs, and a MIG instance whose ``nvidia-caps`` node does not exist (Nomad's exec driver fails
+    GPUs, more than one replica unless ``fail_requests_greater_than_one`` is False
+    (:func:`replica_count_error`; when False, the task gets the reservation of its replicas' GPUs, as one
+    MPS client), and a MIG instance whose ``nvidia-caps`` node does not exist (Nomad's exec driver fails
     such a task: ``drivers/shared/executor/executor_linux_cgo.go:929-933``; docker too).
     """
     if not ids:
@@ -423,6 +451,9 @@ def reserve(device_pb2: Any, snap: Snapshot, ids: list[str], mig_caps: dict[tupl
         if shares and any(r.kind != "mps" for _, r in gpus):
             raise ReserveError("whole GPUs (or MIG instances) and MPS replicas cannot be reserved together: "
                                "a task under MPS reaches only the GPUs of its resource's control daemon")
+        refused = replica_count_error(gpus) if shares and fail_requests_greater_than_one else None
+        if refused is not None:
+            raise ReserveError(refused)
         if shares:
             pipe = shares[0].pipe_dir
             res.envs["CUDA_MPS_PIPE_DIRECTORY"] = pipe

@@ -307,15 +307,18 @@ class DevicePluginServicer(device_pb2_grpc.DevicePluginServicer):  # type: ignor
 
     def Reserve(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
         """ContainerReservation for IDs of the latest fingerprint (:func:`devices.reserve`), a repeated ID
-        once; INVALID_ARGUMENT for none, more than :data:`devices.MAX_RESERVE_IDS`, or an unknown ID."""
+        once; INVALID_ARGUMENT for none, more than :data:`devices.MAX_RESERVE_IDS`, an unknown ID, or any
+        request :func:`devices.reserve` refuses (e.g. two MPS replicas, unless the ``mps`` block's
+        ``fail_requests_greater_than_one`` is false)."""
         state = self.state
         snap = state.snapshot  # one reference read: the latest fingerprint, never a half-built one
         try:
             ids = devices.reserve_ids(request.device_ids)  # bounded and distinct before anything else
             mig_caps = _mig_caps(state) if any(r.kind == "mig" for i in ids
                                               if (r := snap.devices.get(i)) is not None) else {}
-            res = devices.reserve(device_pb2, snap, ids, mig_caps,
-                                  visible_env=state.settings.nomad.visible_devices_env)
+            nomad = state.settings.nomad
+            res = devices.reserve(device_pb2, snap, ids, mig_caps, visible_env=nomad.visible_devices_env,
+                                  fail_requests_greater_than_one=nomad.fail_mps_requests_greater_than_one)
         except devices.ReserveError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return device_pb2.ReserveResponse(container_res=res)

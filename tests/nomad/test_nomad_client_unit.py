@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from decimal import Decimal
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -791,8 +792,11 @@ def test_threads_are_daemons() -> None:
     (attributes.Attr(int_val=32768, unit="MB/s"), ">=", "32768 MB/s", True),
     (attributes.Attr(int_val=32768, unit="MB/s"), ">=", "32 GB/s", True),
     (attributes.Attr(int_val=1980, unit="MHz"), ">", "1500 MHz", True),
-    # units.go gives MHz a multiplier of 1000 and GHz one of 1000^3: Nomad finds 1980 MHz < 1.5 GHz
-    (attributes.Attr(int_val=1980, unit="MHz"), ">", "1.5 GHz", False),
+    # units.go:208-219 gives MHz a multiplier of 1000^2 and GHz one of 1000^3 (Hz): 1 GHz = 1000 MHz
+    (attributes.Attr(int_val=1980, unit="MHz"), ">", "1.5 GHz", True),  # float path: 1.98e9 > 1.5e9 Hz
+    (attributes.Attr(int_val=1980, unit="MHz"), "<", "2 GHz", True),  # int path: 1980e6 < 2e9 Hz
+    (attributes.Attr(int_val=1500, unit="MHz"), "=", "1.5 GHz", True),
+    (attributes.Attr(int_val=1000, unit="MHz"), "=", "1 GHz", True),
     (attributes.Attr(int_val=126, unit="W"), ">=", "126500 mW", True),  # int64: 126500 mW / 1000 = 126 W
     (attributes.Attr(float_val=126.0, unit="W"), ">=", "126.5 W", False),
     (attributes.Attr(int_val=126, unit="W"), "=", "126 MiB", False),  # other base unit
@@ -805,3 +809,18 @@ def test_threads_are_daemons() -> None:
 ])
 def test_nomad_attribute_comparison(attribute: attributes.Attr | None, operator: str, value: str, met: bool) -> None:
     assert attributes.constraint_met(attribute, operator, value) is met
+
+
+# units.go (hashicorp/nomad plugins/shared/structs/units.go at aa026cc): a unit's base and multiplier
+@pytest.mark.parametrize(("unit", "base", "multiplier"), [
+    ("MiB", "byte", 2**20),
+    ("MB", "byte", 10**6),
+    ("MB/s", "byterate", 10**6),
+    ("MHz", "hertz", 10**6),  # :209-213, Pow(1000, 2)
+    ("GHz", "hertz", 10**9),  # :214-218, Pow(1000, 3)
+    ("mW", "watt", Fraction(1, 1000)),
+    ("W", "watt", 1),
+    ("kW", "watt", 10**3),
+])
+def test_nomad_unit_multipliers(unit: str, base: str, multiplier: int | Fraction) -> None:
+    assert attributes.UNITS[unit] == (base, multiplier)

@@ -18,16 +18,19 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import msgpack
 import pytest
 from support.mps_util import DOUBLE, GPU0, GPUS, UUID0, UUID1, gone, serving
 
 from accelstats.mps.daemon import Daemon
 from accelstats.mps.rules import MpsResource, Root
 from accelstats.nomad import devices
+from accelstats.nomad.config import decode
 from accelstats.nomad.mpsshares import PluginMps
 from accelstats.nomad.proto import device_pb2
-from accelstats.settings import MpsResourceSettings, MpsSettings
+from accelstats.settings import ConfigError, MpsResourceSettings, MpsSettings
 from collectors.model import Device
 
 
@@ -166,17 +169,70 @@ def _snapshot() -> devices.Snapshot:
     b = devices.MpsShare("b", 2, True, "", "/run/b/pipe", "/run/shm", 1 << 30)
     return devices.Snapshot(devices={
         f"{UUID0}::0": devices.Reservable("mps", device=gpu0, parent_minor=0, mps=a0),
+        f"{UUID0}::1": devices.Reservable("mps", device=gpu0, parent_minor=0, mps=a0),
         f"{UUID1}::0": devices.Reservable("mps", device=gpu1, parent_minor=1, mps=a1),
         f"{UUID1}::1": devices.Reservable("mps", device=gpu1, parent_minor=1, mps=b),
         UUID1: devices.Reservable("gpu", device=gpu1, parent_minor=1),
     })
 
 
-def test_reserve_replicas_of_one_resource_on_two_gpus() -> None:
-    res = devices.reserve(device_pb2, _snapshot(), [f"{UUID0}::0", f"{UUID1}::0"], {}, dev_root="/nonexistent")
-    assert dict(res.envs) == {"CUDA_VISIBLE_DEVICES": f"{UUID0},{UUID1}", "CUDA_MPS_PIPE_DIRECTORY": "/run/a/pipe"}
+def _reserve(ids: list[str], **kw: bool) -> device_pb2.ContainerReservation:
+    return devices.reserve(device_pb2, _snapshot(), ids, {}, dev_root="/nonexistent", **kw)
+
+
+def test_reserve_one_replica() -> None:
+    res = _reserve([f"{UUID0}::1"])
+    assert dict(res.envs) == {"CUDA_VISIBLE_DEVICES": UUID0, "CUDA_MPS_PIPE_DIRECTORY": "/run/a/pipe"}
     assert [(m.task_path, m.host_path) for m in res.mounts] == [("/run/a/pipe", "/run/a/pipe"),
                                                                ("/dev/shm", "/run/shm")]
+
+
+# One replica per request (docs/nomad.md, "One replica per task"), as k8s-device-plugin's default
+# failRequestsGreaterThanOne (api/config/v1/config.go:72-76, internal/rm/rm.go:101-104):
+#
+# | request | default | fail_requests_greater_than_one = false |
+# |---|---|---|
+# | two replicas of one GPU | refused, naming the GPU | the one-replica reservation of that GPU (one MPS client) |
+# | one replica on each of two GPUs | refused, naming both | both GPUs visible to one MPS client |
+@pytest.mark.parametrize(("ids", "refused", "opt_in_visible"), [
+    ([f"{UUID0}::0", f"{UUID0}::1"], f"2 MPS replicas in one request (2 of GPU {UUID0}), at most 1", UUID0),
+    ([f"{UUID0}::0", f"{UUID1}::0"], f"2 MPS replicas in one request (1 of GPU {UUID0}, 1 of GPU {UUID1})",
+     f"{UUID0},{UUID1}"),
+])
+def test_reserve_refuses_more_than_one_replica_unless_opted_in(ids: list[str], refused: str,
+                                                               opt_in_visible: str) -> None:
+    with pytest.raises(devices.ReserveError) as err:
+        _reserve(ids)
+    assert refused in str(err.value) and "fail_requests_greater_than_one = false" in str(err.value)
+    assert "\n" not in str(err.value)
+    res = _reserve(ids, fail_requests_greater_than_one=False)
+    assert dict(res.envs) == {"CUDA_VISIBLE_DEVICES": opt_in_visible, "CUDA_MPS_PIPE_DIRECTORY": "/run/a/pipe"}
+
+
+def test_opted_in_two_replicas_of_one_gpu_reserve_what_one_does() -> None:
+    """What the opt-in gives: exactly one replica's reservation — one MPS client, with the daemon's
+    one-replica limits; the second replica is held by the task and used by no one."""
+    two = _reserve([f"{UUID0}::0", f"{UUID0}::1"], fail_requests_greater_than_one=False)
+    assert two == _reserve([f"{UUID0}::1"])
+
+
+@pytest.mark.parametrize(("block", "fail"), [
+    (None, True),  # no mps block: the default
+    ({}, True),
+    ({"fail_requests_greater_than_one": True}, True),
+    ({"fail_requests_greater_than_one": False}, False),
+    ({"fail_requests_greater_than_one": "false"}, False),  # go-cty's bool as text
+])
+def test_fail_requests_greater_than_one_is_read_from_the_mps_block(block: dict[str, Any] | None,
+                                                                   fail: bool) -> None:
+    data = msgpack.packb({} if block is None else {"mps": block})
+    assert decode(data).nomad.fail_mps_requests_greater_than_one is fail
+
+
+def test_fail_requests_greater_than_one_must_be_a_bool() -> None:
+    with pytest.raises(ConfigError, match=r"^config: mps\.fail_requests_greater_than_one: expected true or false, "
+                                          r"got 'yes'$"):
+        decode(msgpack.packb({"mps": {"fail_requests_greater_than_one": "yes"}}))
 
 
 @pytest.mark.parametrize(("ids", "message"), [

@@ -427,7 +427,7 @@ def test_mps_replicas_are_offered_apart_from_whole_gpus_and_reserved_with_the_pi
         assert all(d.healthy for d in group.devices)
         assert group.attributes["mps_replicas"].int_val == 4
         assert group.attributes["memory"].int_val == 143771 // 4  # the per-replica pinned limit, MiB
-        res = plugin.reserve([f"{H200}::1", f"{H200}::2"], timeout=10).container_res
+        res = plugin.reserve([f"{H200}::1"], timeout=10).container_res
         assert validate_reserve(plugin.reserve([f"{H200}::0"], timeout=10)) == []
         pipe = root / "shared" / "pipe"
         # the pipe dir at the very path the variable names (raw_exec applies no mounts), the daemon's
@@ -438,6 +438,18 @@ def test_mps_replicas_are_offered_apart_from_whole_gpus_and_reserved_with_the_pi
                                                                    ("/dev/shm", "/dev/shm")]
         assert res.devices[0].host_path == "/dev/nvidia0"
         assert (pipe.parent / ".started").exists()
+        # a task asking count = 2: refused by default, naming the GPU and the option (k8s-device-plugin's
+        # failRequestsGreaterThanOne); with the option off, the one-replica reservation (one MPS client)
+        with pytest.raises(grpc.RpcError) as err:
+            plugin.reserve([f"{H200}::1", f"{H200}::2"], timeout=10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+        assert f"2 MPS replicas in one request (2 of GPU {H200}), at most 1" in err.value.details()  # type: ignore[attr-defined]
+        assert "fail_requests_greater_than_one = false" in err.value.details()  # type: ignore[attr-defined]
+        daemon = (pipe / "nvidia-cuda-mps-control.pid").read_text()
+        opted_in = {**cfg, "mps": {**cfg["mps"], "fail_requests_greater_than_one": False}}
+        plugin.set_config(encode_for_spec(plugin.config_schema().spec, opted_in))
+        assert plugin.reserve([f"{H200}::1", f"{H200}::2"], timeout=10).container_res == res
+        assert (pipe / "nvidia-cuda-mps-control.pid").read_text() == daemon  # Reserve's option: no daemon restart
         pid = (pipe / "nvidia-cuda-mps-control.pid").read_text().strip()
     try:
         # the plugin exited (an agent restart): the daemon keeps serving the tasks that use it ...

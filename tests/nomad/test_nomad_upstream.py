@@ -21,7 +21,10 @@ One test (or more) per difference, as docs/nomad.md's "Compared with upstream" t
 12. go-cty numbers — tests/nomad/test_nomad_client_unit.py ``test_encode_number``;
 13. ECC stats are corrected volatile counts — ``test_ecc_stats_are_corrected_volatile_counts``;
 14. ``.started`` at ``<root>/<resource>/.started`` — tests/mps/test_mps.py
-   ``test_start_uses_minimal_env_and_configures_by_ordinal``.
+   ``test_start_uses_minimal_env_and_configures_by_ordinal``;
+15. a request of more than one MPS replica is refused unless opted out of ``failRequestsGreaterThanOne``
+   — tests/nomad/test_nomad_mps.py ``test_reserve_refuses_more_than_one_replica_unless_opted_in`` and
+   tests/nomad/test_nomad_plugin.py ``test_mps_replicas_are_offered_apart_from_whole_gpus_and_reserved_with_the_pipe``.
 
 9 (which device number ``set_default_device_pinned_mem_limit`` takes on a narrowed daemon) is a
 documented difference whose measurement needs a multi-GPU host (docs/gpu-check.md); what accelstats

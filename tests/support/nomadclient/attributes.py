@@ -31,11 +31,12 @@ from typing import Any
 _BINARY = {u: Fraction(1 << (10 * i)) for i, u in enumerate(("KiB", "MiB", "GiB", "TiB", "PiB", "EiB"), 1)}
 _DECIMAL = {"kB": Fraction(1000),
             **{u: Fraction(1000 ** i) for i, u in enumerate(("KB", "MB", "GB", "TB", "PB", "EB"), 1)}}
-# unit -> (base, multiplier over the base) — units.go (mW is base / 1000)
+# unit -> (base, multiplier over the base) — hashicorp/nomad plugins/shared/structs/units.go at aa026cc
+# (mW is base / 1000; MHz is Pow(1000, 2) and GHz Pow(1000, 3) Hz, :208-219)
 UNITS: dict[str, tuple[str, Fraction]] = {
     **{u: ("byte", m) for u, m in {**_BINARY, **_DECIMAL}.items()},
     **{f"{u}/s": ("byterate", m) for u, m in {**_BINARY, **_DECIMAL}.items()},
-    "MHz": ("hertz", Fraction(1000)),
+    "MHz": ("hertz", Fraction(1000 ** 2)),
     "GHz": ("hertz", Fraction(1000 ** 3)),
     "mW": ("watt", Fraction(1, 1000)),
     "W": ("watt", Fraction(1)),
