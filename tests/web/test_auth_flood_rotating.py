@@ -100,15 +100,14 @@ def test_a_scraper_retrying_only_at_its_next_scrape_is_remembered_through_a_fres
     its first try may be refused. It tries again as Prometheus does at its next scrape, after a gap
     in which the flood had 8192 answers, twice what the gate used to remember (about 3 s here;
     Prometheus' 15 s hold some 40 000).
-    Its second try should get ``200``: it carries the credentials of a refused check of its address, a
-    retry, and a guess is shed instead. The test allows a third: the retry only ranks among the
-    addresses whose prefixes are the heaviest at every level, and with the flood slowed by a loaded
-    2-core CI machine the scraper's own /16 or /24 was once the heaviest, so its second try was shed
-    too (CI run of 22f8848: tries [503, 503]); a scraper that keeps trying at each scrape still gets in. Before the fix the gate remembered refused credentials for
-    the 4096 addresses refused last, which the flood turns over; this end-to-end case did not always
-    fail then (1 of 6 runs with a gap of 12 288 answers: the flood's walk sometimes puts several
-    waiters in one /24, which keeps the scraper's lighter /24 in without a retry); the gate test
-    below fails every time."""
+    Its second try should get ``200``: it carries the credentials of a refused check of its address, a retry, and
+    a guess is shed instead. The test allows a third: the retry only ranks among the addresses whose prefixes are
+    the heaviest at every level, and with the flood slowed by a loaded 2-core CI machine the scraper's own /16 or
+    /24 was once the heaviest, so its second try was shed too (CI run of 22f8848: tries [503, 503]); a scraper
+    that keeps trying at each scrape still gets in. Before the fix the gate remembered refused credentials for the
+    4096 addresses refused last, which the flood turns over; this end-to-end case did not always fail then (1 of 6
+    runs with a gap of 12 288 answers: the flood's walk sometimes puts several waiters in one /24, which keeps the
+    scraper's lighter /24 in without a retry); the gate test below fails every time."""
     flood = Flood(server, "127.0.0.0/8", 64, "prometheus")
     try:
         assert flood.wait_answers(20, timeout=60, status="503"), f"the flood never filled the gate: {flood.responses}"
