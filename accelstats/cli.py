@@ -324,6 +324,10 @@ def containers(as_json: bool, **opts: Any) -> None:
     attributed to each and, in REASON, what could not be read."""
     collection = _collect(**opts)
     rows = containers_json(collection)
+    if collection.snapshot.nvml_status:  # no GPU is known, so none can be tied to a container
+        click.echo(f"# NVIDIA GPUs not available ({collection.snapshot.nvml_status}): no GPU can be attributed; "
+                   "listed are only containers whose device rules allow every device or could not be read",
+                   err=True)
     for note in collection.notes.values():
         click.echo(f"# {note}", err=True)
     if as_json:
@@ -332,8 +336,10 @@ def containers(as_json: bool, **opts: Any) -> None:
     click.echo(f"{'RUNTIME':10} {'ID':13} {'NAME':20} {'POD':20} {'CGROUP':40} {'DEVICES':40} REASON")
     for r in rows:
         devs = ", ".join(f"{d['uuid'][:12]}…({d['attribution']})" for d in r["devices"]) or "-"
+        # a pod whose name is not known: its Kubernetes UID (the cgroup path's) or podman pod ID
+        pod = r["pod"] or (f"{'id' if r['runtime'] == 'podman' else 'uid'}:{r['pod_uid']}" if r["pod_uid"] else "")
         click.echo(f"{r['runtime']:10} {_shown(r['id'][:12]):13} {_shown(r['name'][:20]):20} "
-                   f"{_shown(r['pod'][:20]):20} {_shown(_tail(r['cgroup'], 40)):40} {devs:40} "
+                   f"{_shown(pod[:20]):20} {_shown(_tail(r['cgroup'], 40)):40} {devs:40} "
                    f"{_shown(r['reason']) or '-'}")
 
 
