@@ -284,6 +284,7 @@ def containers_json(collection: Collection) -> list[dict[str, Any]]:
             "cgroup": c.cgroup, "runtime": i.runtime if i else "unknown", "id": i.id if i else "",
             "name": m.name, "image": m.image, "pod": m.pod, "namespace": m.namespace,
             "pod_uid": i.pod_uid if i else "", "alloc_id": i.alloc_id if i else "", "task": i.task if i else "",
+            "owner_uid": i.owner if i else "",
             "devices": [{"uuid": a.id, "minor": a.minor, "attribution": a.attribution,
                          "memory_used_bytes": a.container_memory_used_bytes} for a in c.accelerators],
             "devices_cgroup": c.devices_cgroup, "identified_by": i.how if i else "",
