@@ -171,7 +171,7 @@ def _holders(c: Collection) -> list[tuple[ContainerStats, tuple[str, ...]]]:
 def _container_info(c: Collection) -> Iterator[Reading]:
     for container, ident in _holders(c):
         i = container.identity
-        info = (i.runtime, i.id, i.pod_uid, i.alloc_id, i.task) if i is not None else ("unknown", "", "", "", "")
+        info = (i.runtime, i.id, i.pod_uid, i.alloc_id, i.task, i.owner) if i is not None else ("unknown", *[""] * 5)
         yield ident + tuple(utf8(v) for v in info), 1.0
 
 
@@ -346,7 +346,7 @@ NOMAD_SUMMARY = next(stat for stat in NOMAD_STATS if stat.name == "Memory state"
 CONTAINER_INFO = Family(
     "accelstats_container_info", "gauge",
     "Identity of a container holding an accelerator; value 1.",
-    CONTAINER_LABELS + ("runtime", "container_id", "pod_uid", "alloc_id", "task"), _container_info)
+    CONTAINER_LABELS + ("runtime", "container_id", "pod_uid", "alloc_id", "task", "owner_uid"), _container_info)
 CONTAINER_GPU_LABELS = CONTAINER_LABELS + ("uuid", "gpu", "attribution")
 CONTAINER_MEMORY = Family("accelstats_container_gpu_memory_used_bytes", "gauge",
                           "Device memory used by the container's processes (sum of NVML usedGpuMemory).",

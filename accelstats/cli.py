@@ -284,6 +284,7 @@ def containers_json(collection: Collection) -> list[dict[str, Any]]:
             "cgroup": c.cgroup, "runtime": i.runtime if i else "unknown", "id": i.id if i else "",
             "name": m.name, "image": m.image, "pod": m.pod, "namespace": m.namespace,
             "pod_uid": i.pod_uid if i else "", "alloc_id": i.alloc_id if i else "", "task": i.task if i else "",
+            "owner_uid": i.owner if i else "",
             "devices": [{"uuid": a.id, "minor": a.minor, "attribution": a.attribution,
                          "memory_used_bytes": a.container_memory_used_bytes} for a in c.accelerators],
             "devices_cgroup": c.devices_cgroup, "identified_by": i.how if i else "",
@@ -324,6 +325,10 @@ def containers(as_json: bool, **opts: Any) -> None:
     attributed to each and, in REASON, what could not be read."""
     collection = _collect(**opts)
     rows = containers_json(collection)
+    if collection.snapshot.nvml_status:  # no GPU is known, so none can be tied to a container
+        click.echo(f"# NVIDIA GPUs not available ({collection.snapshot.nvml_status}): no GPU can be attributed; "
+                   "listed are only containers whose device rules allow every device or could not be read",
+                   err=True)
     for note in collection.notes.values():
         click.echo(f"# {note}", err=True)
     if as_json:
@@ -332,8 +337,10 @@ def containers(as_json: bool, **opts: Any) -> None:
     click.echo(f"{'RUNTIME':10} {'ID':13} {'NAME':20} {'POD':20} {'CGROUP':40} {'DEVICES':40} REASON")
     for r in rows:
         devs = ", ".join(f"{d['uuid'][:12]}…({d['attribution']})" for d in r["devices"]) or "-"
+        # a pod whose name is not known: its Kubernetes UID (the cgroup path's) or podman pod ID
+        pod = r["pod"] or (f"{'id' if r['runtime'] == 'podman' else 'uid'}:{r['pod_uid']}" if r["pod_uid"] else "")
         click.echo(f"{r['runtime']:10} {_shown(r['id'][:12]):13} {_shown(r['name'][:20]):20} "
-                   f"{_shown(r['pod'][:20]):20} {_shown(_tail(r['cgroup'], 40)):40} {devs:40} "
+                   f"{_shown(pod[:20]):20} {_shown(_tail(r['cgroup'], 40)):40} {devs:40} "
                    f"{_shown(r['reason']) or '-'}")
 
 

@@ -15,6 +15,8 @@
    when a rule recognises the path, else ``runtime="unknown"`` (host processes are left out);
 7. a container in a delegated subtree (under ``user@<uid>.service``, or whose cgroup is not owned by
    root) keeps ``runtime="unknown"``: any user can name a cgroup after someone else's container;
+   except a rootless container its owner's own runtime state names (:mod:`accelstats.attribution.rootless`),
+   which gets that name and its owner;
 8. name each container from its runtime's state files when readable (:mod:`accelstats.attribution.metadata`).
 
 Only containers that matter are returned: those with a device attributed, an unrestricted devices
@@ -49,6 +51,7 @@ from accelstats.attribution.containers import (
 )
 from accelstats.attribution.metadata import MetadataReader
 from accelstats.attribution.openfds import OpenFdScanner, char_major, pids_in_cgroup
+from accelstats.attribution.rootless import Rootless, RootlessOwners
 from accelstats.attribution.runtimes import RuntimeState
 from accelstats.cgroups import (
     CgroupLayout,
@@ -115,6 +118,7 @@ class Attributor:
         self.runtimes = RuntimeState(rootfs, runtimes or RuntimeRoots())
         self.metadata = MetadataReader(rootfs, runtimes=self.runtimes)
         self.programs = None if self.devices_list else (device_programs or DeviceProgramCache())
+        self.rootless = RootlessOwners(rootfs, self.hierarchy, self.runtimes.known) if self.hierarchy else None
         self.skipped: Counter[str] = Counter({r: 0 for r in SKIP_REASONS})
         self._cgroupns_logged = False
         self.namespace = CgroupNamespace(self.hierarchy, proc_root, self.controller) if self.hierarchy else None
@@ -147,6 +151,8 @@ class Attributor:
             return [], view
         self.runtimes.refresh()
         self.skipped["runtime_index_refused"] = self.runtimes.errors  # each refused version once
+        if self.rootless is not None:
+            self.rootless.begin_collection()
         known = self.runtimes.known
         found = (discover_v1_containers(self.hierarchy, known=known) if self.devices_list
                  else discover_v2_containers(self.hierarchy, known=known))
@@ -227,20 +233,26 @@ class Attributor:
                 continue
             if why is None:  # a GPU process's cgroup that is not in the hierarchy read here
                 why = "its cgroup is not in the hierarchy accelstats reads, so who made it cannot be checked"
-            if why:
+            rootless = self.rootless.name(path, root_fd) if why and self.rootless is not None else None
+            if isinstance(rootless, Rootless):  # named by its owner's own state, labelled with its owner
+                identity = stats.identity = rootless.identity
+                stats.metadata = rootless.metadata
+                stats.add_reason(rootless.metadata.reason)
+            elif why:
                 # its id is its whole cgroup path: never equal to the container ID it may imitate; and
                 # no name, not even the one its path spells (lxc.payload.<name>)
                 looks = f"a {identity.runtime} container" if identity is not None else "a container"
+                why = f"{why} and {rootless}" if rootless else why
                 stats.identity = identity = ContainerIdentity(
                     runtime="unknown", id=path, how=f"delegated cgroup, identity not trusted: {why}")
                 stats.metadata = ContainerMetadata()
-                stats.add_reason(f"looks like {looks} but {why}: identity not trusted (rootless containers and "
-                                 "look-alike names are reported as unknown)")
+                stats.add_reason(f"looks like {looks} but {why}: identity not trusted (a rootless container is "
+                                 "named only from its owner's runtime state)")
             elif identity is None:
                 stats.identity = identity = _unknown(path, "no runtime state and no path rule recognises it")
                 stats.add_reason("no runtime's state knows it and no path rule recognises it (is the runtime's "
                                  "state root, [runtimes] in the config, right?)")
-            if identity.runtime != "unknown":  # state files only for the containers listed
+            if identity.runtime != "unknown" and not identity.owner:  # state files only for the containers listed
                 stats.metadata = self.metadata.lookup_pod(identity, self.metadata.lookup(identity))
                 if stats.metadata.reason:
                     stats.add_reason(stats.metadata.reason)

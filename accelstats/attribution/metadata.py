@@ -56,9 +56,8 @@ runtime            files, keys -> labels
                    ``config.json`` is not read: its annotations (``io.container.manager=libpod``,
                    ``io.podman.annotations.*`` flags, the image's ``org.opencontainers.image.*``)
                    name neither the container nor the image.  Rootless podman keeps all of this under the user's home
-                   (``~/.local/share/containers``) and is not looked up: its cgroups sit in the
-                   user's delegated subtree and are never given a runtime's identity
-                   (:mod:`accelstats.attribution.attributor`).  Podman pods' names live only in libpod's database
+                   (``~/.local/share/containers``): a reader bound to that owner's state reads it
+                   (:mod:`accelstats.attribution.rootless`).  Podman pods' names live only in libpod's database
                    (``libpod/bolt_state.db``, bbolt) and are not read; the pod's id is in the cgroup
                    path and becomes ``pod_uid``.
 ``nomad``          no files: name = the task (the allocation id stays in the identity).

@@ -77,6 +77,11 @@ MAX_METADATA_CHARS = 64 * 1024
 """An entry's ``metadata`` string (JSON in a string: about 200 characters) longer than this is not
 parsed: the entry keeps its name and gets no image."""
 
+MAX_STORAGE_DRIVERS = 8
+"""``<driver>-containers`` directories read per storage root at most, in name order: containers/storage
+has six drivers (overlay, vfs, btrfs, zfs, aufs, devicemapper); a rootless owner's graphroot is theirs
+to fill with more."""
+
 BACKOFF_FACTOR = 20.0
 """An index whose last parse took ``t`` seconds is not parsed again for ``BACKOFF_FACTOR * t``."""
 
@@ -136,7 +141,9 @@ class RuntimeState:
     state (host paths, resolved under ``rootfs``).  Call :meth:`refresh` once per collection, then
     :meth:`known` for each cgroup name.  Thread-safe (one lock around refresh and reads).
     ``clock``: wall-clock seconds, compared with modification times; ``timer``: monotonic seconds, for
-    the parse back-off (both injectable for tests).
+    the parse back-off (both injectable for tests).  :attr:`read` names the settings whose roots are
+    read (all by default; a rootless owner's state, :mod:`accelstats.attribution.rootless`, reads
+    fewer): a root left out is neither looked at nor reported missing, and knows no container.
 
     :attr:`errors` counts state files that exist but cannot be used (not JSON, too large, too many
     values for their size: see :data:`MIN_BYTES_PER_VALUE`), each version once; the attributor
@@ -148,6 +155,7 @@ class RuntimeState:
         self.rootfs = Path(rootfs)
         self.roots = roots
         self.errors = 0
+        self.read: frozenset[str] = frozenset(RuntimeRoots.SETTINGS)
         self._clock = clock
         self._timer = timer
         self._lock = threading.Lock()
@@ -196,7 +204,7 @@ class RuntimeState:
 
     def _check_roots(self) -> list[tuple[str, Path]]:
         return [(setting, getattr(self.roots, setting)) for setting in RuntimeRoots.SETTINGS
-                if not os.path.isdir(self._roots_here[setting])]
+                if setting in self.read and not os.path.isdir(self._roots_here[setting])]
 
     # -- the per-collection refresh ----------------------------------------------------------------
     def refresh(self) -> None:
@@ -204,9 +212,10 @@ class RuntimeState:
         with self._lock:
             now = self._clock()
             self._missing = self._check_roots()
-            self._docker = frozenset(n for n in self._list(self.docker_containers(), now) if _HEX64_RE.fullmatch(n))
+            docker = self._list(self.docker_containers(), now) if "docker_data_root" in self.read else frozenset()
+            self._docker = frozenset(n for n in docker if _HEX64_RE.fullmatch(n))
             containerd: dict[str, set[str]] = {}
-            for tasks in self.containerd_tasks():
+            for tasks in self.containerd_tasks() if "containerd_state" in self.read else ():
                 names = sorted(self._list(tasks, now))
                 if len(names) > MAX_NAMESPACES and tasks not in self._warned:
                     self._warned.add(tasks)
@@ -222,12 +231,17 @@ class RuntimeState:
                                     if _HEX64_RE.fullmatch(cid)}
             self._refresh_storage(now)
             allocs = self.host_path(self.roots.nomad_data_dir) / "alloc"
-            self._nomad = frozenset(n for n in self._list(allocs, now) if _UUID_RE.fullmatch(n))
+            nomad = self._list(allocs, now) if "nomad_data_dir" in self.read else frozenset()
+            self._nomad = frozenset(n for n in nomad if _UUID_RE.fullmatch(n))
 
     def _refresh_storage(self, now: float) -> None:
         storage: dict[str, StorageEntry] = {}
-        for root in self.storage_roots():
-            for driver_dir in sorted(n for n in self._list(root, now) if n.endswith("-containers")):
+        for setting in ("storage_graphroot", "storage_runroot"):
+            if setting not in self.read:
+                continue
+            root = self._roots_here[setting]
+            drivers = sorted(n for n in self._list(root, now) if n.endswith("-containers"))
+            for driver_dir in drivers[:MAX_STORAGE_DRIVERS]:
                 for name in ("containers.json", "volatile-containers.json"):
                     for cid, entry in self._index(root / driver_dir / name, now).items():
                         storage.setdefault(cid, entry)

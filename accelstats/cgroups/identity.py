@@ -75,6 +75,11 @@ class ContainerIdentity:
     state_namespace: str = field(default="", compare=False)
     """The containerd namespace whose tasks hold it, when the runtime state says (the same ID may
     exist in two namespaces); not part of equality."""
+    owner: str = ""
+    """A rootless container's owner, the uid (decimal) whose ``user@<uid>.service`` holds its cgroup
+    and whose own runtime state names it (:mod:`accelstats.attribution.rootless`); ``""`` for a
+    container of the system's runtimes.  Part of equality: a rootless container never equals a
+    system one."""
 
 
 KnownLookup = Callable[[str, str], "tuple[str, str, str, str] | None"]

@@ -32,6 +32,14 @@ def untrusted_because(hierarchy: Path, path: str, root_fd: int | None = None) ->
     for comp in path.split("/"):
         if _USER_MANAGER_RE.fullmatch(comp):
             return f"it is under {comp}"
+    return parent_untrusted_because(hierarchy, path, root_fd)
+
+
+def parent_untrusted_because(hierarchy: Path, path: str, root_fd: int | None = None) -> str | None:
+    """:func:`untrusted_because` without its ``user@<uid>.service`` rule: only who may write to the
+    parent cgroup of ``path`` (``""``: root alone; ``None``: the parent is gone).  Used for the
+    ``user@<uid>.service`` cgroup itself, which systemd creates in the root-owned
+    ``user-<uid>.slice``.  Never raises ``OSError``."""
     comps = [c for c in path.split("/") if c]
     if comps and comps[-1] == "container":  # podman's payload child: its parent is what was named
         comps = comps[:-1]

@@ -389,3 +389,22 @@ def test_a_refused_index_is_counted_in_the_attribution_skipped_metric(tmp_path: 
     assert exported() == 1  # the same version: not counted again
     path.write_bytes(text + b" ")
     assert exported() == 2  # a new version refused again
+
+
+def test_at_most_eight_storage_drivers_are_read_per_root(tmp_path: Path) -> None:
+    """containers/storage has six drivers; a rootless owner's graphroot may hold any number of
+    ``<name>-containers`` directories: the first eight (in name order) are read."""
+    graph = tmp_path / "var/lib/containers/storage"
+    ids = [f"{n:02x}" * 32 for n in range(10)]
+    for n, cid in enumerate(ids):
+        index(graph / f"d{n}-containers" / "containers.json", [entry(cid, f"c{n}")])
+    s = RuntimeState(tmp_path, RuntimeRoots())
+    s.refresh()
+    assert [s.known(cid, "") is not None for cid in ids] == [True] * 8 + [False] * 2
+
+
+def test_roots_left_out_of_read_are_neither_read_nor_missing(state: RuntimeState) -> None:
+    state.read = frozenset({"storage_graphroot"})
+    state.refresh()
+    assert state.known_ids() == {"docker": 0, "containerd": 0, "storage": 2, "nomad": 0}
+    assert state.missing_roots() == []  # storage_graphroot exists; the others are not looked at
