@@ -109,9 +109,11 @@ def _up_devices(c: Collection) -> Iterator[tuple[Device, DeviceSample]]:
 
 
 def _gpu_energy_counter(c: Collection) -> Iterator[Reading]:
-    read = dict(c.accounting.energy_read) if c.accounting is not None else {}
+    # with accounting on, only the split's reading: falling back to the collector's (fresher) one until the
+    # split has one would make the counter step back at the next scrape, a reset to Prometheus
+    read = dict(c.accounting.energy_read) if c.accounting is not None else None
     for d, sample in _up_devices(c):
-        joules = read.get(d.uuid, sample.energy_joules)
+        joules = read.get(d.uuid) if read is not None else sample.energy_joules
         if joules is not None:
             yield _gpu_base(d), joules
 

@@ -35,6 +35,7 @@ from collectors.processes import NO_INSTANCE, running_processes
 from collectors.rounds import BackgroundRounds
 from collectors.smsamples import SmReading, SmSamples
 
+GPU_UTILIZATION_SAMPLES = 1  # nvml.h NVML_GPU_UTILIZATION_SAMPLES
 ENERGY_EVERY = 10
 """Rounds between two energy reads of a GPU (10 s at the default 1 s interval): the call costs ~3 ms."""
 
@@ -181,6 +182,10 @@ class ProcessSampler(BackgroundRounds):
         if device.kind == "gpu" and not own_only:
             now_us = int(self.wall() * 1e6)
             state = reads.samples
+            if reads.previous_at is None and state.period_hint_us is None:  # the driver's period, once
+                got_samples = c("nvmlDeviceGetSamples", h, GPU_UTILIZATION_SAMPLES, 0, not_found=None)
+                if got_samples is not None:
+                    state.hint_period(int(x.timeStamp) for x in got_samples[1])
             util = c("nvmlDeviceGetProcessUtilization", h, state.ask(now_us), not_found=[])
             if util is not None:
                 if util:

@@ -36,6 +36,8 @@ The rule (:class:`SmSamples`, stated with its error bounds in docs/accounting.md
 from __future__ import annotations
 
 import itertools
+import statistics
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +55,15 @@ DRIVER_PERIOD_DEFAULT = 1.0 / 6.0
 FUTURE_SLACK_US = 600_000_000
 """A sample stamped more than this (10 min) after the wall clock is left out: NVML's CPU timestamps
 are the wall clock's µs on the drivers seen, and one absurd stamp must not stall every later read."""
+VISIBILITY_MARGIN = 0.1
+"""Seconds a driver sample may show up after its timestamp (not measured yet: docs/gpu-check.md)."""
+PROBE_IDLE = 2 * DRIVER_PERIOD_MAX
+"""Seconds of proven idleness (driver period unknown) before the first answer after it is asked again: the
+window then holds at least one idle driver sample whatever the period (and a sample shown up to a period
+late), so the mean shape's answer is diluted and cannot equal the last sample's."""
+PROBE_MARGIN = 0.5
+"""With the driver period known: seconds beyond one period of proven idleness before asking again (a
+sample shown up to this late still leaves an idle sample in the window)."""
 MIN_PERIOD_US = 10_000
 """Spacings below this (10 ms) are not a driver period (duplicates, clock jitter)."""
 
@@ -85,7 +96,9 @@ class SmSamples:
         self.asked_us: int | None = None  # the previous read's wall clock (µs)
         self.idle_read_us: int | None = None  # the newest NOT_FOUND read after the cursor
         self.shape: str | None = None  # "mean" | "every"
-        self.period_us: int | None = None  # every shape: the smallest spacing of one PID's samples
+        self.period_us: int | None = None  # the driver period as seen (:meth:`_learn_period`)
+        self.period_hint_us: int | None = None  # the device's GPU-utilisation sample spacing (:meth:`hint_period`)
+        self.spacings: deque[int] = deque(maxlen=64)  # recent spacings of one PID's samples (µs)
         self.last_us: dict[int, int] = {}  # PID -> its newest sample's timestamp (µs)
         self.sampled_before: set[int] = set()  # PIDs in the previous answer
         # PID -> (timestamp µs, window start µs, SM-seconds) of a window that may hold idle time before the
@@ -100,6 +113,18 @@ class SmSamples:
         self.cursor_us = max(self.cursor_us, now_us - int(CURSOR_WINDOW * 1e6) - 2 * min(interval, 60_000_000))
         return self.cursor_us
 
+    def hint_period(self, stamps: Iterable[int]) -> None:
+        """Take the median spacing of the device's own utilisation samples (``nvmlDeviceGetSamples``
+        timestamps, µs) as the driver period until a process's samples show theirs."""
+        ordered = sorted(int(t) for t in stamps)
+        spacings = [b - a for a, b in itertools.pairwise(ordered)
+                    if MIN_PERIOD_US <= b - a <= DRIVER_PERIOD_MAX * 1e6]
+        if spacings:
+            self.period_hint_us = int(statistics.median(spacings))
+
+    def _known_period_us(self) -> int | None:
+        return self.period_us if self.period_us is not None else self.period_hint_us
+
     def prime(self, now_us: int) -> None:
         """The device's first read answered NOT_FOUND at ``now_us``: accounting starts there (the driver
         may hold no samples before, e.g. right after it loaded)."""
@@ -110,7 +135,7 @@ class SmSamples:
         stretch, the spans still waiting for a level are placed at full use."""
         self.idle_read_us = now_us
         out = SmReading()
-        if now_us - self.cursor_us >= DRIVER_PERIOD_MAX * 1e6:
+        if now_us - self.cursor_us >= self._idle_proof_us():
             for pid in list(self.pending):
                 self._place(pid, 1.0, out)
         return out
@@ -120,6 +145,7 @@ class SmSamples:
         self.cursor_us, self.idle_read_us, self.asked_us = 0, None, None
         self.last_us.clear()
         self.sampled_before = set()
+        self.pending.clear()  # their timestamps are of the clock before the step
 
     def answer(self, samples: Iterable[Any], now_us: int, *, prime: bool = False,
                query: Query | None = None) -> SmReading:
@@ -144,10 +170,20 @@ class SmSamples:
             stamped.sort()
         self._learn_period(per_pid)
         cursor, idle_read = self.cursor_us, self.idle_read_us
-        proven_idle = idle_read is not None and idle_read - cursor >= DRIVER_PERIOD_MAX * 1e6
+        proven_idle = idle_read is not None and idle_read - cursor >= self._idle_proof_us()
         if self.shape is None and any(len(v) > 1 for v in per_pid.values()):
             self.shape = "every"
-        if self.shape is None and proven_idle and query is not None and not prime:
+        if self.shape is None and idle_read is not None and proven_idle and not prime:
+            # a mean since the cursor holds the idle samples before idle_read: it cannot stand for more busy
+            # time than the rest of the window (plus the period the first busy sample covers)
+            seen = (self._known_period_us() or DRIVER_PERIOD_MAX * 1e6) / 1e6
+            room = (max(ts for v in per_pid.values() for ts, _ in v) - idle_read) / 1e6 + seen + VISIBILITY_MARGIN
+            if any(v[-1][1] / 100.0 * (v[-1][0] - cursor) / 1e6 > 1.01 * room for v in per_pid.values()):
+                self.shape = "every"
+        known = self._known_period_us()
+        probe_idle = known + PROBE_MARGIN * 1e6 if known is not None else PROBE_IDLE * 1e6
+        if (self.shape is None and idle_read is not None and idle_read - cursor >= probe_idle
+                and query is not None and not prime):
             self.shape = self._probe(per_pid, query)
         for pid in [p for p in self.pending if p not in per_pid]:  # its work ended within that window
             self._place(pid, 1.0, out)
@@ -167,10 +203,25 @@ class SmSamples:
         return out
 
     def _learn_period(self, per_pid: dict[int, list[tuple[int, int]]]) -> None:
-        for stamped in per_pid.values():
-            for (a, _), (b, _) in itertools.pairwise(stamped):
-                if b - a >= MIN_PERIOD_US and (self.period_us is None or b - a < self.period_us):
-                    self.period_us = b - a
+        """The driver period: the median of the recent spacings between two samples of one PID (in one
+        answer, or its last one before and its first now) that lie within 1.5 x the smallest (later ones
+        skip driver samples; the median, not the smallest, so that timestamp jitter does not bias it).
+        Spacings above 1.5 x :data:`DRIVER_PERIOD_MAX` are read intervals or pauses, not periods."""
+        for pid, stamped in per_pid.items():
+            before = self.last_us.get(pid)
+            stamps = ([before] if before is not None else []) + [ts for ts, _ in stamped]
+            self.spacings.extend(b - a for a, b in itertools.pairwise(stamps)
+                                 if MIN_PERIOD_US <= b - a <= 1.5 * DRIVER_PERIOD_MAX * 1e6)
+        if self.spacings:
+            least = min(self.spacings)
+            self.period_us = int(statistics.median(d for d in self.spacings if d <= 1.5 * least))
+
+    def _idle_proof_us(self) -> float:
+        """µs after the cursor from which a NOT_FOUND read proves an idle stretch: 1.5 driver periods (the
+        longest nvidia-smi(1) allows until one is seen) plus :data:`VISIBILITY_MARGIN`, so that a read
+        between two samples of a busy process, or a sample shown late, is not taken for idleness."""
+        period = self._known_period_us() or DRIVER_PERIOD_MAX * 1e6
+        return 1.5 * period + VISIBILITY_MARGIN * 1e6
 
     def _probe(self, per_pid: dict[int, list[tuple[int, int]]], query: Query) -> str | None:
         """Ask again from just before one PID's sample: the every shape answers that sample again (same
@@ -213,12 +264,19 @@ class SmSamples:
         busy = min((ts - start) / 1e6, seconds / level if level > 0 else seconds)
         out.spans.setdefault(pid, []).append((ts / 1e6 - busy, ts / 1e6))
 
+    def _period(self) -> float:
+        """The driver period in seconds: as seen, else the device's hint, else :data:`DRIVER_PERIOD_DEFAULT`."""
+        known = self._known_period_us()
+        return known / 1e6 if known is not None else DRIVER_PERIOD_DEFAULT
+
     def _every(self, pid: int, stamped: list[tuple[int, int]], out: SmReading) -> None:
-        period = self.period_us if self.period_us is not None else int(DRIVER_PERIOD_DEFAULT * 1e6)
+        period = int(self._period() * 1e6)
         previous = self.last_us.get(pid)
         total = 0.0
         for ts, util in stamped:
-            covers = period if previous is None else min(ts - previous, period)
+            # the time since its previous sample when that was the driver's previous one (up to 1.5
+            # periods: jitter), else one period (the first after a pause)
+            covers = period if previous is None or ts - previous > 1.5 * period else ts - previous
             previous = ts
             if covers <= 0:
                 continue

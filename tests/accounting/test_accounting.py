@@ -47,7 +47,7 @@ from collectors.nvml_call import NvmlCaller
 from collectors.procsampler import ProcessRound, ProcessSampler
 from collectors.replay.lib import open_replay
 from collectors.replay.state import SAMPLE_PERIOD_US
-from collectors.smsamples import CURSOR_WINDOW, DRIVER_PERIOD_MAX, SmSamples
+from collectors.smsamples import CURSOR_WINDOW, DRIVER_PERIOD_DEFAULT, DRIVER_PERIOD_MAX, SmSamples
 
 UUID = "GPU-5f1c2a9e-0b7d-4c3e-9a61-2d8e4f7b9c10"
 T0 = 5_000.0  # fake clock at nvmlInit
@@ -260,13 +260,15 @@ def test_the_cursor_never_lags_the_read_by_more_than_the_window() -> None:
 
 
 @pytest.mark.parametrize(("again", "shape"), [
-    ([(7, 10_000_000, 100)], "every"),  # the same sample answered again: every driver sample
-    ([(7, 10_000_000, 100), (7, 10_166_667, 100)], "every"),
-    ([(7, 10_000_000, 100 // 6)], "mean"),  # a mean that the idle stretch no longer dilutes
-    ([(7, 10_166_667, 100)], "mean"),
+    ([(7, 10_000_000, 20)], "every"),  # the same sample answered again: every driver sample
+    ([(7, 10_000_000, 20), (7, 10_166_667, 20)], "every"),
+    ([(7, 10_000_000, 100)], "mean"),  # a mean that the idle stretch no longer dilutes
+    ([(7, 10_166_667, 20)], "mean"),
 ])
 def test_the_answer_shape_is_learnt_after_a_proven_idle_stretch(again: list[tuple[int, int, int]],
                                                                 shape: str) -> None:
+    """20 % over the 5 s since the cursor (1 SM-second) could be a mean holding the 4 s proven idle: the
+    sample is asked again from just before it, once per GPU."""
     state = SmSamples()
     state.cursor_us, state.idle_read_us = 5_000_000, 9_000_000
     asked: list[int] = []
@@ -275,10 +277,24 @@ def test_the_answer_shape_is_learnt_after_a_proven_idle_stretch(again: list[tupl
         asked.append(since)
         return [Sample(*x) for x in again]
 
-    state.answer([Sample(7, 10_000_000, 100)], NOW, query=query)
+    state.answer([Sample(7, 10_000_000, 20)], NOW, query=query)
     assert (state.shape, asked) == (shape, [9_999_999])
     state.answer([Sample(7, 11_000_000, 100)], 11_000_000, query=query)
     assert len(asked) == 1  # learnt once
+
+
+def test_a_sample_no_mean_could_be_is_the_every_shape() -> None:
+    """100 % over the 5 s since the cursor would be 5 busy seconds, but NOT_FOUND at 9 s proved the GPU
+    idle until then: at most 1 s (plus a driver period and a late sample's margin) can be busy. So the
+    answer is not a mean: the every shape, learnt without asking again."""
+    state = SmSamples()
+    state.cursor_us, state.idle_read_us = 5_000_000, 9_000_000
+
+    def query(since: int) -> list[Sample]:
+        raise AssertionError("not asked again")
+
+    got = state.answer([Sample(7, 10_000_000, 100)], NOW, query=query)
+    assert state.shape == "every" and got.seconds == {7: pytest.approx(DRIVER_PERIOD_DEFAULT, abs=1e-6)}
 
 
 def test_a_pid_listed_twice_is_the_every_shape_and_shows_the_driver_period() -> None:
