@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import inspect
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -44,9 +45,24 @@ def test_a_driver_gets_the_newest_header_not_newer_than_it(driver: str | None, h
     assert generation_for(driver).version == header
 
 
-def test_drivers_before_r470_are_refused() -> None:
-    with pytest.raises(ReplayError, match="older than the oldest NVML generation replayed"):
-        generation_for("460.91.03")
+def test_drivers_before_r470_get_the_oldest_generation() -> None:
+    assert generation_for("418.43").version == generation_for("460.91.03").version == "470.256.02"
+
+
+def test_a_pre_r470_capture_replays_as_r470_with_one_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """telegraf's gtx-1660-ti.xml and quadro-p400.xml name driver 418.43: a real host answers them, so
+    the replay does too, as the oldest generation it knows, and says once which it guessed."""
+    capture = tmp_path / "driver-418.xml"
+    capture.write_text(re.sub(r"<driver_version>[^<]*<", "<driver_version>418.43<", T4.read_text()))
+    with caplog.at_level("WARNING", logger="collectors.replay.lib"):
+        nvml = open_replay(capture)
+    assert nvml.generation.version == "470.256.02"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{capture}: <driver_version>: driver 418.43 is older than the oldest NVML generation replayed; "
+        "replaying it as R470 (470.256.02), whose functions a driver this old may lack"]
+    got = dump(capture)
+    assert [v for _, v in got["accelstats_gpu_up"]] == [1.0]
+    assert {labels["driver_version"] for labels, _ in got["accelstats_gpu_info"]} == {"418.43"}
 
 
 # (header, symbol, exported?) read off NVIDIA's nvml.h of each driver
@@ -268,7 +284,6 @@ def test_handle_address_identifies_a_device() -> None:
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ('driver_version = "460.91.03"\n', r"driver_version: driver 460\.91\.03: older than the oldest"),
     ('driver_version = "abc"\n', r"driver_version: expected a driver version"),
     ('missing_functions = ["nvmlFoo"]\n', r"missing_functions: nvmlFoo: not a function of any libnvidia-ml"),
     ('missing_functions = "nvmlInit"\n', r"missing_functions: expected list"),
