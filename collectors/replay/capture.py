@@ -19,7 +19,8 @@ and its field name is listed in :attr:`GpuCapture.invalid` (``temp_gpu_c``, ``pr
 ``migs[0].memory_total_bytes``; a process whose pid is invalid is left out), so that nothing wraps
 around or comes out negative. The capture as a whole is rejected (CaptureError naming the
 ``<gpu>``'s NVML index and line) only when a GPU has no UUID (``<uuid>`` missing, empty or N/A:
-NVML always reports one) or the UUID of an earlier ``<gpu>``.
+NVML always reports one). A GPU with the UUID of an earlier ``<gpu>`` (a sanitised capture) gets a
+distinct one (:func:`distinct_uuid`) and a warning, unless a scenario gives it its own.
 
 Schema versions differ (``<!DOCTYPE>`` v11: Tesla T4, v12: A100, v13: H200 / RTX A5000):
 ``clocks_throttle_reasons`` (≤ v11) vs ``clocks_event_reasons``; ``power_readings`` with
@@ -85,10 +86,12 @@ MIG instance's profile name (from its SM count and memory share).
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import re
 import stat
 import sys
+import uuid as uuidlib
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, fields, replace
@@ -101,6 +104,8 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
+
+log = logging.getLogger(__name__)
 
 _ABSENT = frozenset({"", "n/a", "[n/a]", "not supported", "[not supported]", "unknown", "[unknown error]"})
 _DEPRECATED = "requested functionality has been deprecated"
@@ -610,9 +615,26 @@ def parse_capture(path: str | Path) -> SystemCapture:
     Raises CaptureError naming the file and the 1-based line and column when the file is not
     well-formed XML (or names an encoding the parser cannot use), when its root element is not
     ``<nvidia_smi_log>``, or naming the ``<gpu>`` (NVML index and line) when a GPU has no UUID
-    (``<uuid>`` missing, empty or N/A: NVML always reports one) or the UUID of an earlier one;
-    OSError when unreadable.
+    (``<uuid>`` missing, empty or N/A: NVML always reports one); OSError when unreadable. A GPU with
+    the UUID of an earlier one (a sanitised capture) gets a distinct one (:func:`distinct_uuid`),
+    with one warning line naming both GPUs and the UUID used.
     """
+    system, shared = _read_capture(path)
+    for i, message in shared.items():
+        log.warning("%s; replaying it as %r", message, system.gpus[i].uuid)
+    return system
+
+
+def distinct_uuid(uuid: str, index: int) -> str:
+    """The UUID replayed for the ``<gpu>`` at NVML index ``index`` whose ``uuid`` an earlier GPU of the
+    capture has: ``GPU-`` + uuid5(NAMESPACE_OID, "<uuid>/<index>") (8-4-4-4-12), stable across runs.
+    NVML never reports two GPUs with one UUID, and tools key GPUs by it."""
+    return f"GPU-{uuidlib.uuid5(uuidlib.NAMESPACE_OID, f'{uuid}/{index}')}"
+
+
+def _read_capture(path: str | Path) -> tuple[SystemCapture, dict[int, str]]:
+    """:func:`parse_capture` without the warnings: the capture, and for each GPU whose UUID an earlier
+    one has (its own replaced by :func:`distinct_uuid`), the line that says so."""
     path = Path(path)
     try:
         root = ET.parse(path).getroot()
@@ -626,8 +648,9 @@ def parse_capture(path: str | Path) -> SystemCapture:
     if root.tag != "nvidia_smi_log":
         raise CaptureError(f"{path}: root element is <{root.tag}>, expected <nvidia_smi_log> "
                            "(the output of `nvidia-smi -q -x`)")
-    gpus = tuple(parse_gpu(g) for g in root.iterfind("gpu"))
+    gpus = [parse_gpu(g) for g in root.iterfind("gpu")]
     seen: dict[str, int] = {}
+    shared: dict[int, str] = {}
     for i, gpu in enumerate(gpus):
         if gpu.uuid is None or gpu.uuid in seen:
             lines = _gpu_lines(path)
@@ -636,14 +659,15 @@ def parse_capture(path: str | Path) -> SystemCapture:
                 raise CaptureError(f"{path}: {at}the <gpu> at NVML index {i} has no UUID (<uuid> missing, "
                                    "empty or N/A); NVML always reports one")
             j = seen[gpu.uuid]
-            raise CaptureError(f"{path}: {at}the <gpu> at NVML index {i} has uuid {gpu.uuid!r}, as has the "
-                               f"<gpu> at NVML index {j}{f' (line {lines[j]})' if j < len(lines) else ''}; "
-                               "each GPU has its own")
-        seen[gpu.uuid] = i
+            shared[i] = (f"{path}: {at}the <gpu> at NVML index {i} has uuid {gpu.uuid!r}, as has the <gpu> at "
+                         f"NVML index {j}{f' (line {lines[j]})' if j < len(lines) else ''}; NVML never reports "
+                         "two equal UUIDs")
+            gpus[i] = replace(gpu, uuid=distinct_uuid(gpu.uuid, i))
+        seen.setdefault(gpus[i].uuid or "", i)
     return SystemCapture(
         driver_version=_value(root, "driver_version", _str),
         cuda_version=_value(root, "cuda_version", _str),
-        gpus=gpus)
+        gpus=tuple(gpus)), shared
 
 
 def _gpu_lines(path: Path) -> list[int]:
@@ -846,8 +870,10 @@ def _merge(procs: Sequence[ProcessCapture], extra: Sequence[ProcessCapture]) -> 
     return (*[p for p in kept if p.types], *extra)
 
 
-def _gpu(t: ScenarioTable, base: Path, captures: dict[Path, SystemCapture]) -> tuple[int | None, GpuCapture]:
-    """One ``[[gpu]]`` → (requested NVML index or None, its capture with the scenario applied)."""
+def _gpu(t: ScenarioTable, base: Path,
+         captures: dict[Path, tuple[SystemCapture, dict[int, str]]]) -> tuple[int | None, GpuCapture]:
+    """One ``[[gpu]]`` → (requested NVML index or None, its capture with the scenario applied). A GPU
+    whose UUID an earlier one of its capture has is warned about only when the scenario gives it none."""
     file = base / t.get("capture", str, required=True)
     if file not in captures:
         try:
@@ -859,12 +885,12 @@ def _gpu(t: ScenarioTable, base: Path, captures: dict[Path, SystemCapture]) -> t
         if not is_file:
             t.fail(f"capture file {file} is not a file{' (a directory)' if file.is_dir() else ''}", "capture")
         try:
-            captures[file] = parse_capture(file)
+            captures[file] = _read_capture(file)
         except CaptureError as exc:
             t.fail(f"bad capture: {exc}", "capture")
         except OSError as exc:
             t.fail(f"cannot read capture file {file}: {exc.strerror or exc}", "capture")
-    system = captures[file]
+    system, shared = captures[file]
     pick = t.get("capture_index", int, 0)
     if pick >= len(system.gpus):
         t.fail(f"{file} holds {len(system.gpus)} <gpu> element(s); index {pick} is out of range", "capture_index")
@@ -911,6 +937,8 @@ def _gpu(t: ScenarioTable, base: Path, captures: dict[Path, SystemCapture]) -> t
     changes.update({k: frozenset(n for n in getattr(gpu, k) if re.split(r"[\[.]", n)[0] not in changes)
                     for k in ("deprecated", "invalid")})
     changes["processes"] = _merge(gpu.processes, extra)
+    if pick in shared and "uuid" not in changes:
+        log.warning("%s; replaying it as %r (%s)", shared[pick], gpu.uuid, t.where)
     return t.get("index", int), replace(gpu, **changes)
 
 
@@ -971,7 +999,7 @@ def load_scenario(path: str | Path, *, tables: Collection[str] = ()) -> Scenario
             if not isinstance(data[name], list):
                 top.fail("expected an array of tables ([[...]])", name)
             extra[name] = data[name]
-    captures: dict[Path, SystemCapture] = {}
+    captures: dict[Path, tuple[SystemCapture, dict[int, str]]] = {}
     gpu_tables = top.tables("gpu", _GPU_KEYS)
     entries = [_gpu(t, path.parent, captures) for t in gpu_tables]
     order = [pos if index is None else index for pos, (index, _) in enumerate(entries)]
@@ -986,7 +1014,7 @@ def load_scenario(path: str | Path, *, tables: Collection[str] = ()) -> Scenario
             seen[value] = t.where
     by_index = dict(zip(order, (gpu for _, gpu in entries), strict=True))
     gpus = tuple(by_index[i] for i in range(len(entries)))
-    first = next(iter(captures.values()), SystemCapture(None, None, ()))
+    first = next(iter(captures.values()), (SystemCapture(None, None, ()), {}))[0]
     driver = top.get("driver_version", str, first.driver_version)
     if driver is not None and not re.match(r"\d+(\.|$)", driver):
         top.fail(f"expected a driver version such as \"470.256.02\", got {driver!r}", "driver_version")

@@ -15,6 +15,7 @@ import re
 import shutil
 import threading
 import time
+import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
@@ -1515,8 +1516,6 @@ def two_gpus(first: str, second: str) -> str:
 
 
 @pytest.mark.parametrize(("xml", "message"), [
-    (two_gpus("<uuid>GPU-a</uuid>", "<uuid>GPU-a</uuid>"),
-     r"caps\.xml: line 5: the <gpu> at NVML index 1 has uuid 'GPU-a', as has the <gpu> at NVML index 0 \(line 2\)"),
     (two_gpus("<uuid>GPU-a</uuid>", "<uuid></uuid>"), r"caps\.xml: line 5: the <gpu> at NVML index 1 has no UUID"),
     (two_gpus("<uuid>N/A</uuid>", "<uuid>GPU-b</uuid>"), r"caps\.xml: line 2: the <gpu> at NVML index 0 has no UUID"),
     (two_gpus("<uuid> </uuid>", "<uuid>GPU-b</uuid>"), r"caps\.xml: line 2: the <gpu> at NVML index 0 has no UUID"),
@@ -1533,6 +1532,32 @@ def test_capture_uuids(tmp_path: Path, xml: str, message: str) -> None:
     toml = scenario(tmp_path, '[[gpu]]\ncapture = "caps.xml"\n')  # a scenario may not use it either
     with pytest.raises(ReplayError, match=r"scenario\.toml: gpu\[0\]\.capture: bad capture: .*" + message):
         open_replay(toml)
+
+
+def test_gpus_sharing_a_uuid_replay_as_nvml_shows_them(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A sanitised capture (dual_2080-v13.xml) gives both GPUs one UUID. NVML never shows two equal
+    UUIDs: the later GPU gets a derived one, with one warning; a scenario may give it its own."""
+    path = tmp_path / "caps.xml"
+    path.write_text(two_gpus("<uuid>GPU-a</uuid>", "<uuid>GPU-a</uuid>"))
+    derived = "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_OID, "GPU-a/1"))
+    with caplog.at_level("WARNING", logger="collectors.replay.capture"):
+        nvml = opened(path)
+    assert [nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i)) for i in (0, 1)] == ["GPU-a", derived]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{path}: line 5: the <gpu> at NVML index 1 has uuid 'GPU-a', as has the <gpu> at NVML index 0 (line 2); "
+        f"NVML never reports two equal UUIDs; replaying it as {derived!r}"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="collectors.replay.capture"):
+        nvml = opened(scenario(tmp_path, """
+            [[gpu]]
+            capture = "caps.xml"
+            [[gpu]]
+            capture = "caps.xml"
+            capture_index = 1
+            uuid = "GPU-b"
+        """))
+    assert [nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i)) for i in (0, 1)] == ["GPU-a", "GPU-b"]
+    assert caplog.records == []
 
 
 def test_capture_with_distinct_uuids_loads(tmp_path: Path) -> None:
