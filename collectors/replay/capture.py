@@ -79,8 +79,11 @@ Errors in either input are :class:`CaptureError`, naming the file and the line/c
 XML or TOML; the line and byte offset of a scenario that is not UTF-8) or the key.
 
 Facts the XML does not hold are derived here, each from a documented table: CUDA compute
-capability and NVML architecture code (from ``product_architecture`` and the product name), and a
-MIG instance's profile name (from its SM count and memory share).
+capability and NVML architecture code (from ``product_architecture``, the PCI device id's chip
+(:mod:`collectors.replay.pci_chips`) and the product name), and a MIG instance's profile name (from
+its SM count and memory share). A capture without ``<product_architecture>`` (older schemas) gets
+the architecture of its PCI device id's chip, with one warning per file; an id no range lists
+leaves it absent.
 """
 
 from __future__ import annotations
@@ -99,6 +102,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, NoReturn
 from xml.parsers import expat
+
+from collectors.replay.pci_chips import chip_for
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -649,6 +654,16 @@ def _read_capture(path: str | Path) -> tuple[SystemCapture, dict[int, str]]:
         raise CaptureError(f"{path}: root element is <{root.tag}>, expected <nvidia_smi_log> "
                            "(the output of `nvidia-smi -q -x`)")
     gpus = [parse_gpu(g) for g in root.iterfind("gpu")]
+    guessed = []
+    for i, gpu in enumerate(gpus):
+        chip = chip_for(gpu.pci_device_id) if gpu.architecture is None else None
+        if chip is not None:
+            gpus[i] = replace(gpu, architecture=chip.architecture)
+            guessed.append(f"NVML index {i}: {chip.name}, {chip.architecture} "
+                           f"{'.'.join(map(str, chip.compute_capability))}")
+    if guessed:
+        log.warning("%s: no <product_architecture>; architecture and compute capability guessed from the PCI "
+                    "device id (%s)", path, "; ".join(guessed))
     seen: dict[str, int] = {}
     shared: dict[int, str] = {}
     for i, gpu in enumerate(gpus):
@@ -703,8 +718,13 @@ def pci_bus_id_parts(text: str) -> tuple[int, int, int, int] | None:
 
 # -- derived facts ---------------------------------------------------------------------------------
 def compute_capability(gpu: GpuCapture) -> tuple[int, int] | None:
-    """(major, minor) from :data:`COMPUTE_CAPABILITY`; None for an architecture it does not list."""
+    """(major, minor): the chip's (:func:`collectors.replay.pci_chips.chip_for`, by PCI device id) when
+    it is of the GPU's architecture, else from :data:`COMPUTE_CAPABILITY`; None for an architecture
+    neither lists."""
     arch, name = (gpu.architecture or "").lower(), gpu.name or ""
+    chip = chip_for(gpu.pci_device_id)
+    if chip is not None and chip.architecture.lower() == arch:
+        return chip.compute_capability
     for table_arch, pattern, cc in COMPUTE_CAPABILITY:
         if arch == table_arch and re.search(pattern, name):
             return cc

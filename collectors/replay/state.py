@@ -433,14 +433,15 @@ class ReplayState:
         return [int(self._need(g, "mig_current")), int(self._need(g, "mig_pending"))]
 
     def nvmlDeviceGetCudaComputeCapability(self, handle: Any) -> tuple[int, int]:
-        """``(major, minor)`` from collectors.replay.capture.COMPUTE_CAPABILITY (the XML has none); MIG: parent's."""
+        """``(major, minor)`` from collectors.replay.capture.compute_capability (the XML has none); MIG: parent's."""
         cc = compute_capability(self._device("nvmlDeviceGetCudaComputeCapability", handle, mig=True).gpu)
         if cc is None:
             raise _err("NOT_SUPPORTED")
         return cc
 
     def nvmlDeviceGetArchitecture(self, device: Any) -> int:
-        """NVML_DEVICE_ARCH_* from ``<product_architecture>`` (UNKNOWN 0xFFFFFFFF when unlisted)."""
+        """NVML_DEVICE_ARCH_* from ``<product_architecture>`` or the PCI device id's chip (UNKNOWN
+        0xFFFFFFFF when neither)."""
         return architecture_code(self._device("nvmlDeviceGetArchitecture", device, mig=True).gpu)
 
     # -- memory and utilisation ----------------------------------------------------------------

@@ -1509,6 +1509,44 @@ def test_real_captures_have_no_invalid_cells(capture: Path) -> None:
         open_replay(capture).capture.gpus)
 
 
+# -- architecture from the PCI device id, when the capture has no <product_architecture> -------------------
+@pytest.mark.parametrize(("device_id", "name", "architecture", "capability"), [
+    ("1D0110DE", "NVIDIA GeForce GT 1030", pynvml.NVML_DEVICE_ARCH_PASCAL, (6, 1)),      # GP108
+    ("1B8210DE", "NVIDIA GeForce GTX 1070 Ti", pynvml.NVML_DEVICE_ARCH_PASCAL, (6, 1)),  # GP104
+    ("15F810DE", "Tesla P100-PCIE-16GB", pynvml.NVML_DEVICE_ARCH_PASCAL, (6, 0)),         # GP100
+    ("13C210DE", "NVIDIA GeForce GTX 970", pynvml.NVML_DEVICE_ARCH_MAXWELL, (5, 2)),      # GM204
+    ("1EB810DE", "Tesla T4", pynvml.NVML_DEVICE_ARCH_TURING, (7, 5)),                     # TU104
+])
+def test_architecture_guessed_from_the_pci_device_id(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                     device_id: str, name: str, architecture: int,
+                                                     capability: tuple[int, int]) -> None:
+    path = tmp_path / "old-schema.xml"
+    text = re.sub(r"\s*<product_architecture>[^<]*</product_architecture>", "", T4.read_text())
+    text = re.sub(r"<pci_device_id>[^<]*<", f"<pci_device_id>{device_id}<", text)
+    path.write_text(re.sub(r"<product_name>[^<]*<", f"<product_name>{name}<", text))
+    with caplog.at_level("WARNING", logger="collectors.replay.capture"):
+        nvml = opened(path)
+    assert call(nvml, 0, "nvmlDeviceGetArchitecture") == architecture
+    assert call(nvml, 0, "nvmlDeviceGetCudaComputeCapability") == capability
+    assert len(caplog.records) == 1
+    assert caplog.records[0].getMessage().startswith(
+        f"{path}: no <product_architecture>; architecture and compute capability guessed from the PCI device id "
+        "(NVML index 0: ")
+
+
+def test_an_unknown_pci_device_id_leaves_the_architecture_absent(tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "old-schema.xml"
+    text = re.sub(r"\s*<product_architecture>[^<]*</product_architecture>", "", T4.read_text())
+    path.write_text(re.sub(r"<pci_device_id>[^<]*<", "<pci_device_id>FFF010DE<", text))
+    with caplog.at_level("WARNING", logger="collectors.replay.capture"):
+        nvml = opened(path)
+    assert call(nvml, 0, "nvmlDeviceGetArchitecture") == 0xFFFFFFFF  # NVML_DEVICE_ARCH_UNKNOWN
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        call(nvml, 0, "nvmlDeviceGetCudaComputeCapability")
+    assert caplog.records == []
+
+
 # -- UUIDs: every GPU has one, and its own ------------------------------------------------------------------
 def two_gpus(first: str, second: str) -> str:
     return (f'<nvidia_smi_log>\n  <gpu id="00000000:01:00.0">\n    {first}\n  </gpu>\n'
