@@ -121,6 +121,14 @@ def dump(path: Path) -> dict[str, list[tuple[dict[str, str], float]]]:
     return out
 
 
+def test_a_replay_is_labelled_in_gpu_info_only() -> None:
+    """README: `accelstats_gpu_info` says `source="replay"`; no other series has a `source` label."""
+    got = dump(H200)
+    assert [labels["source"] for labels, _ in got["accelstats_gpu_info"]] == ["replay"]
+    assert sorted({name for name, samples in got.items() for labels, _ in samples if "source" in labels}) == [
+        "accelstats_gpu_info"]
+
+
 # (driver, NVML calls accelstats finds missing and counts once; every family below is still given)
 GENERATIONS = [
     ("470.256.02", {"nvmlDeviceGetMemoryInfo", "nvmlDeviceGetComputeRunningProcesses",
