@@ -66,9 +66,22 @@ and MIG instances, and names the driver (:func:`load_scenario`)::
     missing_functions = ["nvmlDeviceGetProcessUtilization"]  # optional: NVML functions the library
                                      #   does not export, on top of what that driver lacks
 
-Other top-level tables (``[[fault]]``, ``[[event]]``: injected failures, hangs and XID events) are
-test support, read by ``tests/support/replay_faults.py`` through ``ReplayState.extra``; the product
-refuses them unless asked to keep them (``tables``).
+A ``[[gpu]]`` also describes the device's state over time (seconds after the first ``nvmlInit``;
+applied by :mod:`collectors.replay.device_state`)::
+
+    lost_at_s = 20                   # falls off the bus: every call naming it answers GPU_IS_LOST from then on
+    [gpu.errors]                     # these calls on this GPU answer NVML_ERROR_<name> ("*": every call)
+    nvmlDeviceGetEncoderUtilization = "NO_PERMISSION"
+    [gpu.hangs]                      # these calls on this GPU block this many seconds first ("*": every call)
+    nvmlDeviceGetTemperature = 5
+    [[gpu.xid]]                      # an XID event (nvmlEventSetWait_v2)
+    xid = 79                         # required, 1..2^64-1
+    at_s = 0.5                       # due this long after the first nvmlInit (default 0)
+    gpu_instance_id = 1              # optional, MIG: one of this GPU's instances (compute_instance_id too)
+
+The top-level ``[[fault]]`` table (call-counting failures and hangs) is test support, read by
+``tests/support/replay_faults.py`` through ``ReplayState.extra``; the product refuses it unless asked
+to keep it (``tables``).
 
 Scenario integers must fit the C type NVML answers them in (unsigned int; unsigned long long for
 bytes, ECC counts and ``clock_reasons``; ``used_memory_bytes`` below 2^64-1, which is
@@ -129,6 +142,15 @@ CLOCK_REASON_BITS = {
     "hw_power_brake_slowdown": 0x80,
     "display_clocks_setting": 0x100,
 }
+
+# nvmlReturn_t names (nvml.h NVML_ERROR_*, without the prefix) a scenario's ``[gpu.errors]`` may give.
+NVML_ERRORS = frozenset({
+    "UNINITIALIZED", "INVALID_ARGUMENT", "NOT_SUPPORTED", "NO_PERMISSION", "ALREADY_INITIALIZED", "NOT_FOUND",
+    "INSUFFICIENT_SIZE", "INSUFFICIENT_POWER", "DRIVER_NOT_LOADED", "TIMEOUT", "IRQ_ISSUE", "LIBRARY_NOT_FOUND",
+    "FUNCTION_NOT_FOUND", "CORRUPTED_INFOROM", "GPU_IS_LOST", "RESET_REQUIRED", "OPERATING_SYSTEM",
+    "LIB_RM_VERSION_MISMATCH", "IN_USE", "MEMORY", "NO_DATA", "VGPU_ECC_NOT_SUPPORTED", "INSUFFICIENT_RESOURCES",
+    "FREQ_NOT_SUPPORTED", "ARGUMENT_VERSION_MISMATCH", "DEPRECATED", "NOT_READY", "GPU_NOT_FOUND",
+    "INVALID_STATE", "RESET_TYPE_NOT_SUPPORTED", "UNKNOWN"})
 
 # NVML_DEVICE_ARCH_* (nvml.h) by lower-cased ``product_architecture``.
 ARCHITECTURES = {
@@ -218,6 +240,17 @@ class MigCapture:
 
 
 @dataclass(frozen=True)
+class XidCapture:
+    """An XID the GPU reports (nvmlEventTypeXidCriticalError, ``xid`` its eventData) ``at_s`` seconds
+    after the first ``nvmlInit``; MIG instance ids None for the whole GPU. Scenarios only."""
+
+    xid: int
+    at_s: float = 0.0
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+
+@dataclass(frozen=True)
 class GpuCapture:
     """Every value of one ``<gpu>`` the replay answers from, in NVML's units (see module docstring).
 
@@ -301,6 +334,13 @@ class GpuCapture:
     process_samples: tuple[str, ...] = ("mean",)  # how nvmlDeviceGetProcessUtilization answers: "mean" | "every"
     deprecated: frozenset[str] = field(default_factory=frozenset)
     invalid: frozenset[str] = field(default_factory=frozenset)
+    # the device's state over time (scenarios only; seconds after the first nvmlInit): it falls off the
+    # bus at ``lost_at_s`` (every call naming it answers GPU_IS_LOST from then on), these calls answer
+    # NVML_ERROR_<error> / block this many seconds first ("*": every call naming it), it reports these XIDs
+    lost_at_s: float | None = None
+    call_errors: tuple[tuple[str, str], ...] = ()
+    call_hangs: tuple[tuple[str, float], ...] = ()
+    xids: tuple[XidCapture, ...] = ()
 
 
 # Largest values of NVML's C types: unsigned int, unsigned long long. A process's usedGpuMemory of
@@ -759,7 +799,8 @@ def mig_profile(parent: GpuCapture, mig: MigCapture) -> str:
 # -- scenarios ---------------------------------------------------------------------------------------
 MAX_HANG_SECONDS = 365 * 86400  # a year; time.sleep refuses from about 9.2e9 s (OverflowError / EINVAL)
 _GPU_KEYS = {"capture", "capture_index", "index", "minor", "uuid", "name", "pci_bus_id", "override", "process", "mig",
-             "process_samples"}
+             "process_samples", "lost_at_s", "errors", "hangs", "xid"}
+_XID_KEYS = {"xid", "at_s", "gpu_instance_id", "compute_instance_id"}
 PROCESS_SAMPLE_SHAPES = ("mean", "every")
 _PROCESS_KEYS = {"pid", "used_memory_bytes", "sm_utilization_percent", "type", "name", "start_s", "end_s", "step"}
 _STEP_KEYS = {"at_s", "used_memory_bytes", "sm_utilization_percent"}
@@ -804,7 +845,7 @@ class ScenarioTable:
 
     def seconds(self, key: str) -> float:
         """A finite number of seconds in 0..:data:`MAX_HANG_SECONDS` (0 when absent; a year at most:
-        ``hang_seconds``, ``after_seconds``)."""
+        ``hang_seconds``, a ``[gpu.hangs]`` entry)."""
         value = float(self.get(key, (int, float), 0))
         if not math.isfinite(value) or value > MAX_HANG_SECONDS:
             self.fail(f"must be a finite number of seconds, at most {MAX_HANG_SECONDS}, got {value!r}", key)
@@ -890,8 +931,52 @@ def _merge(procs: Sequence[ProcessCapture], extra: Sequence[ProcessCapture]) -> 
     return (*[p for p in kept if p.types], *extra)
 
 
-def _gpu(t: ScenarioTable, base: Path,
-         captures: dict[Path, tuple[SystemCapture, dict[int, str]]]) -> tuple[int | None, GpuCapture]:
+def _call_table(t: ScenarioTable, key: str, calls: Collection[str]) -> dict[str, Any]:
+    """``[gpu.errors]`` / ``[gpu.hangs]``: a table keyed by NVML call names (or ``"*"``); ``calls``:
+    the names the replay answers (empty: any ``nvml…`` name)."""
+    table = t.get(key, dict, {})
+    for call in table:
+        if call != "*" and not (call in calls if calls else re.fullmatch(r"nvml\w+", call)):
+            t.fail(f"{call!r} is not an NVML call the replay answers (or '*')", f"{key}.{call}")
+    return table  # type: ignore[no-any-return]
+
+
+def _device_state(t: ScenarioTable, calls: Collection[str], migs: Sequence[MigCapture]) -> dict[str, Any]:
+    """The GpuCapture changes of a ``[[gpu]]``'s device-state keys: ``lost_at_s``, ``[gpu.errors]``,
+    ``[gpu.hangs]``, ``[[gpu.xid]]`` (module docstring)."""
+    changes: dict[str, Any] = {}
+    if "lost_at_s" in t.data:
+        changes["lost_at_s"] = _seconds(t, "lost_at_s", None)
+    errors = []
+    for call, error in _call_table(t, "errors", calls).items():
+        if not isinstance(error, str) or error not in NVML_ERRORS:
+            t.fail(f"expected an NVML error name without NVML_ERROR_ (e.g. \"NO_PERMISSION\"), got {error!r}",
+                   f"errors.{call}")
+        errors.append((call, error))
+    hangs = []
+    for call in _call_table(t, "hangs", calls):
+        hang = ScenarioTable(t.path, f"{t.where}.hangs", t.data["hangs"], set(t.data["hangs"])).seconds(call)
+        hangs.append((call, hang))
+    xids = []
+    for x in t.tables("xid", _XID_KEYS):
+        xid = x.uint("xid", U64, required=True)
+        if xid == 0:
+            x.fail("XIDs are numbered from 1, got 0", "xid")
+        gi, ci = x.uint("gpu_instance_id"), x.uint("compute_instance_id")
+        if ci is not None and gi is None:
+            x.fail("given without gpu_instance_id", "compute_instance_id")
+        if gi is not None and not any(m.gpu_instance_id == gi and ci in (None, m.compute_instance_id) for m in migs):
+            have = ", ".join(f"{m.gpu_instance_id}/{m.compute_instance_id}" for m in migs)
+            x.fail(f"this GPU has no MIG instance {gi}{'' if ci is None else f'/{ci}'} "
+                   f"({f'gpu/compute instance ids: {have}' if have else 'MIG is not enabled'})",
+                   "gpu_instance_id" if ci is None else "compute_instance_id")
+        xids.append(XidCapture(xid=xid, at_s=_seconds(x, "at_s", 0.0) or 0.0, gpu_instance_id=gi,
+                               compute_instance_id=ci))
+    return {**changes, "call_errors": tuple(errors), "call_hangs": tuple(hangs), "xids": tuple(xids)}
+
+
+def _gpu(t: ScenarioTable, base: Path, captures: dict[Path, tuple[SystemCapture, dict[int, str]]],
+         calls: Collection[str] = ()) -> tuple[int | None, GpuCapture]:
     """One ``[[gpu]]`` → (requested NVML index or None, its capture with the scenario applied). A GPU
     whose UUID an earlier one of its capture has is warned about only when the scenario gives it none."""
     file = base / t.get("capture", str, required=True)
@@ -957,6 +1042,7 @@ def _gpu(t: ScenarioTable, base: Path,
     changes.update({k: frozenset(n for n in getattr(gpu, k) if re.split(r"[\[.]", n)[0] not in changes)
                     for k in ("deprecated", "invalid")})
     changes["processes"] = _merge(gpu.processes, extra)
+    changes.update(_device_state(t, calls, changes.get("migs", gpu.migs)))
     if pick in shared and "uuid" not in changes:
         log.warning("%s; replaying it as %r (%s)", shared[pick], gpu.uuid, t.where)
     return t.get("index", int), replace(gpu, **changes)
@@ -974,9 +1060,10 @@ def _mig(t: ScenarioTable, index: int) -> MigCapture:
                       memory_free_bytes=max(0, total - used))
 
 
-def load_scenario(path: str | Path, *, tables: Collection[str] = ()) -> Scenario:
+def load_scenario(path: str | Path, *, tables: Collection[str] = (), calls: Collection[str] = ()) -> Scenario:
     """Read a scenario TOML (keys: the module docstring) into GPUs in NVML index order. ``tables``:
-    other top-level tables to accept unread (:attr:`Scenario.extra`). The driver and CUDA versions
+    other top-level tables to accept unread (:attr:`Scenario.extra`); ``calls``: the NVML call names
+    ``[gpu.errors]`` and ``[gpu.hangs]`` may name (empty: any ``nvml…`` name). The driver and CUDA versions
     are those of the first capture file named, unless ``driver_version`` says otherwise. Raises
     CaptureError naming the file and the line and column (malformed TOML), the line and byte offset
     (not UTF-8), the OS reason (unreadable) or the key (unknown key, wrong type, a value out of its
@@ -1008,10 +1095,10 @@ def load_scenario(path: str | Path, *, tables: Collection[str] = ()) -> Scenario
         raise CaptureError(f"{path}: {where}: not valid TOML ({reason})") from exc
     except ValueError as exc:  # an integer of more than 4300 digits (sys.get_int_max_str_digits)
         raise CaptureError(f"{path}: not valid TOML ({str(exc).split(';')[0]})") from exc
-    unread = [k for k in ("fault", "event") if k in data and k not in tables]
-    if unread:
-        raise CaptureError(f"{path}: {' and '.join(f'[[{k}]]' for k in unread)}: fault and event injection "
-                           "is test support (tests/support/replay_faults.py), not part of accelstats")
+    if "fault" in data and "fault" not in tables:
+        raise CaptureError(f"{path}: [[fault]]: call-counting fault injection is test support "
+                           "(tests/support/replay_faults.py), not part of accelstats; a GPU's own failures are its "
+                           "[[gpu]] keys lost_at_s, [gpu.errors], [gpu.hangs] and [[gpu.xid]] (docs/replay.md)")
     top = ScenarioTable(path, "", data, {"gpu", "driver_version", "missing_functions", *tables})
     extra: dict[str, list[Any]] = {}
     for name in tables:
@@ -1021,7 +1108,7 @@ def load_scenario(path: str | Path, *, tables: Collection[str] = ()) -> Scenario
             extra[name] = data[name]
     captures: dict[Path, tuple[SystemCapture, dict[int, str]]] = {}
     gpu_tables = top.tables("gpu", _GPU_KEYS)
-    entries = [_gpu(t, path.parent, captures) for t in gpu_tables]
+    entries = [_gpu(t, path.parent, captures, calls) for t in gpu_tables]
     order = [pos if index is None else index for pos, (index, _) in enumerate(entries)]
     if sorted(order) != list(range(len(entries))):
         top.fail(f"gpu indices {order} are not 0..{len(entries) - 1}, each once", "gpu")

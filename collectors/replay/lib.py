@@ -48,6 +48,7 @@ from typing import Any
 
 import pynvml
 
+from collectors.replay import device_state
 from collectors.replay.state import ReplayError, ReplayEventData, ReplayEventSet, ReplayState
 
 __all__ = ["LIBRARY", "Generation", "ReplayExtension", "ReplayLibrary", "ReplayedNVML", "generation_for",
@@ -614,7 +615,7 @@ class ReplayedNVML:
 @dataclass(frozen=True)
 class ReplayExtension:
     """Code that reads scenario tables the replay itself does not: ``tables`` (their names, e.g. the
-    test support's ``("fault", "event")``), handed to ``attach(state)`` with the scenario's tables in
+    test support's ``("fault",)``), handed to ``attach(state)`` with the scenario's tables in
     ``state.extra``; ``attach`` may add ``state.call_hooks`` and set ``state.event_source``, and raises
     (any exception; it becomes a ReplayError) for a table it refuses. ``name`` says where it comes from,
     for messages."""
@@ -642,9 +643,10 @@ def register_extension(extension: ReplayExtension | None) -> ReplayExtension | N
 def open_replay(path: str | Path, **kwargs: Any) -> ReplayedNVML:
     """Load a capture or scenario (:meth:`ReplayState.from_path`; ``kwargs``: ``clock``, ``sleep``)
     and put it under pynvml. A scenario's tables that the :func:`register_extension`-ed extension
-    reads (the test support's ``[[fault]]`` / ``[[event]]``) are handed to it; without one such a
-    scenario is refused. Raises ReplayError (a bad file, fault or event
-    tables without the extension, a table the extension refuses, the real library already loaded)."""
+    reads (the test support's ``[[fault]]``) are handed to it; without one such a scenario is
+    refused. The GPUs' device state is applied (:func:`collectors.replay.device_state.attach`).
+    Raises ReplayError (a bad file, fault tables without the extension, a table the extension
+    refuses, the real library already loaded)."""
     extension = _extension
     state = ReplayState.from_path(path, tables=extension.tables if extension is not None else (), **kwargs)
     key = "driver_version" if Path(path).suffix.lower() == ".toml" else "<driver_version>"
@@ -659,6 +661,7 @@ def open_replay(path: str | Path, **kwargs: Any) -> ReplayedNVML:
     if unknown:
         raise ReplayError(f"{path}: missing_functions: {', '.join(unknown)}: not a function of any "
                           "libnvidia-ml replayed (R470-R590)")
+    device_state.attach(state)
     if extension is not None and state.extra:  # only a scenario with its tables needs the extension
         try:
             extension.attach(state)

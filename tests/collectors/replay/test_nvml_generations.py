@@ -322,8 +322,9 @@ def test_without_the_test_rig_fault_tables_are_refused_and_no_file_is_executed(t
         proc = subprocess.run([sys.executable, "-m", "accelstats", "devices", "--json", "--nvml-replay", str(path)],
                               capture_output=True, text=True, timeout=60, check=False, env=env)
         assert proc.returncode == rc, proc.stderr
-    assert proc.stderr == (f"accelstats: error: {faulty}: [[fault]]: fault and event injection is test support "
-                           "(tests/support/replay_faults.py), not part of accelstats\n")
+    assert proc.stderr == (f"accelstats: error: {faulty}: [[fault]]: call-counting fault injection is test support "
+                           "(tests/support/replay_faults.py), not part of accelstats; a GPU's own failures are its "
+                           "[[gpu]] keys lost_at_s, [gpu.errors], [gpu.hangs] and [[gpu.xid]] (docs/replay.md)\n")
     assert not mark.exists()
 
 
@@ -338,8 +339,8 @@ def test_in_process_the_extension_is_what_was_registered(tmp_path: Path) -> None
     faulty.write_text(f'[[gpu]]\ncapture = "{H200.as_posix()}"\n[[fault]]\ncall = "nvmlInit"\nerror = "UNKNOWN"\n')
     previous = register_extension(None)
     try:
-        assert previous == ReplayExtension("tests/support/replay_faults.py", ("fault", "event"), replay_faults.attach)
-        with pytest.raises(ReplayError, match=r"\[\[fault\]\]: fault and event injection is test support"):
+        assert previous == ReplayExtension("tests/support/replay_faults.py", ("fault",), replay_faults.attach)
+        with pytest.raises(ReplayError, match=r"\[\[fault\]\]: call-counting fault injection is test support"):
             open_replay(faulty)
     finally:
         register_extension(previous)
