@@ -139,3 +139,10 @@ def test_accelstats_serve_runs_the_fleet_scenario_without_the_test_rig(tmp_path:
         proc.terminate()
         proc.wait(timeout=10)
     assert "test support" not in log.read_text()
+
+
+def test_error_names_are_nvmls() -> None:
+    """``[gpu.errors]`` takes the nvml.h names pynvml defines (collectors.replay.capture.NVML_ERRORS)."""
+    from collectors.replay.capture import NVML_ERRORS
+
+    assert {n.removeprefix("NVML_ERROR_") for n in dir(pynvml) if n.startswith("NVML_ERROR_")} == NVML_ERRORS
