@@ -28,7 +28,7 @@ from support.tls_pki import Pki, make_pki, openssl_missing
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
-# The replay's fault, hang and XID-event tables are test support: every replay opened by the tests hands
+# The replay's call-counting [[fault]] tables are test support: every replay opened by the tests hands
 # them to tests/support/replay_faults.py, registered in-process (collectors.replay.lib.register_extension):
 # here for this process, and by tests/support/site/sitecustomize.py (Python's start-up hook, first on the
 # PYTHONPATH every subprocess inherits) in each process the tests start that opens a replay.

@@ -19,7 +19,8 @@ and its field name is listed in :attr:`GpuCapture.invalid` (``temp_gpu_c``, ``pr
 ``migs[0].memory_total_bytes``; a process whose pid is invalid is left out), so that nothing wraps
 around or comes out negative. The capture as a whole is rejected (CaptureError naming the
 ``<gpu>``'s NVML index and line) only when a GPU has no UUID (``<uuid>`` missing, empty or N/A:
-NVML always reports one) or the UUID of an earlier ``<gpu>``.
+NVML always reports one). A GPU with the UUID of an earlier ``<gpu>`` (a sanitised capture) gets a
+distinct one (:func:`distinct_uuid`) and a warning, unless a scenario gives it its own.
 
 Schema versions differ (``<!DOCTYPE>`` v11: Tesla T4, v12: A100, v13: H200 / RTX A5000):
 ``clocks_throttle_reasons`` (≤ v11) vs ``clocks_event_reasons``; ``power_readings`` with
@@ -65,9 +66,22 @@ and MIG instances, and names the driver (:func:`load_scenario`)::
     missing_functions = ["nvmlDeviceGetProcessUtilization"]  # optional: NVML functions the library
                                      #   does not export, on top of what that driver lacks
 
-Other top-level tables (``[[fault]]``, ``[[event]]``: injected failures, hangs and XID events) are
-test support, read by ``tests/support/replay_faults.py`` through ``ReplayState.extra``; the product
-refuses them unless asked to keep them (``tables``).
+A ``[[gpu]]`` also describes the device's state over time (seconds after the first ``nvmlInit``;
+applied by :mod:`collectors.replay.device_state`)::
+
+    lost_at_s = 20                   # falls off the bus: every call naming it answers GPU_IS_LOST from then on
+    [gpu.errors]                     # these calls on this GPU answer NVML_ERROR_<name> ("*": every call)
+    nvmlDeviceGetEncoderUtilization = "NO_PERMISSION"
+    [gpu.hangs]                      # these calls on this GPU block this many seconds first ("*": every call)
+    nvmlDeviceGetTemperature = 5
+    [[gpu.xid]]                      # an XID event (nvmlEventSetWait_v2)
+    xid = 79                         # required, 1..2^64-1
+    at_s = 0.5                       # due this long after the first nvmlInit (default 0)
+    gpu_instance_id = 1              # optional, MIG: one of this GPU's instances (compute_instance_id too)
+
+The top-level ``[[fault]]`` table (call-counting failures and hangs) is test support, read by
+``tests/support/replay_faults.py`` through ``ReplayState.extra``; the product refuses it unless asked
+to keep it (``tables``).
 
 Scenario integers must fit the C type NVML answers them in (unsigned int; unsigned long long for
 bytes, ECC counts and ``clock_reasons``; ``used_memory_bytes`` below 2^64-1, which is
@@ -78,17 +92,22 @@ Errors in either input are :class:`CaptureError`, naming the file and the line/c
 XML or TOML; the line and byte offset of a scenario that is not UTF-8) or the key.
 
 Facts the XML does not hold are derived here, each from a documented table: CUDA compute
-capability and NVML architecture code (from ``product_architecture`` and the product name), and a
-MIG instance's profile name (from its SM count and memory share).
+capability and NVML architecture code (from ``product_architecture``, the PCI device id's chip
+(:mod:`collectors.replay.pci_chips`) and the product name), and a MIG instance's profile name (from
+its SM count and memory share). A capture without ``<product_architecture>`` (older schemas) gets
+the architecture of its PCI device id's chip, with one warning per file; an id no range lists
+leaves it absent.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import re
 import stat
 import sys
+import uuid as uuidlib
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, fields, replace
@@ -97,10 +116,14 @@ from pathlib import Path
 from typing import Any, NoReturn
 from xml.parsers import expat
 
+from collectors.replay.pci_chips import chip_for
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
+
+log = logging.getLogger(__name__)
 
 _ABSENT = frozenset({"", "n/a", "[n/a]", "not supported", "[not supported]", "unknown", "[unknown error]"})
 _DEPRECATED = "requested functionality has been deprecated"
@@ -119,6 +142,15 @@ CLOCK_REASON_BITS = {
     "hw_power_brake_slowdown": 0x80,
     "display_clocks_setting": 0x100,
 }
+
+# nvmlReturn_t names (nvml.h NVML_ERROR_*, without the prefix) a scenario's ``[gpu.errors]`` may give.
+NVML_ERRORS = frozenset({
+    "UNINITIALIZED", "INVALID_ARGUMENT", "NOT_SUPPORTED", "NO_PERMISSION", "ALREADY_INITIALIZED", "NOT_FOUND",
+    "INSUFFICIENT_SIZE", "INSUFFICIENT_POWER", "DRIVER_NOT_LOADED", "TIMEOUT", "IRQ_ISSUE", "LIBRARY_NOT_FOUND",
+    "FUNCTION_NOT_FOUND", "CORRUPTED_INFOROM", "GPU_IS_LOST", "RESET_REQUIRED", "OPERATING_SYSTEM",
+    "LIB_RM_VERSION_MISMATCH", "IN_USE", "MEMORY", "NO_DATA", "VGPU_ECC_NOT_SUPPORTED", "INSUFFICIENT_RESOURCES",
+    "FREQ_NOT_SUPPORTED", "ARGUMENT_VERSION_MISMATCH", "DEPRECATED", "NOT_READY", "GPU_NOT_FOUND",
+    "INVALID_STATE", "RESET_TYPE_NOT_SUPPORTED", "UNKNOWN"})
 
 # NVML_DEVICE_ARCH_* (nvml.h) by lower-cased ``product_architecture``.
 ARCHITECTURES = {
@@ -208,6 +240,17 @@ class MigCapture:
 
 
 @dataclass(frozen=True)
+class XidCapture:
+    """An XID the GPU reports (nvmlEventTypeXidCriticalError, ``xid`` its eventData) ``at_s`` seconds
+    after the first ``nvmlInit``; MIG instance ids None for the whole GPU. Scenarios only."""
+
+    xid: int
+    at_s: float = 0.0
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+
+@dataclass(frozen=True)
 class GpuCapture:
     """Every value of one ``<gpu>`` the replay answers from, in NVML's units (see module docstring).
 
@@ -291,6 +334,13 @@ class GpuCapture:
     process_samples: tuple[str, ...] = ("mean",)  # how nvmlDeviceGetProcessUtilization answers: "mean" | "every"
     deprecated: frozenset[str] = field(default_factory=frozenset)
     invalid: frozenset[str] = field(default_factory=frozenset)
+    # the device's state over time (scenarios only; seconds after the first nvmlInit): it falls off the
+    # bus at ``lost_at_s`` (every call naming it answers GPU_IS_LOST from then on), these calls answer
+    # NVML_ERROR_<error> / block this many seconds first ("*": every call naming it), it reports these XIDs
+    lost_at_s: float | None = None
+    call_errors: tuple[tuple[str, str], ...] = ()
+    call_hangs: tuple[tuple[str, float], ...] = ()
+    xids: tuple[XidCapture, ...] = ()
 
 
 # Largest values of NVML's C types: unsigned int, unsigned long long. A process's usedGpuMemory of
@@ -610,9 +660,26 @@ def parse_capture(path: str | Path) -> SystemCapture:
     Raises CaptureError naming the file and the 1-based line and column when the file is not
     well-formed XML (or names an encoding the parser cannot use), when its root element is not
     ``<nvidia_smi_log>``, or naming the ``<gpu>`` (NVML index and line) when a GPU has no UUID
-    (``<uuid>`` missing, empty or N/A: NVML always reports one) or the UUID of an earlier one;
-    OSError when unreadable.
+    (``<uuid>`` missing, empty or N/A: NVML always reports one); OSError when unreadable. A GPU with
+    the UUID of an earlier one (a sanitised capture) gets a distinct one (:func:`distinct_uuid`),
+    with one warning line naming both GPUs and the UUID used.
     """
+    system, shared = _read_capture(path)
+    for i, message in shared.items():
+        log.warning("%s; replaying it as %r", message, system.gpus[i].uuid)
+    return system
+
+
+def distinct_uuid(uuid: str, index: int) -> str:
+    """The UUID replayed for the ``<gpu>`` at NVML index ``index`` whose ``uuid`` an earlier GPU of the
+    capture has: ``GPU-`` + uuid5(NAMESPACE_OID, "<uuid>/<index>") (8-4-4-4-12), stable across runs.
+    NVML never reports two GPUs with one UUID, and tools key GPUs by it."""
+    return f"GPU-{uuidlib.uuid5(uuidlib.NAMESPACE_OID, f'{uuid}/{index}')}"
+
+
+def _read_capture(path: str | Path) -> tuple[SystemCapture, dict[int, str]]:
+    """:func:`parse_capture` without the warnings: the capture, and for each GPU whose UUID an earlier
+    one has (its own replaced by :func:`distinct_uuid`), the line that says so."""
     path = Path(path)
     try:
         root = ET.parse(path).getroot()
@@ -626,8 +693,19 @@ def parse_capture(path: str | Path) -> SystemCapture:
     if root.tag != "nvidia_smi_log":
         raise CaptureError(f"{path}: root element is <{root.tag}>, expected <nvidia_smi_log> "
                            "(the output of `nvidia-smi -q -x`)")
-    gpus = tuple(parse_gpu(g) for g in root.iterfind("gpu"))
+    gpus = [parse_gpu(g) for g in root.iterfind("gpu")]
+    guessed = []
+    for i, gpu in enumerate(gpus):
+        chip = chip_for(gpu.pci_device_id) if gpu.architecture is None else None
+        if chip is not None:
+            gpus[i] = replace(gpu, architecture=chip.architecture)
+            guessed.append(f"NVML index {i}: {chip.name}, {chip.architecture} "
+                           f"{'.'.join(map(str, chip.compute_capability))}")
+    if guessed:
+        log.warning("%s: no <product_architecture>; architecture and compute capability guessed from the PCI "
+                    "device id (%s)", path, "; ".join(guessed))
     seen: dict[str, int] = {}
+    shared: dict[int, str] = {}
     for i, gpu in enumerate(gpus):
         if gpu.uuid is None or gpu.uuid in seen:
             lines = _gpu_lines(path)
@@ -636,14 +714,15 @@ def parse_capture(path: str | Path) -> SystemCapture:
                 raise CaptureError(f"{path}: {at}the <gpu> at NVML index {i} has no UUID (<uuid> missing, "
                                    "empty or N/A); NVML always reports one")
             j = seen[gpu.uuid]
-            raise CaptureError(f"{path}: {at}the <gpu> at NVML index {i} has uuid {gpu.uuid!r}, as has the "
-                               f"<gpu> at NVML index {j}{f' (line {lines[j]})' if j < len(lines) else ''}; "
-                               "each GPU has its own")
-        seen[gpu.uuid] = i
+            shared[i] = (f"{path}: {at}the <gpu> at NVML index {i} has uuid {gpu.uuid!r}, as has the <gpu> at "
+                         f"NVML index {j}{f' (line {lines[j]})' if j < len(lines) else ''}; NVML never reports "
+                         "two equal UUIDs")
+            gpus[i] = replace(gpu, uuid=distinct_uuid(gpu.uuid, i))
+        seen.setdefault(gpus[i].uuid or "", i)
     return SystemCapture(
         driver_version=_value(root, "driver_version", _str),
         cuda_version=_value(root, "cuda_version", _str),
-        gpus=gpus)
+        gpus=tuple(gpus)), shared
 
 
 def _gpu_lines(path: Path) -> list[int]:
@@ -679,8 +758,13 @@ def pci_bus_id_parts(text: str) -> tuple[int, int, int, int] | None:
 
 # -- derived facts ---------------------------------------------------------------------------------
 def compute_capability(gpu: GpuCapture) -> tuple[int, int] | None:
-    """(major, minor) from :data:`COMPUTE_CAPABILITY`; None for an architecture it does not list."""
+    """(major, minor): the chip's (:func:`collectors.replay.pci_chips.chip_for`, by PCI device id) when
+    it is of the GPU's architecture, else from :data:`COMPUTE_CAPABILITY`; None for an architecture
+    neither lists."""
     arch, name = (gpu.architecture or "").lower(), gpu.name or ""
+    chip = chip_for(gpu.pci_device_id)
+    if chip is not None and chip.architecture.lower() == arch:
+        return chip.compute_capability
     for table_arch, pattern, cc in COMPUTE_CAPABILITY:
         if arch == table_arch and re.search(pattern, name):
             return cc
@@ -715,7 +799,8 @@ def mig_profile(parent: GpuCapture, mig: MigCapture) -> str:
 # -- scenarios ---------------------------------------------------------------------------------------
 MAX_HANG_SECONDS = 365 * 86400  # a year; time.sleep refuses from about 9.2e9 s (OverflowError / EINVAL)
 _GPU_KEYS = {"capture", "capture_index", "index", "minor", "uuid", "name", "pci_bus_id", "override", "process", "mig",
-             "process_samples"}
+             "process_samples", "lost_at_s", "errors", "hangs", "xid"}
+_XID_KEYS = {"xid", "at_s", "gpu_instance_id", "compute_instance_id"}
 PROCESS_SAMPLE_SHAPES = ("mean", "every")
 _PROCESS_KEYS = {"pid", "used_memory_bytes", "sm_utilization_percent", "type", "name", "start_s", "end_s", "step"}
 _STEP_KEYS = {"at_s", "used_memory_bytes", "sm_utilization_percent"}
@@ -760,7 +845,7 @@ class ScenarioTable:
 
     def seconds(self, key: str) -> float:
         """A finite number of seconds in 0..:data:`MAX_HANG_SECONDS` (0 when absent; a year at most:
-        ``hang_seconds``, ``after_seconds``)."""
+        ``hang_seconds``, a ``[gpu.hangs]`` entry)."""
         value = float(self.get(key, (int, float), 0))
         if not math.isfinite(value) or value > MAX_HANG_SECONDS:
             self.fail(f"must be a finite number of seconds, at most {MAX_HANG_SECONDS}, got {value!r}", key)
@@ -846,8 +931,54 @@ def _merge(procs: Sequence[ProcessCapture], extra: Sequence[ProcessCapture]) -> 
     return (*[p for p in kept if p.types], *extra)
 
 
-def _gpu(t: ScenarioTable, base: Path, captures: dict[Path, SystemCapture]) -> tuple[int | None, GpuCapture]:
-    """One ``[[gpu]]`` → (requested NVML index or None, its capture with the scenario applied)."""
+def _call_table(t: ScenarioTable, key: str, calls: Collection[str]) -> dict[str, Any]:
+    """``[gpu.errors]`` / ``[gpu.hangs]``: a table keyed by NVML call names (or ``"*"``); ``calls``:
+    the names the replay answers (empty: any ``nvml…`` name)."""
+    table = t.get(key, dict, {})
+    for call in table:
+        if call != "*" and not (call in calls if calls else re.fullmatch(r"nvml\w+", call)):
+            t.fail(f"{call!r} is not an NVML call the replay answers (or '*')", f"{key}.{call}")
+    return table  # type: ignore[no-any-return]
+
+
+def _device_state(t: ScenarioTable, calls: Collection[str], migs: Sequence[MigCapture]) -> dict[str, Any]:
+    """The GpuCapture changes of a ``[[gpu]]``'s device-state keys: ``lost_at_s``, ``[gpu.errors]``,
+    ``[gpu.hangs]``, ``[[gpu.xid]]`` (module docstring)."""
+    changes: dict[str, Any] = {}
+    if "lost_at_s" in t.data:
+        changes["lost_at_s"] = _seconds(t, "lost_at_s", None)
+    errors = []
+    for call, error in _call_table(t, "errors", calls).items():
+        if not isinstance(error, str) or error not in NVML_ERRORS:
+            t.fail(f"expected an NVML error name without NVML_ERROR_ (e.g. \"NO_PERMISSION\"), got {error!r}",
+                   f"errors.{call}")
+        errors.append((call, error))
+    hangs = []
+    for call in _call_table(t, "hangs", calls):
+        hang = ScenarioTable(t.path, f"{t.where}.hangs", t.data["hangs"], set(t.data["hangs"])).seconds(call)
+        hangs.append((call, hang))
+    xids = []
+    for x in t.tables("xid", _XID_KEYS):
+        xid = x.uint("xid", U64, required=True)
+        if xid == 0:
+            x.fail("XIDs are numbered from 1, got 0", "xid")
+        gi, ci = x.uint("gpu_instance_id"), x.uint("compute_instance_id")
+        if ci is not None and gi is None:
+            x.fail("given without gpu_instance_id", "compute_instance_id")
+        if gi is not None and not any(m.gpu_instance_id == gi and ci in (None, m.compute_instance_id) for m in migs):
+            have = ", ".join(f"{m.gpu_instance_id}/{m.compute_instance_id}" for m in migs)
+            x.fail(f"this GPU has no MIG instance {gi}{'' if ci is None else f'/{ci}'} "
+                   f"({f'gpu/compute instance ids: {have}' if have else 'MIG is not enabled'})",
+                   "gpu_instance_id" if ci is None else "compute_instance_id")
+        xids.append(XidCapture(xid=xid, at_s=_seconds(x, "at_s", 0.0) or 0.0, gpu_instance_id=gi,
+                               compute_instance_id=ci))
+    return {**changes, "call_errors": tuple(errors), "call_hangs": tuple(hangs), "xids": tuple(xids)}
+
+
+def _gpu(t: ScenarioTable, base: Path, captures: dict[Path, tuple[SystemCapture, dict[int, str]]],
+         calls: Collection[str] = ()) -> tuple[int | None, GpuCapture]:
+    """One ``[[gpu]]`` → (requested NVML index or None, its capture with the scenario applied). A GPU
+    whose UUID an earlier one of its capture has is warned about only when the scenario gives it none."""
     file = base / t.get("capture", str, required=True)
     if file not in captures:
         try:
@@ -859,12 +990,12 @@ def _gpu(t: ScenarioTable, base: Path, captures: dict[Path, SystemCapture]) -> t
         if not is_file:
             t.fail(f"capture file {file} is not a file{' (a directory)' if file.is_dir() else ''}", "capture")
         try:
-            captures[file] = parse_capture(file)
+            captures[file] = _read_capture(file)
         except CaptureError as exc:
             t.fail(f"bad capture: {exc}", "capture")
         except OSError as exc:
             t.fail(f"cannot read capture file {file}: {exc.strerror or exc}", "capture")
-    system = captures[file]
+    system, shared = captures[file]
     pick = t.get("capture_index", int, 0)
     if pick >= len(system.gpus):
         t.fail(f"{file} holds {len(system.gpus)} <gpu> element(s); index {pick} is out of range", "capture_index")
@@ -911,6 +1042,9 @@ def _gpu(t: ScenarioTable, base: Path, captures: dict[Path, SystemCapture]) -> t
     changes.update({k: frozenset(n for n in getattr(gpu, k) if re.split(r"[\[.]", n)[0] not in changes)
                     for k in ("deprecated", "invalid")})
     changes["processes"] = _merge(gpu.processes, extra)
+    changes.update(_device_state(t, calls, changes.get("migs", gpu.migs)))
+    if pick in shared and "uuid" not in changes:
+        log.warning("%s; replaying it as %r (%s)", shared[pick], gpu.uuid, t.where)
     return t.get("index", int), replace(gpu, **changes)
 
 
@@ -926,9 +1060,10 @@ def _mig(t: ScenarioTable, index: int) -> MigCapture:
                       memory_free_bytes=max(0, total - used))
 
 
-def load_scenario(path: str | Path, *, tables: Collection[str] = ()) -> Scenario:
+def load_scenario(path: str | Path, *, tables: Collection[str] = (), calls: Collection[str] = ()) -> Scenario:
     """Read a scenario TOML (keys: the module docstring) into GPUs in NVML index order. ``tables``:
-    other top-level tables to accept unread (:attr:`Scenario.extra`). The driver and CUDA versions
+    other top-level tables to accept unread (:attr:`Scenario.extra`); ``calls``: the NVML call names
+    ``[gpu.errors]`` and ``[gpu.hangs]`` may name (empty: any ``nvml…`` name). The driver and CUDA versions
     are those of the first capture file named, unless ``driver_version`` says otherwise. Raises
     CaptureError naming the file and the line and column (malformed TOML), the line and byte offset
     (not UTF-8), the OS reason (unreadable) or the key (unknown key, wrong type, a value out of its
@@ -960,10 +1095,10 @@ def load_scenario(path: str | Path, *, tables: Collection[str] = ()) -> Scenario
         raise CaptureError(f"{path}: {where}: not valid TOML ({reason})") from exc
     except ValueError as exc:  # an integer of more than 4300 digits (sys.get_int_max_str_digits)
         raise CaptureError(f"{path}: not valid TOML ({str(exc).split(';')[0]})") from exc
-    unread = [k for k in ("fault", "event") if k in data and k not in tables]
-    if unread:
-        raise CaptureError(f"{path}: {' and '.join(f'[[{k}]]' for k in unread)}: fault and event injection "
-                           "is test support (tests/support/replay_faults.py), not part of accelstats")
+    if "fault" in data and "fault" not in tables:
+        raise CaptureError(f"{path}: [[fault]]: call-counting fault injection is test support "
+                           "(tests/support/replay_faults.py), not part of accelstats; a GPU's own failures are its "
+                           "[[gpu]] keys lost_at_s, [gpu.errors], [gpu.hangs] and [[gpu.xid]] (docs/replay.md)")
     top = ScenarioTable(path, "", data, {"gpu", "driver_version", "missing_functions", *tables})
     extra: dict[str, list[Any]] = {}
     for name in tables:
@@ -971,9 +1106,9 @@ def load_scenario(path: str | Path, *, tables: Collection[str] = ()) -> Scenario
             if not isinstance(data[name], list):
                 top.fail("expected an array of tables ([[...]])", name)
             extra[name] = data[name]
-    captures: dict[Path, SystemCapture] = {}
+    captures: dict[Path, tuple[SystemCapture, dict[int, str]]] = {}
     gpu_tables = top.tables("gpu", _GPU_KEYS)
-    entries = [_gpu(t, path.parent, captures) for t in gpu_tables]
+    entries = [_gpu(t, path.parent, captures, calls) for t in gpu_tables]
     order = [pos if index is None else index for pos, (index, _) in enumerate(entries)]
     if sorted(order) != list(range(len(entries))):
         top.fail(f"gpu indices {order} are not 0..{len(entries) - 1}, each once", "gpu")
@@ -986,7 +1121,7 @@ def load_scenario(path: str | Path, *, tables: Collection[str] = ()) -> Scenario
             seen[value] = t.where
     by_index = dict(zip(order, (gpu for _, gpu in entries), strict=True))
     gpus = tuple(by_index[i] for i in range(len(entries)))
-    first = next(iter(captures.values()), SystemCapture(None, None, ()))
+    first = next(iter(captures.values()), (SystemCapture(None, None, ()), {}))[0]
     driver = top.get("driver_version", str, first.driver_version)
     if driver is not None and not re.match(r"\d+(\.|$)", driver):
         top.fail(f"expected a driver version such as \"470.256.02\", got {driver!r}", "driver_version")

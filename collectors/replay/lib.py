@@ -48,10 +48,11 @@ from typing import Any
 
 import pynvml
 
+from collectors.replay import device_state
 from collectors.replay.state import ReplayError, ReplayEventData, ReplayEventSet, ReplayState
 
 __all__ = ["LIBRARY", "Generation", "ReplayExtension", "ReplayLibrary", "ReplayedNVML", "generation_for",
-           "generations", "install", "open_replay", "register_extension"]
+           "generations", "install", "older_than_known", "open_replay", "register_extension"]
 
 log = logging.getLogger(__name__)
 
@@ -91,18 +92,23 @@ def generations() -> tuple[Generation, ...]:
 def generation_for(driver_version: str | None) -> Generation:
     """The generation whose symbols a library of ``driver_version`` exports: the newest known one
     whose major version is not newer (``"515.105.01"`` → R515, ``"525.60.13"`` → R515, ``"999.1"`` →
-    R590). None or no leading number: the newest. Raises ReplayError for a driver older than the
-    oldest known (R470)."""
+    R590). None or no leading number: the newest. A driver older than the oldest known (R470, e.g.
+    ``"418.43"``) gets the oldest: no header of those drivers is in ``symbols.json``, and the oldest
+    is the nearest list known (:func:`older_than_known` says when that guess is made)."""
     known = generations()
     m = re.match(r"(\d+)", driver_version or "")
     if m is None:
         return known[-1]
     major = int(m.group(1))
     fit = [g for g in known if g.major <= major]
-    if not fit:
-        raise ReplayError(f"driver {driver_version}: older than the oldest NVML generation replayed "
-                          f"(R{known[0].major}, {known[0].version})")
-    return fit[-1]
+    return fit[-1] if fit else known[0]
+
+
+def older_than_known(driver_version: str | None) -> bool:
+    """True when ``driver_version``'s major number is older than every known generation's (R470):
+    :func:`generation_for` then guesses the oldest."""
+    m = re.match(r"(\d+)", driver_version or "")
+    return m is not None and int(m.group(1)) < generations()[0].major
 
 
 # -- C types from nvml.h ---------------------------------------------------------------------------
@@ -609,7 +615,7 @@ class ReplayedNVML:
 @dataclass(frozen=True)
 class ReplayExtension:
     """Code that reads scenario tables the replay itself does not: ``tables`` (their names, e.g. the
-    test support's ``("fault", "event")``), handed to ``attach(state)`` with the scenario's tables in
+    test support's ``("fault",)``), handed to ``attach(state)`` with the scenario's tables in
     ``state.extra``; ``attach`` may add ``state.call_hooks`` and set ``state.event_source``, and raises
     (any exception; it becomes a ReplayError) for a table it refuses. ``name`` says where it comes from,
     for messages."""
@@ -637,21 +643,25 @@ def register_extension(extension: ReplayExtension | None) -> ReplayExtension | N
 def open_replay(path: str | Path, **kwargs: Any) -> ReplayedNVML:
     """Load a capture or scenario (:meth:`ReplayState.from_path`; ``kwargs``: ``clock``, ``sleep``)
     and put it under pynvml. A scenario's tables that the :func:`register_extension`-ed extension
-    reads (the test support's ``[[fault]]`` / ``[[event]]``) are handed to it; without one such a
-    scenario is refused. Raises ReplayError (a bad file, an unknown driver generation, fault or event
-    tables without the extension, a table the extension refuses, the real library already loaded)."""
+    reads (the test support's ``[[fault]]``) are handed to it; without one such a scenario is
+    refused. The GPUs' device state is applied (:func:`collectors.replay.device_state.attach`).
+    Raises ReplayError (a bad file, fault tables without the extension, a table the extension
+    refuses, the real library already loaded)."""
     extension = _extension
     state = ReplayState.from_path(path, tables=extension.tables if extension is not None else (), **kwargs)
     key = "driver_version" if Path(path).suffix.lower() == ".toml" else "<driver_version>"
-    try:
-        generation_for(state.capture.driver_version)
-    except ReplayError as exc:
-        raise ReplayError(f"{path}: {key}: {exc}") from exc
+    driver = state.capture.driver_version
+    if older_than_known(driver):
+        oldest = generations()[0]
+        log.warning("%s: %s: driver %s is older than the oldest NVML generation replayed; replaying it as "
+                    "R%d (%s), whose functions a driver this old may lack", path, key, driver, oldest.major,
+                    oldest.version)
     known = frozenset().union(*(g.symbols for g in generations()))
     unknown = sorted(set(state.missing_functions) - known)
     if unknown:
         raise ReplayError(f"{path}: missing_functions: {', '.join(unknown)}: not a function of any "
                           "libnvidia-ml replayed (R470-R590)")
+    device_state.attach(state)
     if extension is not None and state.extra:  # only a scenario with its tables needs the extension
         try:
             extension.attach(state)

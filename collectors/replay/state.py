@@ -23,8 +23,9 @@ events, …), as real MIG devices do.
 Events: ``nvmlEventSetCreate`` / ``nvmlEventSetFree``, ``nvmlDeviceGetSupportedEventTypes``,
 ``nvmlDeviceRegisterEvents`` and ``nvmlEventSetWait_v2`` keep NVML's rules for sets; what falls due
 comes from :attr:`ReplayState.event_source` (none: a wait times out, as on a healthy GPU). Every call
-passes :attr:`ReplayState.call_hooks` first. Both are how the test support injects faults, hangs and
-XID events (``tests/support/replay_faults.py``); they are not part of the product.
+passes :attr:`ReplayState.call_hooks` first. Both are how a scenario's device state (a GPU lost,
+calls that fail or hang, XIDs: :mod:`collectors.replay.device_state`) and the test support's
+call-counting faults (``tests/support/replay_faults.py``, not part of the product) act.
 
 Values NVML has but ``nvidia-smi -q -x`` does not print are documented where they are made up:
 samples and process-utilisation timestamps come from the wall clock, total energy grows at the
@@ -59,7 +60,7 @@ from collectors.replay.capture import (
     pci_bus_id_parts,
 )
 
-__all__ = ["IMPLEMENTED_CALLS", "CallHook", "DueEvent", "EventSource", "ReplayError", "ReplayEventData",
+__all__ = ["CALL_ALIASES", "IMPLEMENTED_CALLS", "CallHook", "DueEvent", "EventSource", "ReplayError", "ReplayEventData",
            "ReplayEventSet", "ReplayHandle", "ReplayState", "mig_uuid"]
 
 SAMPLE_PERIOD_US = 1_000_000 // 6  # one utilisation sample per 1/6 s, as NVML's sampler
@@ -90,7 +91,7 @@ _PROCESS_CALLS = {"nvmlDeviceGetComputeRunningProcesses": "compute",
                   "nvmlDeviceGetMPSComputeRunningProcesses": "mps"}
 
 # A call hook: (the NVML call's names, the NVML index of the GPU it names or None) -> None; it may
-# sleep or raise pynvml.NVMLError (tests/support/replay_faults.py).
+# sleep or raise pynvml.NVMLError (collectors/replay/device_state.py, tests/support/replay_faults.py).
 CallHook = Callable[[tuple[str, ...], "int | None"], None]
 
 
@@ -173,8 +174,8 @@ class DueEvent:
 
 class EventSource:
     """Where events come from: :meth:`take` answers (the event to deliver to an event set now, or
-    None, and the clock time the next one falls due, or None). The product has none: events are
-    injected by the test support (``tests/support/replay_faults.py``)."""
+    None, and the clock time the next one falls due, or None). This one has none (a capture; a
+    scenario's ``[[gpu.xid]]``: :class:`collectors.replay.device_state.ScheduledXids`)."""
 
     def take(self, es: ReplayEventSet, now: float, start: float) -> tuple[DueEvent | None, float | None]:
         """Called under the state's lock; ``start`` is the clock at the first nvmlInit."""
@@ -198,8 +199,8 @@ class ReplayState:
     process-utilisation timestamps and the energy counter) and ``sleep`` (used by
     nvmlEventSetWait_v2, and by call hooks that hang) are injectable for tests. ``call_hooks`` run
     before every call (:data:`CallHook`); ``event_source`` says which events fall due. ``extra``:
-    the scenario's tables that the product does not read (``[[fault]]``, ``[[event]]``), for the
-    test support. Thread-safe.
+    the scenario's tables that the product does not read (``[[fault]]``), for the test support.
+    Thread-safe.
     """
 
     source = "replay"
@@ -246,7 +247,7 @@ class ReplayState:
             raise ReplayError(f"cannot read {path!r}: the name holds a NUL character")
         try:
             if path.suffix.lower() == ".toml":
-                scenario = load_scenario(path, tables=tables)
+                scenario = load_scenario(path, tables=tables, calls=IMPLEMENTED_CALLS | CALL_ALIASES)
                 return cls(scenario.capture, path=path, extra=scenario.extra,
                            missing_functions=scenario.missing_functions, **kwargs)
             return cls(parse_capture(path), path=path, **kwargs)
@@ -433,14 +434,15 @@ class ReplayState:
         return [int(self._need(g, "mig_current")), int(self._need(g, "mig_pending"))]
 
     def nvmlDeviceGetCudaComputeCapability(self, handle: Any) -> tuple[int, int]:
-        """``(major, minor)`` from collectors.replay.capture.COMPUTE_CAPABILITY (the XML has none); MIG: parent's."""
+        """``(major, minor)`` from collectors.replay.capture.compute_capability (the XML has none); MIG: parent's."""
         cc = compute_capability(self._device("nvmlDeviceGetCudaComputeCapability", handle, mig=True).gpu)
         if cc is None:
             raise _err("NOT_SUPPORTED")
         return cc
 
     def nvmlDeviceGetArchitecture(self, device: Any) -> int:
-        """NVML_DEVICE_ARCH_* from ``<product_architecture>`` (UNKNOWN 0xFFFFFFFF when unlisted)."""
+        """NVML_DEVICE_ARCH_* from ``<product_architecture>`` or the PCI device id's chip (UNKNOWN
+        0xFFFFFFFF when neither)."""
         return architecture_code(self._device("nvmlDeviceGetArchitecture", device, mig=True).gpu)
 
     # -- memory and utilisation ----------------------------------------------------------------
@@ -858,3 +860,5 @@ def _mig_slots(gpu: GpuCapture) -> int:
 
 # Every pynvml function name ReplayState answers (a call hook sees these names).
 IMPLEMENTED_CALLS = frozenset(n for n in dir(ReplayState) if n.startswith("nvml"))
+# the other names call hooks see: the library's nvmlDeviceGetPciInfo_v3 and the older nvmlEventSetWait symbol
+CALL_ALIASES = frozenset({"nvmlDeviceGetPciInfo_v3", "nvmlEventSetWait"})

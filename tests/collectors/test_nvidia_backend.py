@@ -470,15 +470,14 @@ error = "DRIVER_NOT_LOADED"
 
 
 def test_critical_xid_events_are_counted_and_application_xids_do_not_mark_the_gpu(tmp_path: Path, h200: Path) -> None:
-    scenario = write_scenario(tmp_path, h200, TWO_H200 + """
-[[event]]
-gpu = 0
+    gpu0, gpu1 = TWO_H200.split("[[gpu]]")[1:]
+    scenario = write_scenario(tmp_path, h200, f"""
+[[gpu]]{gpu0}[[gpu.xid]]
 xid = 13
-after_seconds = 0.1
-[[event]]
-gpu = 1
+at_s = 0.1
+[[gpu]]{gpu1}[[gpu.xid]]
 xid = 79
-after_seconds = 0.2
+at_s = 0.2
 """)
     b = backend(scenario)
     b.setup()

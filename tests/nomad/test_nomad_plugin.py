@@ -314,7 +314,7 @@ def _no_leftover_plugins() -> Iterator[None]:
 def test_critical_xid_makes_the_gpu_unhealthy(tmp_path: Path, fixtures_dir: Path) -> None:
     h200 = fixtures_dir / "h200" / "nvidia-smi-q.xml"
     path = tmp_path / "xid.toml"
-    path.write_text(f'[[gpu]]\ncapture = "{h200}"\n[[event]]\ngpu = 0\nxid = 48\nafter_seconds = 0.3\n')
+    path.write_text(f'[[gpu]]\ncapture = "{h200}"\n[[gpu.xid]]\nxid = 48\nat_s = 0.3\n')
     with PluginProcess(binary()) as plugin:
         plugin.set_config(encode_for_spec(plugin.config_schema().spec, config(path)))
         stream = plugin.fingerprint()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import inspect
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -44,9 +45,24 @@ def test_a_driver_gets_the_newest_header_not_newer_than_it(driver: str | None, h
     assert generation_for(driver).version == header
 
 
-def test_drivers_before_r470_are_refused() -> None:
-    with pytest.raises(ReplayError, match="older than the oldest NVML generation replayed"):
-        generation_for("460.91.03")
+def test_drivers_before_r470_get_the_oldest_generation() -> None:
+    assert generation_for("418.43").version == generation_for("460.91.03").version == "470.256.02"
+
+
+def test_a_pre_r470_capture_replays_as_r470_with_one_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """telegraf's gtx-1660-ti.xml and quadro-p400.xml name driver 418.43: a real host answers them, so
+    the replay does too, as the oldest generation it knows, and says once which it guessed."""
+    capture = tmp_path / "driver-418.xml"
+    capture.write_text(re.sub(r"<driver_version>[^<]*<", "<driver_version>418.43<", T4.read_text()))
+    with caplog.at_level("WARNING", logger="collectors.replay.lib"):
+        nvml = open_replay(capture)
+    assert nvml.generation.version == "470.256.02"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{capture}: <driver_version>: driver 418.43 is older than the oldest NVML generation replayed; "
+        "replaying it as R470 (470.256.02), whose functions a driver this old may lack"]
+    got = dump(capture)
+    assert [v for _, v in got["accelstats_gpu_up"]] == [1.0]
+    assert {labels["driver_version"] for labels, _ in got["accelstats_gpu_info"]} == {"418.43"}
 
 
 # (header, symbol, exported?) read off NVIDIA's nvml.h of each driver
@@ -103,6 +119,14 @@ def dump(path: Path) -> dict[str, list[tuple[dict[str, str], float]]]:
         for s in family.samples:
             out.setdefault(s.name, []).append((s.labels, s.value))
     return out
+
+
+def test_a_replay_is_labelled_in_gpu_info_only() -> None:
+    """README: `accelstats_gpu_info` says `source="replay"`; no other series has a `source` label."""
+    got = dump(H200)
+    assert [labels["source"] for labels, _ in got["accelstats_gpu_info"]] == ["replay"]
+    assert sorted({name for name, samples in got.items() for labels, _ in samples if "source" in labels}) == [
+        "accelstats_gpu_info"]
 
 
 # (driver, NVML calls accelstats finds missing and counts once; every family below is still given)
@@ -268,7 +292,6 @@ def test_handle_address_identifies_a_device() -> None:
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ('driver_version = "460.91.03"\n', r"driver_version: driver 460\.91\.03: older than the oldest"),
     ('driver_version = "abc"\n', r"driver_version: expected a driver version"),
     ('missing_functions = ["nvmlFoo"]\n', r"missing_functions: nvmlFoo: not a function of any libnvidia-ml"),
     ('missing_functions = "nvmlInit"\n', r"missing_functions: expected list"),
@@ -299,8 +322,9 @@ def test_without_the_test_rig_fault_tables_are_refused_and_no_file_is_executed(t
         proc = subprocess.run([sys.executable, "-m", "accelstats", "devices", "--json", "--nvml-replay", str(path)],
                               capture_output=True, text=True, timeout=60, check=False, env=env)
         assert proc.returncode == rc, proc.stderr
-    assert proc.stderr == (f"accelstats: error: {faulty}: [[fault]]: fault and event injection is test support "
-                           "(tests/support/replay_faults.py), not part of accelstats\n")
+    assert proc.stderr == (f"accelstats: error: {faulty}: [[fault]]: call-counting fault injection is test support "
+                           "(tests/support/replay_faults.py), not part of accelstats; a GPU's own failures are its "
+                           "[[gpu]] keys lost_at_s, [gpu.errors], [gpu.hangs] and [[gpu.xid]] (docs/replay.md)\n")
     assert not mark.exists()
 
 
@@ -315,8 +339,8 @@ def test_in_process_the_extension_is_what_was_registered(tmp_path: Path) -> None
     faulty.write_text(f'[[gpu]]\ncapture = "{H200.as_posix()}"\n[[fault]]\ncall = "nvmlInit"\nerror = "UNKNOWN"\n')
     previous = register_extension(None)
     try:
-        assert previous == ReplayExtension("tests/support/replay_faults.py", ("fault", "event"), replay_faults.attach)
-        with pytest.raises(ReplayError, match=r"\[\[fault\]\]: fault and event injection is test support"):
+        assert previous == ReplayExtension("tests/support/replay_faults.py", ("fault",), replay_faults.attach)
+        with pytest.raises(ReplayError, match=r"\[\[fault\]\]: call-counting fault injection is test support"):
             open_replay(faulty)
     finally:
         register_extension(previous)

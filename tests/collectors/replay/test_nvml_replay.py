@@ -15,6 +15,7 @@ import re
 import shutil
 import threading
 import time
+import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
@@ -25,8 +26,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.paths import find_shared
-from support.replay_faults import ScheduledEvents
 
+from collectors.replay.device_state import ScheduledXids
 from collectors.replay.lib import ReplayedNVML, open_replay
 from collectors.replay.state import IMPLEMENTED_CALLS, ReplayError, mig_uuid
 
@@ -65,9 +66,9 @@ def call(nvml: ReplayedNVML, gpu: int, name: str, *args: Any) -> Any:
 
 
 def events_of(nvml: ReplayedNVML) -> list[Any]:
-    """The scenario's ``[[event]]`` tables as the test support scheduled them, in file order."""
+    """The scenario's ``[[gpu.xid]]`` tables as scheduled: (NVML index, XidCapture), GPU by GPU."""
     source = nvml.state.event_source
-    return [e for _, e in sorted(source.events)] if isinstance(source, ScheduledEvents) else []
+    return [e for _, e in sorted(source.events)] if isinstance(source, ScheduledXids) else []
 
 
 def address(handle: Any) -> int | None:
@@ -785,7 +786,19 @@ def test_system_fault_on_init(tmp_path: Path, error: str, exc_type: type) -> Non
 
 
 def test_fault_on_every_call_of_one_gpu(tmp_path: Path) -> None:
-    nvml = opened(SCENARIOS / "h200_pair_one_lost.toml")
+    nvml = opened(scenario(tmp_path, """
+        [[gpu]]
+        capture = "@H200"
+        [[gpu]]
+        capture = "@H200"
+        uuid = "GPU-5f1c2a9e-0b7d-4c3e-9a61-2d8e4f7b9c11"
+        minor = 1
+        [[fault]]
+        gpu = 1
+        call = "*"
+        error = "GPU_IS_LOST"
+        after_calls = 20
+    """))
     lost = nvml.nvmlDeviceGetHandleByIndex(1)
     for _ in range(19):
         nvml.nvmlDeviceGetName(lost)
@@ -1050,10 +1063,17 @@ def test_memory_info_v1_used_never_wraps(tmp_path: Path) -> None:
     assert call(nvml, 0, "nvmlDeviceGetMemoryInfo").used == 0
 
 
-# -- events: nvmlEventSet*, nvmlDeviceRegisterEvents, scenario [[event]] ---------------------------------
+# -- events: nvmlEventSet*, nvmlDeviceRegisterEvents, scenario [[gpu.xid]] -------------------------------
 SBE, DBE, PSTATE = (pynvml.nvmlEventTypeSingleBitEccError, pynvml.nvmlEventTypeDoubleBitEccError,
                     pynvml.nvmlEventTypePState)
-PAIR = '[[gpu]]\ncapture = "@A5000"\n[[gpu]]\ncapture = "@A5000"\ncapture_index = 1\n'  # ECC off on both
+PAIR_GPUS = ('capture = "@A5000"', 'capture = "@A5000"\ncapture_index = 1')  # ECC off on both
+
+
+def xid_scenario(events: list[tuple[int, str]], gpus: tuple[str, ...] = PAIR_GPUS) -> str:
+    """``[[gpu]]`` tables (``gpus``: their keys), each followed by the ``[[gpu.xid]]`` tables
+    ``events`` give it: (NVML index, the table's keys)."""
+    return "".join(f"[[gpu]]\n{keys}\n" + "".join(f"[[gpu.xid]]\n{xid}\n" for gpu, xid in events if gpu == i)
+                   for i, keys in enumerate(gpus))
 
 
 class FakeTime(FakeClock):
@@ -1068,9 +1088,11 @@ class FakeTime(FakeClock):
         self.now += seconds
 
 
-def with_events(tmp_path: Path, events: str, time_: FakeTime | None = None, base: str = PAIR) -> ReplayedNVML:
+def with_events(tmp_path: Path, events: list[tuple[int, str]], time_: FakeTime | None = None,
+                gpus: tuple[str, ...] = PAIR_GPUS, extra: str = "") -> ReplayedNVML:
+    """The replay of :func:`xid_scenario` (plus ``extra`` top-level tables), initialised."""
     kwargs = {} if time_ is None else {"clock": time_, "sleep": time_.sleep}
-    return opened(scenario(tmp_path, base + events), **kwargs)
+    return opened(scenario(tmp_path, xid_scenario(events, gpus) + extra), **kwargs)
 
 
 def waited(nvml: ReplayedNVML, es: Any, timeoutms: int, name: str = "nvmlEventSetWait_v2") -> tuple[int, int] | str:
@@ -1086,7 +1108,7 @@ def waited(nvml: ReplayedNVML, es: Any, timeoutms: int, name: str = "nvmlEventSe
 def test_xid_79_on_gpu_1_after_1_s_is_delivered_once(tmp_path: Path) -> None:
     # the event falls due 1 s after the scenario is opened: generous, as a loaded machine is slow here
     start = time.monotonic()
-    nvml = with_events(tmp_path, "[[event]]\ngpu = 1\nxid = 79\nafter_seconds = 1.0\n")
+    nvml = with_events(tmp_path, [(1, "xid = 79\nat_s = 1.0")])
     gpus = [nvml.nvmlDeviceGetHandleByIndex(i) for i in (0, 1)]
     es = nvml.nvmlEventSetCreate()
     for h in gpus:
@@ -1119,9 +1141,7 @@ def test_xid_79_on_gpu_1_after_1_s_is_delivered_once(tmp_path: Path) -> None:
 def test_only_registered_events_are_delivered(tmp_path: Path, registrations: list[tuple[int, int]],
                                               outcomes: list[Any]) -> None:
     t = FakeTime()
-    nvml = with_events(tmp_path, "[[event]]\ngpu = 1\nxid = 79\nafter_seconds = 0.2\n"
-                                 "[[event]]\ngpu = 1\nxid = 31\nafter_seconds = 0.2\n"
-                                 "[[event]]\ngpu = 0\nxid = 48\n", t)
+    nvml = with_events(tmp_path, [(1, "xid = 79\nat_s = 0.2"), (1, "xid = 31\nat_s = 0.2"), (0, "xid = 48")], t)
     es = nvml.nvmlEventSetCreate()
     for gpu, types in registrations:
         call(nvml, gpu, "nvmlDeviceRegisterEvents", types, es)
@@ -1140,9 +1160,8 @@ def test_only_registered_events_are_delivered(tmp_path: Path, registrations: lis
 def test_wait_blocks_until_due_or_timeout(tmp_path: Path, delay: float, timeoutms: int, outcome: Any,
                                           slept: float) -> None:
     t = FakeTime()
-    nvml = open_replay(scenario(tmp_path, PAIR + "[[event]]\ngpu = 1\nxid = 79\nafter_seconds = 0.2\n"),
-                                clock=t, sleep=t.sleep)
-    t.now += 30  # after_seconds counts from the first nvmlInit, not from loading
+    nvml = open_replay(scenario(tmp_path, xid_scenario([(1, "xid = 79\nat_s = 0.2")])), clock=t, sleep=t.sleep)
+    t.now += 30  # at_s counts from the first nvmlInit, not from loading
     nvml.nvmlInit()
     es = nvml.nvmlEventSetCreate()
     call(nvml, 1, "nvmlDeviceRegisterEvents", XID, es)
@@ -1153,7 +1172,7 @@ def test_wait_blocks_until_due_or_timeout(tmp_path: Path, delay: float, timeoutm
 
 def test_sets_share_an_event_that_happens_while_they_listen(tmp_path: Path) -> None:
     t = FakeTime()
-    nvml = with_events(tmp_path, "[[event]]\ngpu = 0\nxid = 13\n[[event]]\ngpu = 0\nxid = 94\nafter_seconds = 1\n", t)
+    nvml = with_events(tmp_path, [(0, "xid = 13"), (0, "xid = 94\nat_s = 1")], t)
     t.now += 0.5
     first, second = nvml.nvmlEventSetCreate(), nvml.nvmlEventSetCreate()
     for es in (first, second):
@@ -1169,9 +1188,9 @@ def test_sets_share_an_event_that_happens_while_they_listen(tmp_path: Path) -> N
 
 
 def test_mig_instance_ids_of_an_event(tmp_path: Path) -> None:
-    nvml = with_events(tmp_path, "[[event]]\ngpu = 0\nxid = 43\ngpu_instance_id = 4\n"
-                                 "[[event]]\ngpu = 0\nxid = 31\ngpu_instance_id = 5\ncompute_instance_id = 0\n"
-                                 "[[event]]\ngpu = 0\nxid = 79\n", base='[[gpu]]\ncapture = "@A100"\n')
+    nvml = with_events(tmp_path, [(0, "xid = 43\ngpu_instance_id = 4"),
+                                  (0, "xid = 31\ngpu_instance_id = 5\ncompute_instance_id = 0"), (0, "xid = 79")],
+                       gpus=('capture = "@A100"',))
     es = nvml.nvmlEventSetCreate()
     parent = nvml.nvmlDeviceGetHandleByIndex(0)
     nvml.nvmlDeviceRegisterEvents(parent, XID, es)
@@ -1299,7 +1318,7 @@ def test_free_or_shutdown_ends_a_wait_in_another_thread(end: Callable[[ReplayedN
 ])
 def test_faults_on_event_calls(tmp_path: Path, fault: str, outcomes: list[Any]) -> None:
     t = FakeTime()
-    nvml = with_events(tmp_path, f"[[event]]\ngpu = 1\nxid = 79\n[[fault]]\n{fault}\n", t)
+    nvml = with_events(tmp_path, [(1, "xid = 79")], t, extra=f"[[fault]]\n{fault}\n")
     es = nvml.nvmlEventSetCreate()
     got: list[Any] = []
     for fn in (lambda: call(nvml, 1, "nvmlDeviceRegisterEvents", XID, es) or "ok",
@@ -1312,56 +1331,59 @@ def test_faults_on_event_calls(tmp_path: Path, fault: str, outcomes: list[Any]) 
     assert t.slept == ([7.0] if "hang" in fault else [])  # timeout 0: no sleep but the hang
 
 
-EVENT = '[[gpu]]\ncapture = "@H200"\n[[event]]\n'
-MIG_EVENT = '[[gpu]]\ncapture = "@A100"\n[[event]]\ngpu = 0\nxid = 79\n'
+H200_XID = '[[gpu]]\ncapture = "@H200"\n[[gpu.xid]]\n'
+MIG_XID = '[[gpu]]\ncapture = "@A100"\n[[gpu.xid]]\nxid = 79\n'
+GPU = '[[gpu]]\ncapture = "@H200"\n'
+AT = r"gpu\[0\]\.xid\[0\]"
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    (EVENT + "xid = 79\n", r"event\[0\]\.gpu: missing required key"),
-    (EVENT + "gpu = 0\n", r"event\[0\]\.xid: missing required key"),
-    (EVENT + "gpu = 1\nxid = 79\n", r"event\[0\]\.gpu: no GPU with NVML index 1 \(the scenario has 1\)"),
-    (EVENT + "gpu = -1\nxid = 79\n", r"event\[0\]\.gpu: must not be negative, got -1"),
-    (EVENT + 'gpu = "0"\nxid = 79\n', r"event\[0\]\.gpu: expected int, got '0'"),
-    (EVENT + "gpu = 0\nxid = 0\n", r"event\[0\]\.xid: XIDs are numbered from 1, got 0"),
-    (EVENT + "gpu = 0\nxid = -79\n", r"event\[0\]\.xid: must not be negative, got -79"),
-    (EVENT + "gpu = 0\nxid = 79.0\n", r"event\[0\]\.xid: expected int, got 79\.0"),
-    (EVENT + f"gpu = 0\nxid = {U64 + 1}\n", r"event\[0\]\.xid: must be at most 18446744073709551615 \(NVML answers "
-                                            r"it as an unsigned long long\)"),
-    (EVENT + "gpu = 0\nxid = 79\nafter_seconds = -0.1\n",
-     r"event\[0\]\.after_seconds: must not be negative, got -0\.1"),
-    (EVENT + "gpu = 0\nxid = 79\nafter_seconds = inf\n",
-     r"event\[0\]\.after_seconds: must be a finite number of seconds, at most 31536000, got inf"),
-    (EVENT + "gpu = 0\nxid = 79\nafter_seconds = nan\n", r"event\[0\]\.after_seconds: must be a finite number"),
-    (EVENT + 'gpu = 0\nxid = 79\nafter_seconds = "1s"\n', r"event\[0\]\.after_seconds: expected a number, got '1s'"),
-    (EVENT + 'gpu = 0\nxid = 79\ntype = "ecc_double_bit"\n',
-     r"event\[0\]\.type: expected 'xid_critical', got 'ecc_double_bit'"),
-    (EVENT + "gpu = 0\nxid = 79\ntype = 8\n", r"event\[0\]\.type: expected str, got 8"),
-    (EVENT + "gpu = 0\nxid = 79\nwhen = 1\n", r"event\[0\]\.when: unknown key 'when' \(known: after_seconds, "),
-    (EVENT + "gpu = 0\nxid = 79\ngpu_instance_id = 1\n",
-     r"event\[0\]\.gpu_instance_id: GPU 0 has no MIG instance 1 \(MIG is not enabled\)"),
-    (MIG_EVENT + "gpu_instance_id = 1\n",
-     r"event\[0\]\.gpu_instance_id: GPU 0 has no MIG instance 1 \(gpu/compute instance ids: 3/0, 4/0, 5/0, 6/0\)"),
-    (MIG_EVENT + "gpu_instance_id = 3\ncompute_instance_id = 1\n",
-     r"event\[0\]\.compute_instance_id: GPU 0 has no MIG instance 3/1"),
-    (MIG_EVENT + "compute_instance_id = 0\n", r"event\[0\]\.compute_instance_id: given without gpu_instance_id"),
-    ('[[gpu]]\ncapture = "@H200"\nevent = 1\n', r"gpu\[0\]\.event: unknown key 'event'"),
-    ('event = 1\n[[gpu]]\ncapture = "@H200"\n', r"scenario\.toml: event: expected an array of tables"),
-    ('[[gpu]]\ncapture = "@H200"\n[event]\ngpu = 0\n', r"scenario\.toml: event: expected an array of tables"),
+    (H200_XID + "at_s = 1\n", AT + r"\.xid: missing required key"),
+    (H200_XID + "xid = 0\n", AT + r"\.xid: XIDs are numbered from 1, got 0"),
+    (H200_XID + "xid = -79\n", AT + r"\.xid: must not be negative, got -79"),
+    (H200_XID + "xid = 79.0\n", AT + r"\.xid: expected int, got 79\.0"),
+    (H200_XID + f"xid = {U64 + 1}\n", AT + r"\.xid: must be at most 18446744073709551615 \(NVML answers "
+                                  r"it as an unsigned long long\)"),
+    (H200_XID + "xid = 79\nat_s = -0.1\n", AT + r"\.at_s: must not be negative, got -0\.1"),
+    (H200_XID + "xid = 79\nat_s = inf\n", AT + r"\.at_s: must be a number of seconds from 0 to 3\.1536e\+08, got inf"),
+    (H200_XID + "xid = 79\nat_s = nan\n", AT + r"\.at_s: must be a number of seconds"),
+    (H200_XID + 'xid = 79\nat_s = "1s"\n', AT + r"\.at_s: expected a number, got '1s'"),
+    (H200_XID + "xid = 79\nwhen = 1\n",
+     AT + r"\.when: unknown key 'when' \(known: at_s, compute_instance_id, gpu_instance_id, xid\)"),
+    (H200_XID + "xid = 79\ngpu_instance_id = 1\n",
+     AT + r"\.gpu_instance_id: this GPU has no MIG instance 1 \(MIG is not enabled\)"),
+    (MIG_XID + "gpu_instance_id = 1\n",
+     AT + r"\.gpu_instance_id: this GPU has no MIG instance 1 \(gpu/compute instance ids: 3/0, 4/0, 5/0, 6/0\)"),
+    (MIG_XID + "gpu_instance_id = 3\ncompute_instance_id = 1\n",
+     AT + r"\.compute_instance_id: this GPU has no MIG instance 3/1"),
+    (MIG_XID + "compute_instance_id = 0\n", AT + r"\.compute_instance_id: given without gpu_instance_id"),
+    (GPU + "xid = 1\n", r"gpu\[0\]\.xid: expected an array of tables"),
+    (GPU + "lost_at_s = -1\n", r"gpu\[0\]\.lost_at_s: must not be negative, got -1"),
+    (GPU + 'lost_at_s = "soon"\n', r"gpu\[0\]\.lost_at_s: expected a number, got 'soon'"),
+    (GPU + "errors = 1\n", r"gpu\[0\]\.errors: expected dict, got 1"),
+    (GPU + '[gpu.errors]\nnvmlDeviceGetFoo = "UNKNOWN"\n',
+     r"gpu\[0\]\.errors\.nvmlDeviceGetFoo: 'nvmlDeviceGetFoo' is not an NVML call the replay answers \(or '\*'\)"),
+    (GPU + '[gpu.errors]\nnvmlDeviceGetTemperature = "BROKEN"\n',
+     r"gpu\[0\]\.errors\.nvmlDeviceGetTemperature: expected an NVML error name without NVML_ERROR_"),
+    (GPU + "[gpu.errors]\nnvmlDeviceGetTemperature = 3\n", r"errors\.nvmlDeviceGetTemperature: expected an NVML error"),
+    (GPU + "[gpu.hangs]\nnvmlDeviceGetTemperature = -1\n",
+     r"gpu\[0\]\.hangs\.nvmlDeviceGetTemperature: must not be negative, got -1"),
+    (GPU + "[gpu.hangs]\nnvmlDeviceGetTemperature = inf\n",
+     r"gpu\[0\]\.hangs\.nvmlDeviceGetTemperature: must be a finite number of seconds, at most 31536000, got inf"),
+    ('[[event]]\ngpu = 0\nxid = 79\n' + GPU, r"scenario\.toml: event: unknown key 'event'"),
 ])
-def test_bad_events(tmp_path: Path, text: str, message: str) -> None:
+def test_bad_device_state(tmp_path: Path, text: str, message: str) -> None:
     path = scenario(tmp_path, text)
     with pytest.raises(ReplayError, match=message) as exc:
         open_replay(path)
     assert str(path) in str(exc.value)
 
 
-def test_event_keys_and_defaults(tmp_path: Path) -> None:
-    nvml = open_replay(scenario(tmp_path, EVENT + 'gpu = 0\nxid = 79\n[[event]]\ngpu = 0\nxid = 48\n'
-                                         f'after_seconds = 31536000\ntype = "xid_critical"\n[[event]]\ngpu = 0\n'
-                                         f'xid = {U64}\nafter_seconds = 2\n'))
-    assert [(e.gpu, e.xid, e.after_seconds, e.kind, e.gpu_instance_id) for e in events_of(nvml)] == [
-        (0, 79, 0.0, "xid_critical", None), (0, 48, 31536000.0, "xid_critical", None),
-        (0, U64, 2.0, "xid_critical", None)]
+def test_xid_keys_and_defaults(tmp_path: Path) -> None:
+    nvml = open_replay(scenario(tmp_path, xid_scenario([(0, "xid = 79"), (0, "xid = 48\nat_s = 31536000"),
+                                                        (1, f"xid = {U64}\nat_s = 2")])))
+    assert [(gpu, x.xid, x.at_s, x.gpu_instance_id) for gpu, x in events_of(nvml)] == [
+        (0, 79, 0.0, None), (0, 48, 31536000.0, None), (1, U64, 2.0, None)]
     assert events_of(open_replay(H200)) == []
 
 
@@ -1508,6 +1530,44 @@ def test_real_captures_have_no_invalid_cells(capture: Path) -> None:
         open_replay(capture).capture.gpus)
 
 
+# -- architecture from the PCI device id, when the capture has no <product_architecture> -------------------
+@pytest.mark.parametrize(("device_id", "name", "architecture", "capability"), [
+    ("1D0110DE", "NVIDIA GeForce GT 1030", pynvml.NVML_DEVICE_ARCH_PASCAL, (6, 1)),      # GP108
+    ("1B8210DE", "NVIDIA GeForce GTX 1070 Ti", pynvml.NVML_DEVICE_ARCH_PASCAL, (6, 1)),  # GP104
+    ("15F810DE", "Tesla P100-PCIE-16GB", pynvml.NVML_DEVICE_ARCH_PASCAL, (6, 0)),         # GP100
+    ("13C210DE", "NVIDIA GeForce GTX 970", pynvml.NVML_DEVICE_ARCH_MAXWELL, (5, 2)),      # GM204
+    ("1EB810DE", "Tesla T4", pynvml.NVML_DEVICE_ARCH_TURING, (7, 5)),                     # TU104
+])
+def test_architecture_guessed_from_the_pci_device_id(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                     device_id: str, name: str, architecture: int,
+                                                     capability: tuple[int, int]) -> None:
+    path = tmp_path / "old-schema.xml"
+    text = re.sub(r"\s*<product_architecture>[^<]*</product_architecture>", "", T4.read_text())
+    text = re.sub(r"<pci_device_id>[^<]*<", f"<pci_device_id>{device_id}<", text)
+    path.write_text(re.sub(r"<product_name>[^<]*<", f"<product_name>{name}<", text))
+    with caplog.at_level("WARNING", logger="collectors.replay.capture"):
+        nvml = opened(path)
+    assert call(nvml, 0, "nvmlDeviceGetArchitecture") == architecture
+    assert call(nvml, 0, "nvmlDeviceGetCudaComputeCapability") == capability
+    assert len(caplog.records) == 1
+    assert caplog.records[0].getMessage().startswith(
+        f"{path}: no <product_architecture>; architecture and compute capability guessed from the PCI device id "
+        "(NVML index 0: ")
+
+
+def test_an_unknown_pci_device_id_leaves_the_architecture_absent(tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "old-schema.xml"
+    text = re.sub(r"\s*<product_architecture>[^<]*</product_architecture>", "", T4.read_text())
+    path.write_text(re.sub(r"<pci_device_id>[^<]*<", "<pci_device_id>FFF010DE<", text))
+    with caplog.at_level("WARNING", logger="collectors.replay.capture"):
+        nvml = opened(path)
+    assert call(nvml, 0, "nvmlDeviceGetArchitecture") == 0xFFFFFFFF  # NVML_DEVICE_ARCH_UNKNOWN
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        call(nvml, 0, "nvmlDeviceGetCudaComputeCapability")
+    assert caplog.records == []
+
+
 # -- UUIDs: every GPU has one, and its own ------------------------------------------------------------------
 def two_gpus(first: str, second: str) -> str:
     return (f'<nvidia_smi_log>\n  <gpu id="00000000:01:00.0">\n    {first}\n  </gpu>\n'
@@ -1515,8 +1575,6 @@ def two_gpus(first: str, second: str) -> str:
 
 
 @pytest.mark.parametrize(("xml", "message"), [
-    (two_gpus("<uuid>GPU-a</uuid>", "<uuid>GPU-a</uuid>"),
-     r"caps\.xml: line 5: the <gpu> at NVML index 1 has uuid 'GPU-a', as has the <gpu> at NVML index 0 \(line 2\)"),
     (two_gpus("<uuid>GPU-a</uuid>", "<uuid></uuid>"), r"caps\.xml: line 5: the <gpu> at NVML index 1 has no UUID"),
     (two_gpus("<uuid>N/A</uuid>", "<uuid>GPU-b</uuid>"), r"caps\.xml: line 2: the <gpu> at NVML index 0 has no UUID"),
     (two_gpus("<uuid> </uuid>", "<uuid>GPU-b</uuid>"), r"caps\.xml: line 2: the <gpu> at NVML index 0 has no UUID"),
@@ -1533,6 +1591,32 @@ def test_capture_uuids(tmp_path: Path, xml: str, message: str) -> None:
     toml = scenario(tmp_path, '[[gpu]]\ncapture = "caps.xml"\n')  # a scenario may not use it either
     with pytest.raises(ReplayError, match=r"scenario\.toml: gpu\[0\]\.capture: bad capture: .*" + message):
         open_replay(toml)
+
+
+def test_gpus_sharing_a_uuid_replay_as_nvml_shows_them(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A sanitised capture (dual_2080-v13.xml) gives both GPUs one UUID. NVML never shows two equal
+    UUIDs: the later GPU gets a derived one, with one warning; a scenario may give it its own."""
+    path = tmp_path / "caps.xml"
+    path.write_text(two_gpus("<uuid>GPU-a</uuid>", "<uuid>GPU-a</uuid>"))
+    derived = "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_OID, "GPU-a/1"))
+    with caplog.at_level("WARNING", logger="collectors.replay.capture"):
+        nvml = opened(path)
+    assert [nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i)) for i in (0, 1)] == ["GPU-a", derived]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{path}: line 5: the <gpu> at NVML index 1 has uuid 'GPU-a', as has the <gpu> at NVML index 0 (line 2); "
+        f"NVML never reports two equal UUIDs; replaying it as {derived!r}"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="collectors.replay.capture"):
+        nvml = opened(scenario(tmp_path, """
+            [[gpu]]
+            capture = "caps.xml"
+            [[gpu]]
+            capture = "caps.xml"
+            capture_index = 1
+            uuid = "GPU-b"
+        """))
+    assert [nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i)) for i in (0, 1)] == ["GPU-a", "GPU-b"]
+    assert caplog.records == []
 
 
 def test_capture_with_distinct_uuids_loads(tmp_path: Path) -> None:
@@ -1611,8 +1695,9 @@ KEYS = [("[gpu.override]", k) for k in ("temp_gpu_c", "memory_total_bytes", "mem
         for k in ("used_memory_bytes", "sm_utilization_percent", "start_s", "end_s")] + \
        [("[[gpu.process]]\npid = 7\n[[gpu.process.step]]", k) for k in ("at_s", "sm_utilization_percent")] + \
        [('[[fault]]\ncall = "*"\ngpu = 0\nerror = "UNKNOWN"', k) for k in ("hang_seconds", "after_calls", "times")] + \
-       [("[[event]]\ngpu = 0\nxid = 79", k) for k in ("after_seconds", "gpu_instance_id", "type")] + \
-       [("[[event]]\ngpu = 0", "xid"), ("[[event]]\nxid = 79", "gpu")]
+       [("[[gpu.xid]]\nxid = 79", k) for k in ("at_s", "gpu_instance_id")] + \
+       [("[[gpu.xid]]", "xid"), ("", "lost_at_s"), ("[gpu.errors]", "nvmlDeviceGetTemperature"),
+        ("[gpu.hangs]", "nvmlDeviceGetTemperature"), ("[gpu.hangs]", '"*"')]
 
 
 def sleep_checked(seconds: float) -> None:

@@ -3,7 +3,7 @@ folder first on ``PYTHONPATH``, so every Python subprocess (``python -m accelsta
 ``nomad-device-accelstats`` console script, xdist workers) imports this module at start-up (site(7):
 ``sitecustomize``). Test support, never shipped; accelstats itself reads no environment variable for it.
 
-It registers the fault, hang and XID-event extension (``tests/support/replay_faults.py``) with the NVML
+It registers the call-counting fault extension (``tests/support/replay_faults.py``) with the NVML
 replay the moment ``collectors.replay.lib`` is imported, and only then: a process that never opens a
 replay imports nothing of ``collectors``, and one that does gets the ``collectors`` it would have got
 anyway (the installed one for a console script, the checkout's for ``python -m`` run from it: the
