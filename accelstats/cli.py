@@ -169,13 +169,13 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--listen", default=None, metavar="HOST:PORT",
+@click.option("--listen", "--web.listen-address", "listen", default=None, metavar="HOST:PORT",
               help=f"Address to serve /metrics on [:{DEFAULT_PORT}, every interface].")
 @click.option("--collector", "collectors", multiple=True,
               type=click.Choice([e.name for e in COLLECTORS]),
               help="Run only these collectors (repeatable). "
               + "; ".join(f"{e.name}: {e.help}{e.default_note}" for e in COLLECTORS))
-@click.option("--web-config", metavar="FILE", default=None,
+@click.option("--web-config", "--web.config.file", "web_config", metavar="FILE", default=None,
               help="exporter-toolkit web configuration (YAML): TLS, basic auth, headers; see docs/web-config.md "
                    "[none: plain HTTP; \"\" overrides the config file's web_config].")
 @source_options
