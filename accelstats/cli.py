@@ -169,13 +169,13 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--listen", default=None, metavar="HOST:PORT",
+@click.option("--listen", "--web.listen-address", "listen", default=None, metavar="HOST:PORT",
               help=f"Address to serve /metrics on [:{DEFAULT_PORT}, every interface].")
 @click.option("--collector", "collectors", multiple=True,
               type=click.Choice([e.name for e in COLLECTORS]),
               help="Run only these collectors (repeatable). "
               + "; ".join(f"{e.name}: {e.help}{e.default_note}" for e in COLLECTORS))
-@click.option("--web-config", metavar="FILE", default=None,
+@click.option("--web-config", "--web.config.file", "web_config", metavar="FILE", default=None,
               help="exporter-toolkit web configuration (YAML): TLS, basic auth, headers; see docs/web-config.md "
                    "[none: plain HTTP; \"\" overrides the config file's web_config].")
 @source_options
@@ -305,15 +305,18 @@ def devices(as_json: bool, **opts: Any) -> None:
         return
     if collection.snapshot.nvml_status:
         click.echo(f"# NVIDIA: {collection.snapshot.nvml_status}", err=True)
-    click.echo(f"{'KIND':5} {'IDX':>3} {'MINOR':>5} {'UUID / ID':42} {'NAME':28} {'UP':3} MEMORY")
+    # NAME is as wide as the longest GPU or MIG name (a MIG name such as "NVIDIA A100-SXM4-80GB MIG
+    # 1g.20gb" is 33 characters; NVML's are at most 96), never cut; a file's path shows its tail
+    width = min(96, max([28, *(len(r["name"]) for r in rows if r["kind"] != "file")]))
+    click.echo(f"{'KIND':5} {'IDX':>3} {'MINOR':>5} {'UUID / ID':42} {'NAME':{width}} {'UP':3} MEMORY")
     for r in rows:
         if r["kind"] == "file":
-            click.echo(f"{'file':5} {'':>3} {'':>5} {r['id']:42} {r['path'][-28:]:28} "
+            click.echo(f"{'file':5} {'':>3} {'':>5} {_shown(r['id']):42} {_shown(_tail(r['path'], width)):{width}} "
                        f"{'yes' if r['healthy'] else 'NO':3} {r['size_bytes']} B")
         else:
             mem = r["memory_total_bytes"]
             click.echo(f"{r['kind']:5} {r['index']:>3} {'' if r['minor'] is None else r['minor']:>5} "
-                       f"{r['uuid']:42} {r['name'][:28]:28} {'yes' if r['up'] else 'NO':3} "
+                       f"{_shown(r['uuid']):42} {_shown(r['name']):{width}} {'yes' if r['up'] else 'NO':3} "
                        f"{'' if mem is None else f'{mem / 2**30:.1f} GiB'}")
 
 

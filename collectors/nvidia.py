@@ -165,7 +165,9 @@ class NvidiaBackend:
     def setup(self) -> bool:
         """Initialise NVML and enumerate devices; True when usable. Never raises.
 
-        On failure ``status`` holds the reason (logged at warning level the first time, debug after).
+        On failure ``status`` holds the reason, logged the first time at info level on a host without
+        NVIDIA PCI devices (nothing to read: not a failure, ``accelstats_nvml_state{state="no_device"}``)
+        and at warning level otherwise (NVIDIA devices NVML cannot read), at debug level after.
         """
         self._last_attempt = time.monotonic()
         self.no_device = self.pci_scan and not nvidia_pci_devices(self.sysfs_root)
@@ -214,7 +216,7 @@ class NvidiaBackend:
 
     def _fail(self, reason: str) -> bool:
         self.status = reason
-        level = logging.WARNING if reason != self._status_logged else logging.DEBUG
+        level = logging.DEBUG if reason == self._status_logged else logging.INFO if self.no_device else logging.WARNING
         retry = f" (retrying every {self.retry_interval:g}s)" if self.retry_interval > 0 else ""
         log.log(level, "NVIDIA GPUs not available: %s%s", reason, retry)
         self._status_logged = reason

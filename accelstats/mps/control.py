@@ -43,6 +43,11 @@ CONTROL_FILE = "control"
 SHOWN_BYTES = 200
 
 
+class NoControlBinaryError(MpsError):
+    """The control binary cannot be found or run: every command would fail the same way, so a status
+    query stops at the first (its reason is said once)."""
+
+
 @dataclass(frozen=True)
 class DaemonStatus:
     """What one daemon answered; see :meth:`DaemonChannel.status`.
@@ -219,10 +224,11 @@ class DaemonChannel:
         if "/" in self.binary:
             if os.path.isfile(self.binary) and os.access(self.binary, os.X_OK):
                 return os.path.abspath(self.binary)
-            raise MpsError(f"MPS resource {self.name!r}: control binary {self.binary} not found (or not executable)")
+            raise NoControlBinaryError(f"MPS resource {self.name!r}: control binary {self.binary} not found (or not "
+                                  "executable)")
         found = shutil.which(self.binary)
         if found is None:
-            raise MpsError(f"MPS resource {self.name!r}: control binary {self.binary} not found on PATH")
+            raise NoControlBinaryError(f"MPS resource {self.name!r}: control binary {self.binary} not found on PATH")
         return os.path.abspath(found)
 
     def env_vars(self) -> dict[str, str]:
@@ -264,9 +270,11 @@ class DaemonChannel:
                     [binary, *args], stdin=subprocess.PIPE if stdin_text is not None else subprocess.DEVNULL,
                     stdout=out, stderr=err, env=env, cwd="/", close_fds=True, start_new_session=True)
             except FileNotFoundError as exc:
-                raise MpsError(f"MPS resource {self.name!r}: control binary {binary} not found: {exc}") from exc
+                raise NoControlBinaryError(f"MPS resource {self.name!r}: control binary {binary} not found: {exc}") \
+                    from exc
             except OSError as exc:
-                raise MpsError(f"MPS resource {self.name!r}: cannot run {binary} for {what}: {exc}") from exc
+                raise NoControlBinaryError(f"MPS resource {self.name!r}: cannot run {binary} for {what}: {exc}") \
+                    from exc
             try:
                 if proc.stdin is not None:
                     try:
@@ -345,9 +353,10 @@ class DaemonChannel:
                 return self.echo_pipe_to_control(command)
             except MpsError as exc:
                 reasons.append(str(exc))
-                # a wedged daemon would cost a timeout per command, and one that is not running would
-                # give the same reason for each: the first one says it
-                wedged = "did not answer within" in str(exc) or "Cannot find MPS control daemon" in str(exc)
+                # a wedged daemon would cost a timeout per command, and one that is not running (or a
+                # control binary that is missing) would give the same reason for each: the first says it
+                wedged = isinstance(exc, NoControlBinaryError) or "did not answer within" in str(exc) \
+                    or "Cannot find MPS control daemon" in str(exc)
                 return None
             except Exception as exc:  # noqa: BLE001 - status() reports, it never raises
                 reasons.append(f"MPS resource {self.name!r}: command {command!r} failed: {exc!r}")

@@ -3,8 +3,8 @@
 
 :func:`weakening` names the change a running exporter refuses (basic auth or TLS off, TLS switched on,
 a lower ``client_auth_type`` or ``min_version``): those take a restart. :func:`security_warnings`
-lists a world-writable file, a world-readable private key and a certificate outside its validity
-period (:func:`certificate_validity`).
+lists basic auth on plain HTTP, a world-writable file, a world-readable private key and a certificate
+outside its validity period (:func:`certificate_validity`).
 """
 
 from __future__ import annotations
@@ -75,8 +75,11 @@ def security_warnings(config: WebConfig, now: datetime | None = None) -> list[st
     key readable by every user (a file mode that allows it, in directories that every user can
     search: a 0644 key under a 0700 directory is not reported), the server certificate expired or not
     yet valid at ``now`` (default: the current time; clients refuse it, as Go's and OpenSSL's verifiers
-    do)."""
+    do), basic auth without TLS (every scrape sends the password in clear: base64, RFC 7617 section 4)."""
     out = []
+    if config.users and config.tls is None:
+        out.append(f"web config {config.path}: basic_auth_users without tls_server_config: passwords travel in "
+                   "clear text on plain HTTP (anyone on the path can read them); add tls_server_config")
     costly = [name for name, hashed in config.users if int(hashed[4:6]) > BCRYPT_WARN_COST]
     if costly:
         names = ", ".join(_key_name(n, 40) for n in costly[:5])

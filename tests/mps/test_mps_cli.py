@@ -113,6 +113,19 @@ def test_missing_daemon_binary_is_a_clear_error(tmp_path: Path, fixtures_dir: Pa
     assert proc.returncode == 2 and "not found" in proc.stderr
 
 
+@pytest.mark.parametrize("fmt", ["table", "json"])
+def test_status_without_a_control_binary_says_why_once(tmp_path: Path, fixtures_dir: Path, fmt: str) -> None:
+    """No ``nvidia-cuda-mps-control`` on PATH: every command would fail alike; the reason is said once."""
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'nvml_replay = "{fixtures_dir / "h200" / "nvidia-smi-q.xml"}"\n[mps]\nroot = "{tmp_path}"\n'
+                   '[[mps.resources]]\nname = "r"\nreplicas = 2\n')
+    env = {**os.environ, "PATH": "/nonexistent"}
+    proc = run(env, "mps", "status", "--config", str(cfg), *(["--json"] if fmt == "json" else []))
+    assert proc.returncode == 1, proc.stderr
+    shown = json.loads(proc.stdout)[0]["reason"] if fmt == "json" else proc.stdout
+    assert shown.count("control binary nvidia-cuda-mps-control not found on PATH") == 1, shown
+
+
 def test_exclusive_process_opt_in_is_set_by_start_and_restored_by_stop(tmp_path: Path, fixtures_dir: Path) -> None:
     """``mps.exclusive_process = true``: ``mps start`` switches the GPU with nvidia-smi (here the double in
     tests/support/mps_double), ``mps stop`` — another process — puts the recorded mode back."""

@@ -1,7 +1,9 @@
 """A real FUSE filesystem whose server stops answering: what a dead s3fs, gcsfuse or NFS server does to
 the processes that touch it.
 
-:class:`HangingFuse` opens ``/dev/fuse``, mounts it (root; ``mount -t fuse`` with ``fd=``), and answers
+:class:`HangingFuse` opens ``/dev/fuse``, mounts it (root; ``mount -i -t fuse`` with ``fd=``: ``-i``
+keeps util-linux from handing the mount to ``/sbin/mount.fuse``, which Debian's ``fuse3`` installs and
+which would run the source name as a FUSE server program, exit 127), and answers
 the kernel's requests on a thread with the FUSE wire protocol (``include/uapi/linux/fuse.h``): INIT, a
 root directory holding one directory ``d`` and one regular file ``f``, LOOKUP, GETATTR, OPEN,
 OPENDIR, READDIR (empty), FLUSH, RELEASE; everything else gets ENOSYS. Attributes and entries are
@@ -65,8 +67,11 @@ class HangingFuse:
         """Open ``/dev/fuse``, start answering, mount, and wait until the mount answers a ``stat``."""
         self._fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
         opts = f"fd={self._fd},rootmode=40000,user_id=0,group_id=0"
-        subprocess.run(["mount", "-t", "fuse", "-o", opts, "accelstats-hang", str(self.mountpoint)], check=True,
-                       pass_fds=(self._fd,), capture_output=True, timeout=30)
+        # -i (--internal-only): mount(2) itself, never a /sbin/mount.fuse helper (fuse3's would exec the source)
+        cmd = ["mount", "-i", "-t", "fuse", "-o", opts, "accelstats-hang", str(self.mountpoint)]
+        done = subprocess.run(cmd, pass_fds=(self._fd,), capture_output=True, text=True, timeout=30, check=False)
+        if done.returncode != 0:
+            raise OSError(f"{' '.join(cmd)} exited {done.returncode}: {done.stderr.strip()}")
         # only now: /dev/fuse cannot be read before it is mounted (the read fails, the thread would end)
         self._thread = threading.Thread(target=self._serve, name="hanging-fuse", daemon=True)
         self._thread.start()
