@@ -123,10 +123,7 @@ SANDBOXED = (
 # docs/fuzzing.md's own knobs): the suite runs the same tests in full; here the command is what is checked.
 PYTEST_ENV = {"PYTEST_ADDOPTS": "-n 0", "ACCELSTATS_FUZZ_EXAMPLES": "3"}
 # Known to fail today, fixed by another row of issue 26: strict, so the fix turns this red until removed.
-KNOWN_FAILING = {
-    "python3 -m accelstats dump --nvml-replay tests/shared/fixtures/h200/nvidia-smi-q.xml":
-        "issue 26 row 2: Debian's python3 has no click (the Quick start installed into .venv)",
-}
+KNOWN_FAILING: dict[str, str] = {}  # command text -> why it is expected to fail (none now)
 SERVE_PORT = 9847  # README: "listening on every interface ... at port 9847"
 PASSWORD = "s3cret\n"  # for getpass, which reads stdin without a terminal
 # On stderr, a failure even where the exit status is 0 (a failing $(...) inside an argument).
