@@ -96,7 +96,10 @@ def test_the_deploy_files_are_the_expected_ones() -> None:
 @pytest.mark.parametrize("version", K8S_VERSIONS)
 @pytest.mark.parametrize("path", KUBERNETES, ids=lambda p: p.name)
 def test_manifest_is_valid_against_the_kubernetes_schema(path: Path, version: str) -> None:
-    kubernetes_validate.validate(load(path), version, strict=True)
+    try:
+        kubernetes_validate.validate(load(path), version, strict=True)
+    except jsonschema.ValidationError as error:  # its text holds the whole schema: say where, in one line
+        pytest.fail(f"{path.name}, Kubernetes {version}: {error.message} at {error.json_path}")
 
 
 def test_kubernetes_schema_check_rejects_a_misspelt_field() -> None:
@@ -110,7 +113,10 @@ def test_kubernetes_schema_check_rejects_a_misspelt_field() -> None:
 def test_service_monitor_is_valid_against_its_crd_schema() -> None:
     doc = load(SERVICE_MONITOR)
     assert doc["apiVersion"] == "monitoring.coreos.com/v1"
-    validate_crd(doc)
+    try:
+        validate_crd(doc)
+    except jsonschema.ValidationError as error:
+        pytest.fail(f"{SERVICE_MONITOR.name}: {error.message} at {error.json_path}")
 
 
 @pytest.mark.parametrize(("where", "bad"), [
