@@ -80,7 +80,22 @@ NOT_HERE: dict[str, str] = {
     "/etc/accelstats/config.toml | grep -v '^#' | sed 's/[{ ].*//' | sort -u)":
         "compares the installed service's scrape with its dump: needs the service of README's install",
     "journalctl -u accelstats -b | grep -i -e error -e warning": "the installed unit's journal (systemd as PID 1)",
-    # docs/deploy.md: a Kubernetes cluster
+    # docs/deploy.md: the image (built and run by issue 27's end-to-end test, not here) and a Kubernetes cluster
+    **{command: "builds a container image with docker (and debootstrap): the image's end-to-end test"
+       for command in (
+        "docker build -f deploy/Dockerfile -t accelstats:0.1.0 .",
+        "debootstrap --variant=minbase --include=python3,python3-venv bookworm rootfs http://deb.debian.org/debian",
+        "tar -C rootfs -c . | docker import - debian-python:bookworm",
+        "docker build -f deploy/Dockerfile --build-arg BASE=debian-python:bookworm --build-arg PIP_OPTS=\"--no-index "
+        "--find-links /tmp/dist\" -t accelstats:0.1.0 .",
+    )},
+    **{command: "needs a Kubernetes cluster" for command in (
+        "kubectl apply -f deploy/kubernetes/namespace.yaml",
+        "kubectl apply -f deploy/kubernetes/daemonset.yaml -f deploy/kubernetes/service.yaml",
+        "kubectl -n monitoring create secret generic accelstats-scrape-auth --from-literal=username=prometheus "
+        "--from-file=password=scrape.password",
+        "kubectl apply -f deploy/prometheus-operator/servicemonitor.yaml",
+    )},
     "kubectl -n monitoring create secret generic accelstats-web-config --from-file=web.yml --from-file=tls.crt "
     "--from-file=tls.key": "needs a Kubernetes cluster",
     # docs/nomad.md: a Nomad client host

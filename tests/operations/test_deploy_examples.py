@@ -4,15 +4,15 @@
 |---|---|
 | `prometheus-static.yml` | `promtool check config` succeeds (and fails on a misspelt key: control) |
 | `prometheus-discovery.yml` | the same after swapping its k8s/Nomad SD blocks for file SD (*); keeps what we deploy |
-| `kubernetes-daemonset.yaml` | `hostPID`; hostPaths read-only, where the flags point; port = `--listen` |
+| `deploy/kubernetes/daemonset.yaml` | `hostPID`; hostPaths read-only, where the flags point; port = `--listen` |
 | `kubernetes-securitycontext-cgroup-v1.yaml` | drops ALL, adds exactly the systemd unit's capabilities |
 | `nomad-*.hcl` | braces balance; flags are `serve` options; mounts match them; the unit's capabilities |
-| `Dockerfile` | its entry point is the console script pyproject.toml declares |
 
 (*) Debian's promtool is built without `kubernetes_sd_configs` and `nomad_sd_configs`; the rest of
 that file (TLS, basic auth, relabelling) is checked as written, and its `keep` rules must select the
 DaemonSet's pods and the Nomad jobs' service. Every flag in a Kubernetes or Nomad example must be
-one `accelstats serve --help` lists. No HCL
+one `accelstats serve --help` lists. The DaemonSet and the Dockerfile are files under deploy/
+(schemas and the Dockerfile: tests/operations/test_deploy_manifests.py). No HCL
 parser is installed, so the Nomad files are checked as text; none of the examples ran on a cluster.
 """
 
@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import tomllib
 import yaml
 from conftest import REPO_ROOT, require_tool
 
@@ -37,11 +36,13 @@ def promtool() -> str:
 DEPLOY = REPO_ROOT / "docs" / "deploy.md"
 UNIT = REPO_ROOT / "systemd" / "accelstats.service"
 MARKER = re.compile(r"<!-- example: (?P<name>[\w.-]+) -->\n```(?P<lang>\w*)\n(?P<body>.*?)\n```", re.S)
+DAEMONSET = REPO_ROOT / "deploy" / "kubernetes" / "daemonset.yaml"
 EXPECTED = {
-    "nomad-raw-exec.nomad.hcl", "nomad-client-docker.hcl", "nomad-docker.nomad.hcl", "Dockerfile",
-    "nomad-agent-plugin.hcl", "kubernetes-daemonset.yaml",
-    "prometheus-static.yml", "prometheus-discovery.yml",
+    "nomad-raw-exec.nomad.hcl", "nomad-client-docker.hcl", "nomad-docker.nomad.hcl",
+    "nomad-agent-plugin.hcl", "prometheus-static.yml", "prometheus-discovery.yml",
 }
+# Mounted at its own path, where the kubelet's socket is by default (issue 27's pod-resources client).
+POD_RESOURCES = "/var/lib/kubelet/pod-resources"
 
 
 def examples() -> dict[str, str]:
@@ -172,7 +173,7 @@ def test_job_names_match_the_alert_rules() -> None:
 
 
 def daemonset() -> dict[str, Any]:
-    doc = yaml.safe_load(examples()["kubernetes-daemonset.yaml"])
+    doc = yaml.safe_load(DAEMONSET.read_text())
     assert isinstance(doc, dict)
     return doc
 
@@ -203,8 +204,9 @@ def test_daemonset_mounts_are_read_only_and_match_the_flags() -> None:
     assert mounted["/proc"] == opts["--proc-root"]
     assert mounted["/sys/fs/cgroup"] == opts["--cgroup-root"]
     for host_path, target in mounted.items():  # state directories live under --rootfs at their host path
-        if host_path not in ("/proc", "/sys/fs/cgroup"):
+        if host_path not in ("/proc", "/sys/fs/cgroup", POD_RESOURCES):
             assert target == opts["--rootfs"].rstrip("/") + host_path
+    assert mounted[POD_RESOURCES] == POD_RESOURCES
     (port,) = container["ports"]
     assert opts["--listen"] == f":{port['containerPort']}"
 
@@ -274,9 +276,3 @@ def test_nomad_docker_job_matches_the_unit_and_the_client_config() -> None:
     for source, target in targets.items():
         if source not in ("/proc", "/sys/fs/cgroup"):
             assert target == opts["--rootfs"].rstrip("/") + source
-
-
-def test_dockerfile_runs_the_console_script() -> None:
-    scripts = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    entry = re.search(r'^ENTRYPOINT \["([^"]+)"\]$', examples()["Dockerfile"], re.M)
-    assert entry and entry.group(1) in scripts
