@@ -26,7 +26,7 @@ HOST = (
 RESOLVED = [
     # (device ID from the kubelet,           form,         uuid,  gpu index, kind,  replica)
     (GPU0,                                   "uuid",       GPU0,  0,         "gpu", None),
-    (GPU0.upper(),                           "uuid",       GPU0,  0,         "gpu", None),  # hex case
+    (GPU1.upper(),                           "uuid",       GPU1,  1,         "gpu", None),  # hex case
     (MIG_A,                                  "mig-uuid",   MIG_A, 1,         "mig", None),
     (f"MIG-{GPU1}/2/0",                      "mig-legacy", MIG_B, 1,         "mig", None),
     (f"{GPU0}::0",                           "uuid",       GPU0,  0,         "gpu", 0),
@@ -67,13 +67,13 @@ UNRESOLVED = [
 
 
 @pytest.mark.parametrize(("device_id", "form", "uuid", "index", "kind", "replica"), RESOLVED,
-                         ids=[row[0][:40] for row in RESOLVED])
+                         ids=[row[0] for row in RESOLVED])
 def test_resolves(device_id: str, form: str, uuid: str, index: int, kind: str, replica: int | None) -> None:
     assert resolve(device_id, HOST) == Resolved(device_id=device_id, form=form,  # type: ignore[arg-type]
                                                 uuid=uuid, index=index, kind=kind, replica=replica)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("device_id", "reason"), UNRESOLVED, ids=[row[0][:40] or "empty" for row in UNRESOLVED])
+@pytest.mark.parametrize(("device_id", "reason"), UNRESOLVED, ids=[row[0][:60] or "empty" for row in UNRESOLVED])
 def test_does_not_resolve(device_id: str, reason: str) -> None:
     got = resolve(device_id, HOST)
     assert isinstance(got, Unresolved)
