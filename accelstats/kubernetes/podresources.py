@@ -1,7 +1,7 @@
 """A bounded client of the kubelet's pod-resources API (``v1.PodResourcesLister`` on a unix socket).
 
 The kubelet serves ``List`` (every pod on the node with its containers' device-plugin devices and DRA
-claims), ``GetAllocatableResources`` (kubelet 1.23+) and ``Get`` (one pod; kubelet 1.27+, behind the
+claims), ``GetAllocatableResources`` (kubelet 1.21+) and ``Get`` (one pod; kubelet 1.27+, behind the
 ``KubeletPodResourcesGet`` feature gate) on ``/var/lib/kubelet/pod-resources/kubelet.sock``
 (accelstats/kubernetes/proto/podresources.proto says which kubelet release the messages match).
 

@@ -70,15 +70,15 @@ class PodResourcesListerServicer(object):
 
     def GetAllocatableResources(self, request, context):
         """GetAllocatableResources: the devices, CPUs and memory the kubelet can
-        assign (kubelet 1.23+ by default).
+        assign (kubelet 1.21+, where its feature gate is on).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Get(self, request, context):
-        """Get: one pod by name and namespace (kubelet 1.27+, behind the
-        KubeletPodResourcesGet feature gate).
+        """Get: one pod by name and namespace (kubelet 1.27+, where the
+        KubeletPodResourcesGet feature gate is on).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
