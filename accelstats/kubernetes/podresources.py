@@ -126,8 +126,10 @@ class Allocatable:
 
 class PodResourcesClient:
     """A client of the kubelet's pod-resources socket ``socket``; each call waits at most ``timeout_s``
-    seconds and accepts answers up to ``max_receive_bytes``. Thread-safe (one gRPC channel, made on
-    first use, reconnecting on its own after a kubelet restart). ``close()`` releases the channel."""
+    seconds and accepts answers up to ``max_receive_bytes``. One gRPC channel, made on first use and
+    dropped when the kubelet does not answer (UNAVAILABLE), so that the call after a kubelet restart
+    connects at once instead of waiting out gRPC's reconnect backoff. Not locked: calls from several
+    threads need the caller's lock. ``close()`` releases the channel."""
 
     def __init__(self, socket: str = DEFAULT_SOCKET, *, timeout_s: float = DEFAULT_TIMEOUT_S,
                  max_receive_bytes: int = DEFAULT_MAX_RECEIVE_BYTES) -> None:
@@ -218,6 +220,8 @@ class PodResourcesClient:
             if optional and (code == grpc.StatusCode.UNIMPLEMENTED
                              or (code == grpc.StatusCode.UNKNOWN and details.endswith("disabled"))):
                 return None
+            if code == grpc.StatusCode.UNAVAILABLE:
+                self.close()  # a fresh channel next call: no reconnect backoff after a kubelet restart
             raise _error(method, self.socket, code, details, self) from None
 
 

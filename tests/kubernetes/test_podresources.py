@@ -235,6 +235,23 @@ def test_a_socket_that_appears_later_is_read(serve: Serve, tmp_path: Path) -> No
     client.close()
 
 
+def test_a_restarted_kubelet_is_read_at_once(serve: Serve, tmp_path: Path) -> None:
+    """The kubelet stops (its socket stays, nothing answers) and comes back: the next call reads it, without
+    waiting out gRPC's reconnect backoff (a second or more after a failed connection)."""
+    import socket as socketlib
+
+    sock = tmp_path / "kubelet.sock"
+    with PodResourcesClient(str(sock), timeout_s=0.5) as client:
+        with socketlib.socket(socketlib.AF_UNIX) as dead:  # a kubelet that is down: bound, not listening
+            dead.bind(str(sock))
+            for _ in range(2):
+                with pytest.raises(PodResourcesError, match="kubelet not answering"):
+                    client.list()
+        sock.unlink()
+        serve(Kubelet(PODS))
+        assert client.list().pods == 5  # type: ignore[union-attr]
+
+
 def test_a_path_that_is_not_a_socket_is_an_error(tmp_path: Path) -> None:
     (tmp_path / "kubelet.sock").write_text("")
     with PodResourcesClient(str(tmp_path / "kubelet.sock")) as client, pytest.raises(PodResourcesError) as e:
