@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Regenerate the Python protobuf/gRPC modules of Nomad's device-plugin protocol
-# (accelstats/nomad/proto/*_pb2.py, *_pb2_grpc.py, *_pb2.pyi) from the .proto
-# files next to them (upstream's, unchanged). Run from anywhere; it works from
-# the repo root so that the generated modules import each other as
+# (accelstats/nomad/proto/*_pb2.py, *_pb2_grpc.py, *_pb2.pyi) and of the
+# kubelet's pod-resources API (accelstats/kubernetes/proto/*) from the .proto
+# files next to them (Nomad's unchanged; the kubelet's written from upstream's
+# facts, see its header). Run from anywhere; it works from the repo root so
+# that the generated modules import each other as
 # `from accelstats.nomad.proto import ...`.
 #
 #   scripts/gen-protos.sh              regenerate in place
-#   scripts/gen-protos.sh --out DIR    write DIR/accelstats/nomad/proto/* instead
-#                                      (tests/nomad/test_protos.py compares them byte for byte)
+#   scripts/gen-protos.sh --out DIR    write DIR/accelstats/{nomad,kubernetes}/proto/* instead
+#                                      (tests/nomad/test_protos.py and
+#                                      tests/kubernetes/test_protos.py compare them byte for byte)
 #
 # Pinned generator: grpcio-tools==1.63.2 (bundled protoc 26.1, "Protobuf Python
 # Version: 5.26.1"). It runs in the Python $PYTHON names (default python3) when
@@ -58,5 +61,5 @@ if [ "$(version_of "$PY")" != "$GRPCIO_TOOLS_VERSION" ]; then
 fi
 
 "$PY" -m grpc_tools.protoc -I . --python_out="$out" --grpc_python_out="$out" --pyi_out="$out" \
-  accelstats/nomad/proto/*.proto
-echo "gen-protos: generated accelstats/nomad/proto in $out with grpcio-tools $(version_of "$PY")" >&2
+  accelstats/nomad/proto/*.proto accelstats/kubernetes/proto/*.proto
+echo "gen-protos: generated accelstats/nomad/proto and accelstats/kubernetes/proto in $out with grpcio-tools $(version_of "$PY")" >&2
