@@ -206,7 +206,10 @@ class PodResourcesClient:
         if self._stub is None:
             self._channel = grpc.insecure_channel(
                 f"unix://{os.path.abspath(self.socket)}",
-                options=[("grpc.max_receive_message_length", self.max_receive_bytes)])
+                # a channel of its own subchannels: the global pool would hand a new channel the failed
+                # connection's reconnect backoff after a kubelet restart
+                options=[("grpc.max_receive_message_length", self.max_receive_bytes),
+                         ("grpc.use_local_subchannel_pool", 1)])
             self._stub = podresources_pb2_grpc.PodResourcesListerStub(self._channel)
         return self._stub
 
