@@ -299,7 +299,9 @@ def test_row8_devices_list_unreadable_exporter_process(tmp_path: Path, h200: Pat
         assert got.values("container_accelerator_memory_total_bytes", "id") == {f"/docker/{A}": float(143771 << 20)}
         assert skipped(got, "cgroup_vanished") == 0.0
     before, after = skipped(first, "devices_list_unreadable"), skipped(second, "devices_list_unreadable")
-    assert before is not None and before >= 1 and after == before + 1  # re-read, and refused, every collection
+    # re-read, and refused, at each collection (at least one per scrape: a loaded CI run saw another collection
+    # between the two scrapes)
+    assert before is not None and before >= 1 and after is not None and after >= before + 1
 
 
 # -- row 9: 10 000 containers --------------------------------------------------------------------------
