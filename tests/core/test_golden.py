@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from accelstats.manager import AcceleratorManager
-from accelstats.settings import Settings
+from accelstats.settings import KubernetesSettings, Settings
 from accelstats.web.exposition import exposition
 from collectors.replay.lib import open_replay
 
