@@ -63,7 +63,8 @@ def test_an_empty_flag_is_refused() -> None:
     done = subprocess.run([*CLI, "serve", "--pod-resources-socket", ""], capture_output=True, text=True,
                           timeout=60, check=False)
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == ["accelstats: error: --pod-resources-socket: expected a socket path, got ''"]
+    assert done.stderr.strip().splitlines() == [
+        "accelstats: error: --pod-resources-socket: expected a socket path, got ''"]
 
 
 class _Kubelet(pb_grpc.PodResourcesListerServicer):  # type: ignore[misc]
