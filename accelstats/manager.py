@@ -43,7 +43,6 @@ from accelstats.attribution.containers import (
     NoopCollector,
 )
 from accelstats.cgroups import CgroupLayout, detect_layout
-from accelstats.kubernetes.evidence import with_allocations
 from accelstats.registry import COLLECTORS, Collector, enabled_names
 from accelstats.settings import Settings, SetupError
 from collectors.deadline import DeadlineWorker
@@ -267,8 +266,6 @@ class AcceleratorManager:
             collection = Collection(snapshot=snapshot, started=started)
             if self._attributor is not None:
                 snapshot.collector_results.append(self._attribute(collection, deadline_at))
-                # the kubelet's allocations as evidence: an idle allocated container is listed with its GPU
-                collection.containers = with_allocations(collection.containers, snapshot.kubelet, collection.view)
             if self.ledger is not None:
                 index = {d.uuid: str(d.index) for d in snapshot.devices}
                 attributed = snapshot.collector_results[-1].success or collection.view is not None

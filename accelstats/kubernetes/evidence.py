@@ -1,12 +1,14 @@
 """The kubelet's allocations as attribution evidence, and GPU use the kubelet did not allocate.
 
-- :func:`with_allocations`: every container whose (namespace, pod, container) the runtime's state names
-  (``ContainerMetadata``, from the CRI labels ``io.kubernetes.pod.namespace``/``.pod.name``/
-  ``.container.name``) gains each GPU or MIG instance the kubelet allocated to it that the attribution did
-  not already find, with ``attribution="kubelet"``: on cgroup v2 without CAP_SYS_ADMIN (device programs
-  unreadable) an idle allocated container has no process or open file on its GPU, and this is then the
-  only evidence. A container the kubelet names that the attribution did not find (or did not name) keeps
-  its allocation in ``accelstats_kubernetes_gpu_allocation`` only.
+- :func:`add_allocations` (called by the attributor, which also keeps a container that holds no GPU
+  otherwise when its names are in :func:`allocated_keys`): every container whose (namespace, pod,
+  container) the runtime's state names (``ContainerMetadata``, from the CRI labels
+  ``io.kubernetes.pod.namespace``/``.pod.name``/``.container.name``) gains each GPU or MIG instance the
+  kubelet allocated to it that the attribution did not already find, with ``attribution="kubelet"``: on
+  cgroup v2 without CAP_SYS_ADMIN (device programs unreadable) an idle allocated container has no
+  process or open file on its GPU, and this is then the only evidence. A container the kubelet names
+  that the attribution did not find (or did not name) keeps its allocation in
+  ``accelstats_kubernetes_gpu_allocation`` only.
 - :func:`unallocated`: the (container, device) pairs the attribution found by ``devices_cgroup``,
   ``process`` or ``open_fd`` that the kubelet allocated to no container of that name (to nobody, or to
   another pod): ``NVIDIA_VISIBLE_DEVICES=all``, privileged pods, a hostPath ``/dev``, or a container
@@ -16,7 +18,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -46,31 +47,30 @@ def _key(container: ContainerStats) -> Key | None:
     return (m.namespace, m.pod, m.container) if m.namespace and m.pod and m.container else None
 
 
-def with_allocations(containers: Sequence[ContainerStats], reading: KubeletReading | None,
-                     view: HostView | None) -> list[ContainerStats]:
-    """``containers`` with the kubelet's allocations added as evidence (module docstring). The containers
-    given are not changed (they may be a cached attribution): a container that gains a device is a copy.
-    Nothing changes without an answer from the kubelet (``reading`` None or not up) or a ``view``."""
-    if reading is None or not reading.up or view is None:
-        return list(containers)
+def allocated_keys(reading: KubeletReading | None) -> frozenset[Key]:
+    """The (namespace, pod, container) of every container the kubelet allocated a GPU or MIG instance of
+    this host to; empty without an answer from the kubelet."""
+    if reading is None or not reading.up:
+        return frozenset()
+    return frozenset(key for key, uuids in _allocated(reading).items() if uuids)
+
+
+def add_allocations(container: ContainerStats, reading: KubeletReading | None, view: HostView) -> None:
+    """Add to ``container`` (one the attribution is building, not a cached one) each device of this host
+    the kubelet allocated to its (namespace, pod, container) that it does not hold yet, with
+    ``attribution="kubelet"`` and its own process share (module docstring). Nothing without an answer
+    from the kubelet, or for a container the runtime's state does not name."""
+    key = _key(container)
+    if reading is None or not reading.up or key is None:
+        return
     devices = {d.uuid: d for d in view.snapshot.devices}
-    wanted: dict[Key, list[str]] = {}
+    held = {a.id for a in container.accelerators}
+    reader: ContainerCollector | None = None
     for a in reading.allocations:
-        if a.uuid in devices:
-            uuids = wanted.setdefault((a.namespace, a.pod, a.container), [])
-            if a.uuid not in uuids:
-                uuids.append(a.uuid)
-    out: list[ContainerStats] = []
-    for container in containers:
-        key = _key(container)
-        missing = [u for u in wanted.get(key, ()) if all(s.id != u for s in container.accelerators)] if key else []
-        if not missing:
-            out.append(container)
-            continue
-        reader = ContainerCollector(Path(container.cgroup), container.cgroup, view, devices_list=False)
-        added = [reader.stats_for(devices[u], KUBELET) for u in missing]
-        out.append(dataclasses.replace(container, accelerators=[*container.accelerators, *added]))
-    return out
+        if (a.namespace, a.pod, a.container) == key and a.uuid in devices and a.uuid not in held:
+            held.add(a.uuid)
+            reader = reader or ContainerCollector(Path(container.cgroup), container.cgroup, view, devices_list=False)
+            container.accelerators.append(reader.stats_for(devices[a.uuid], KUBELET))
 
 
 def unallocated(containers: Sequence[ContainerStats],

@@ -11,7 +11,7 @@ import pytest
 
 from accelstats import catalog
 from accelstats.attribution.containers import ContainerCollector, ContainerMetadata, ContainerStats, HostView
-from accelstats.kubernetes.evidence import unallocated, with_allocations
+from accelstats.kubernetes.evidence import add_allocations, allocated_keys, unallocated
 from accelstats.manager import Collection, build_manager
 from accelstats.settings import Settings
 from collectors.model import KubeletAllocation, KubeletReading
@@ -56,24 +56,31 @@ def _rows(family: catalog.Family, collection: Collection) -> set[tuple[str, ...]
 def test_an_idle_allocated_container_is_listed_with_its_gpu(view: HostView) -> None:
     idle = _container(POD_CGROUP, "ml", "trainer-0", "trainer")  # no process, no open file: no evidence
     kubelet = _kubelet(("ml", "trainer-0", "trainer", GPU0))
-    containers = with_allocations([idle], kubelet, view)
-    collection = Collection(view.snapshot, containers=containers, view=view)
+    assert allocated_keys(kubelet) == {("ml", "trainer-0", "trainer")}  # the attributor keeps it
+    add_allocations(idle, kubelet, view)
+    collection = Collection(view.snapshot, containers=[idle], view=view)
     collection.snapshot.kubelet = kubelet
     assert _rows(catalog.CONTAINER_PROCESSES, collection) == {("trainer-0", "trainer", GPU0, "kubelet")}
-    assert idle.accelerators == []  # the attribution's own (maybe cached) containers are not changed
 
 
 def test_evidence_found_otherwise_is_kept(view: HostView) -> None:
     busy = _using(view, _container(POD_CGROUP, "ml", "trainer-0", "trainer"), GPU0, "process")
-    containers = with_allocations([busy], _kubelet(("ml", "trainer-0", "trainer", GPU0)), view)
-    assert [(a.id, a.attribution) for a in containers[0].accelerators] == [(GPU0, "process")]
+    add_allocations(busy, _kubelet(("ml", "trainer-0", "trainer", GPU0)), view)
+    assert [(a.id, a.attribution) for a in busy.accelerators] == [(GPU0, "process")]
 
 
 def test_no_kubelet_answer_adds_nothing(view: HostView) -> None:
     idle = _container(POD_CGROUP, "ml", "trainer-0", "trainer")
     failed = KubeletReading(False, "pod-resources List on x: no answer within 2 s")
-    assert with_allocations([idle], failed, view)[0].accelerators == []
-    assert with_allocations([idle], None, view)[0].accelerators == []
+    for reading in (failed, None):
+        add_allocations(idle, reading, view)
+        assert idle.accelerators == [] and allocated_keys(reading) == frozenset()
+
+
+def test_a_container_the_runtime_does_not_name_gains_nothing(view: HostView) -> None:
+    unnamed = _container(OTHER_CGROUP, "", "", "")
+    add_allocations(unnamed, _kubelet(("ml", "trainer-0", "trainer", GPU0)), view)
+    assert unnamed.accelerators == []
 
 
 @pytest.mark.parametrize(("case", "allocations", "flagged"), [
