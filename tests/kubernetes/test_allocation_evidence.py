@@ -105,3 +105,12 @@ def test_unallocated_needs_the_kubelets_answer(view: HostView) -> None:
     assert list(unallocated([user], None)) == []
     assert list(unallocated([user], KubeletReading(False, "down"))) == []
     assert [a.id for _, a in unallocated([user], _kubelet())] == [GPU1]  # outside Kubernetes: no allocation
+
+
+def test_a_mig_instance_allocated_covers_its_parent_gpus_open_node(view: HostView) -> None:
+    """An open /dev/nvidia<m> names the MIG instance's parent GPU: not use without allocation."""
+    user = _using(view, _container(POD_CGROUP, "ml", "notebook-7f9c", "jupyter"), GPU1, "open_fd")
+    mig = KubeletReading(True, allocations=(KubeletAllocation(
+        "ml", "notebook-7f9c", "jupyter", "MIG-0a0a0a0a-0000-1111-2222-333333333333", "nvidia.com/mig-1g.10gb",
+        "MIG-0a0a0a0a-0000-1111-2222-333333333333", "1", parent_uuid=GPU1),))
+    assert list(unallocated([user], mig)) == []
