@@ -367,7 +367,7 @@ CONTAINER_DEVICE_OPEN = Family(
 
 
 def _unallocated(c: Collection) -> Iterator[Reading]:
-    from accelstats.attribution.kubelet_evidence import unallocated
+    from accelstats.kubernetes.evidence import unallocated
 
     index = {d.uuid: d.index for d in c.snapshot.devices}
     for container, a in unallocated(c.containers, c.snapshot.kubelet):

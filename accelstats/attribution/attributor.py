@@ -49,7 +49,6 @@ from accelstats.attribution.containers import (
     cgroup_of_pids,
     container_of,
 )
-from accelstats.attribution.kubelet_evidence import add_allocations, allocated_keys
 from accelstats.attribution.metadata import MetadataReader
 from accelstats.attribution.openfds import OpenFdScanner, char_major, pids_in_cgroup
 from accelstats.attribution.rootless import Rootless, RootlessOwners
@@ -67,6 +66,7 @@ from accelstats.cgroups import (
 from accelstats.cgroups.bpf_program import UndecidableError
 from accelstats.cgroups.devices_bpf import DeviceProgramCache, DeviceProgramsError
 from accelstats.cgroups.trust import untrusted_because
+from accelstats.kubernetes.evidence import add_allocations, allocated_keys
 from accelstats.settings import RuntimeRoots
 from collectors.fsread import read_small
 from collectors.model import DeviceSnapshot, ProcessUsage
@@ -265,7 +265,7 @@ class Attributor:
     def _kubelet_allocated(self, identity: ContainerIdentity | None, view: HostView) -> bool:
         """Whether the kubelet allocated a GPU to this container, by the names its runtime's state gives
         (read only when the kubelet allocated some GPU: an idle allocated container on cgroup v2 without
-        CAP_SYS_ADMIN has no other evidence, accelstats/attribution/kubelet_evidence.py)."""
+        CAP_SYS_ADMIN has no other evidence, accelstats/kubernetes/evidence.py)."""
         wanted = allocated_keys(view.snapshot.kubelet)
         if not wanted or identity is None or identity.runtime == "unknown" or identity.owner:
             return False

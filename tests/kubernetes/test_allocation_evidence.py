@@ -1,5 +1,5 @@
 """The kubelet's allocations as attribution evidence, and GPU use the kubelet did not allocate
-(accelstats/attribution/kubelet_evidence.py), read through the catalog's container families. The devices are the
+(accelstats/kubernetes/evidence.py), read through the catalog's container families. The devices are the
 replay's (dual_a5000-v13.xml, read by the real nvidia collector); the containers are what the attributor
 gives on cgroup v2 without CAP_SYS_ADMIN (device programs unreadable: no ``devices_cgroup`` evidence)."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from accelstats import catalog
 from accelstats.attribution.containers import ContainerCollector, ContainerMetadata, ContainerStats, HostView
-from accelstats.attribution.kubelet_evidence import add_allocations, allocated_keys, unallocated
+from accelstats.kubernetes.evidence import add_allocations, allocated_keys, unallocated
 from accelstats.manager import Collection, build_manager
 from accelstats.settings import Settings
 from collectors.model import KubeletAllocation, KubeletReading
