@@ -36,7 +36,7 @@ WINGS: tuple[tuple[str, ...], ...] = (
     ("accelstats.registry",),
     ("accelstats.config",),
     ("accelstats.accounting",),
-    ("accelstats.attribution", "accelstats.mps"),
+    ("accelstats.attribution", "accelstats.mps", "accelstats.kubernetes"),
     ("accelstats.cgroups",),
     ("accelstats", "accelstats.settings", "accelstats.sdnotify"),
     ("collectors",),
