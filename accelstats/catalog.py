@@ -364,7 +364,69 @@ CONTAINER_DEVICE_OPEN = Family(
     "1 when a process of the container holds the device's /dev/nvidia<minor> open (NVML users such as "
     "monitoring agents do without running on it), 0 when none does.", CONTAINER_GPU_LABELS,
     _per_accelerator(lambda a: a.device_open, False))
-CONTAINER = (CONTAINER_INFO, CONTAINER_MEMORY, CONTAINER_SM, CONTAINER_PROCESSES, CONTAINER_DEVICE_OPEN)
+
+
+def _unallocated(c: Collection) -> Iterator[Reading]:
+    from accelstats.attribution.kubelet_evidence import unallocated
+
+    index = {d.uuid: d.index for d in c.snapshot.devices}
+    for container, a in unallocated(c.containers, c.snapshot.kubelet):
+        yield identity_labels(container) + (a.id, str(index.get(a.id, a.index)), a.attribution), 1.0
+
+
+CONTAINER_UNALLOCATED = Family(
+    "accelstats_container_gpu_unallocated", "gauge",
+    "1 for a device the container uses (attribution devices_cgroup, process or open_fd) that the kubelet's "
+    "pod-resources List allocated to no container of its namespace, pod and name; only while the kubelet "
+    "answers.", CONTAINER_GPU_LABELS, _unallocated)
+CONTAINER = (CONTAINER_INFO, CONTAINER_MEMORY, CONTAINER_SM, CONTAINER_PROCESSES, CONTAINER_DEVICE_OPEN,
+             CONTAINER_UNALLOCATED)
+
+# --- §3b Kubernetes: the kubelet's pod-resources allocations (accelstats/kubernetes/collector.py) ----
+KUBERNETES_ALLOCATION_LABELS = ("namespace", "pod", "container", "resource", "uuid", "gpu", "replica")
+KUBERNETES_CLAIM_LABELS = ("namespace", "pod", "container", "claim", "claim_namespace", "driver", "pool", "device",
+                           "uuid", "gpu")
+
+
+def _kubelet_allocations(claims: bool) -> Reader:
+    def collect(c: Collection) -> Iterator[Reading]:
+        k = c.snapshot.kubelet
+        if k is None or not k.up:
+            return
+        seen: set[tuple[str, ...]] = set()
+        for a in k.allocations:
+            if bool(a.claim) != claims:
+                continue
+            labels = ((a.namespace, a.pod, a.container, a.claim, a.claim_namespace, a.driver, a.pool, a.device,
+                       a.uuid, a.gpu) if claims else
+                      (a.namespace, a.pod, a.container, a.resource, a.uuid, a.gpu, a.replica))
+            if labels not in seen:  # the same ID twice in one container is one allocation
+                seen.add(labels)
+                yield tuple(utf8(v) for v in labels), 1.0
+    return collect
+
+
+KUBERNETES_ALLOCATION = Family(
+    "accelstats_kubernetes_gpu_allocation", "gauge",
+    "A GPU or MIG instance the kubelet's device plugins allocated to a container (pod-resources List); value 1. "
+    "replica: the sharing replica of a time-sliced or MPS device ('' when not shared).",
+    KUBERNETES_ALLOCATION_LABELS, _kubelet_allocations(claims=False))
+KUBERNETES_CLAIM_ALLOCATION = Family(
+    "accelstats_kubernetes_gpu_claim_allocation", "gauge",
+    "A device of a DRA resource claim the kubelet reports a container uses (pod-resources List); value 1. "
+    "uuid and gpu are '' while the claimed device is not resolved to a GPU of this host.",
+    KUBERNETES_CLAIM_LABELS, _kubelet_allocations(claims=True))
+POD_RESOURCES_UP = Family(
+    "accelstats_kubernetes_pod_resources_up", "gauge",
+    "1 when the kubelet's pod-resources List answered in this collection, 0 when it failed; absent without a "
+    "pod-resources socket.", (),
+    lambda c: [((), 1.0 if c.snapshot.kubelet.up else 0.0)] if c.snapshot.kubelet is not None else [])
+POD_RESOURCES_ERRORS = Family(
+    "accelstats_kubernetes_pod_resources_errors_total", "counter",
+    "Failed pod-resources List calls, by reason (deadline, too_large, unavailable, not_a_socket, garbage, error).",
+    ("reason",),
+    lambda c: [((reason,), float(n)) for reason, n in c.snapshot.kubelet.errors] if c.snapshot.kubelet else [])
+KUBERNETES = (KUBERNETES_ALLOCATION, KUBERNETES_CLAIM_ALLOCATION, POD_RESOURCES_UP, POD_RESOURCES_ERRORS)
 
 # --- §3a GPU accounting: counters integrated by the background sampler (accelstats/accounting/) ------
 ACCOUNTING_LABELS = CONTAINER_LABELS + ("uuid", "gpu")  # no attribution label: it may change mid-life
@@ -552,7 +614,7 @@ SERVER = (HTTP_REFUSED, HTTP_REQUESTS, WEB_CONFIG_RELOAD_FAILURES)  # read by th
 EXPORTER = (BUILD_INFO, COLLECTOR_SUCCESS, COLLECTOR_DURATION, COLLECTOR_LAST_SUCCESS, SKIPPED_LINES,
             ATTRIBUTION_SKIPPED, NVML_ERRORS, NVML_STATE, *SERVER)
 
-ALL: tuple[Family, ...] = (*CADVISOR, GPU_INFO, GPU_UP, GPU_LAST_SUCCESS, *GPU_SAMPLED, *CONTAINER, *ACCOUNTING,
-                           *FILES, *MPS, *EXPORTER)
+ALL: tuple[Family, ...] = (*CADVISOR, GPU_INFO, GPU_UP, GPU_LAST_SUCCESS, *GPU_SAMPLED, *CONTAINER, *KUBERNETES,
+                           *ACCOUNTING, *FILES, *MPS, *EXPORTER)
 #: The families read from a collection, in exposition order (every row but the HTTP server's).
 COLLECTED: tuple[Family, ...] = tuple(f for f in ALL if f.read is not None)

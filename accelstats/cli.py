@@ -24,7 +24,15 @@ from accelstats import __version__, sdnotify
 from accelstats.config import DEFAULT_CONFIG, Origin, changed_settings, configure_logging, load_config, parse_listen
 from accelstats.manager import AcceleratorManager, Collection, build_manager
 from accelstats.registry import COLLECTORS
-from accelstats.settings import DEFAULT_PORT, LOG_FORMATS, LOG_LEVELS, ConfigError, Settings, SetupError
+from accelstats.settings import (
+    DEFAULT_POD_RESOURCES_SOCKET,
+    DEFAULT_PORT,
+    LOG_FORMATS,
+    LOG_LEVELS,
+    ConfigError,
+    Settings,
+    SetupError,
+)
 
 if TYPE_CHECKING:  # the MPS code is imported only by the mps commands
     from accelstats.mps.host import MpsDaemons
@@ -88,6 +96,10 @@ def build_settings(config_path: Path | None, nvml_replay: Path | None, file_devi
         if extra.get("collectors"):
             changes["collectors"] = tuple(extra["collectors"])
             from_flags.add("collectors")
+        if extra.get("pod_resources_socket"):
+            socket = Path(extra["pod_resources_socket"])
+            changes["kubernetes"] = replace(settings.kubernetes, pod_resources_socket=socket)
+            from_flags.add("kubernetes.pod_resources_socket")
         if file_devices is not None:  # --file-devices "" means none, as dir = "" does in the config
             changes["file_devices"] = replace(settings.file_devices, dir=Path(file_devices) if file_devices else None)
             from_flags.add("file_devices.dir")
@@ -178,13 +190,20 @@ def main() -> None:
 @click.option("--web-config", "--web.config.file", "web_config", metavar="FILE", default=None,
               help="exporter-toolkit web configuration (YAML): TLS, basic auth, headers; see docs/web-config.md "
                    "[none: plain HTTP; \"\" overrides the config file's web_config].")
+@click.option("--pod-resources-socket", metavar="PATH", default=None,
+              help=f"The kubelet's pod-resources socket; no socket there: Kubernetes allocations off "
+                   f"[{DEFAULT_POD_RESOURCES_SOCKET}].")
 @source_options
-def serve(listen: str | None, collectors: tuple[str, ...], web_config: str | None, **opts: Any) -> None:
+def serve(listen: str | None, collectors: tuple[str, ...], web_config: str | None,
+          pod_resources_socket: str | None, **opts: Any) -> None:
     """Serve /metrics, /healthz and / until SIGTERM or SIGINT."""
     from accelstats.web import load_web_config
     from accelstats.web import serve as start_server
 
-    settings, origin = build_settings(listen=listen, collectors=collectors, **opts)
+    if pod_resources_socket == "":
+        fail("--pod-resources-socket: expected a socket path, got ''")
+    settings, origin = build_settings(listen=listen, collectors=collectors,
+                                      pod_resources_socket=pod_resources_socket, **opts)
     if web_config is not None:
         settings = replace(settings, web_config=Path(web_config) if web_config else None)
     web = None

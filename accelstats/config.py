@@ -29,6 +29,10 @@ settings as the command line::
     storage_runroot = "/run/containers/storage"
     nomad_data_dir = "/opt/nomad/data"
 
+    [kubernetes]                       # the kubelet's pod-resources API (docs/kubernetes.md)
+    pod_resources_socket = "/var/lib/kubelet/pod-resources/kubelet.sock"   # no socket there = off
+    resources = ["nvidia.com/gpu"]     # default: every resource whose device IDs name a GPU of this host
+
     [file_devices]
     dir = ""                           # "" = no file devices
     unhealthy_perm = "-rwxrwxrwx"
@@ -58,6 +62,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 from dataclasses import dataclass, fields, is_dataclass, replace
 from datetime import datetime, timezone
@@ -71,6 +76,7 @@ from accelstats.settings import (
     LOG_LEVELS,
     ConfigError,
     FileDevicesSettings,
+    KubernetesSettings,
     MpsResourceSettings,
     MpsSettings,
     RuntimeRoots,
@@ -170,7 +176,7 @@ def load_config(path: Path, base: Settings | None = None) -> Settings:
              "log_format",
              "nvml_retry_interval", "nvml_deadline", "collection_deadline", "nvml_pcie_interval",
              "accounting_interval", "collectors", "file_devices", "mps",
-             "web_config", "runtimes"}
+             "web_config", "runtimes", "kubernetes"}
     changes: dict[str, Any] = {}
     for key, value in data.items():
         if key not in known:
@@ -209,6 +215,8 @@ def load_config(path: Path, base: Settings | None = None) -> Settings:
             changes[key] = tuple(_expect(where, f"collectors[{i}]", v, str) for i, v in enumerate(items))
         elif key == "mps":
             changes[key] = _mps(where, folder, _expect(where, key, value, dict))
+        elif key == "kubernetes":
+            changes[key] = _kubernetes(where, folder, _expect(where, key, value, dict), settings.kubernetes)
         elif key == "runtimes":
             changes[key] = _runtimes(where, _expect(where, key, value, dict), settings.runtimes)
         elif key == "file_devices":
@@ -232,6 +240,36 @@ def _file_devices(where: str, folder: Path, table: dict[str, Any],
         else:
             changes[key] = text
     return replace(base, **changes)
+
+
+def _kubernetes(where: str, folder: Path, table: dict[str, Any], base: KubernetesSettings) -> KubernetesSettings:
+    """The ``[kubernetes]`` table: ``pod_resources_socket`` (a path, not empty; relative to the file) and
+    ``resources`` (a list of extended-resource names such as ``nvidia.com/gpu``, each once)."""
+    known = ("pod_resources_socket", "resources")
+    changes: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in known:
+            raise ConfigError(f"{where}: unknown key 'kubernetes.{key}' (known: {', '.join(known)})")
+        if key == "pod_resources_socket":
+            socket = _path(folder, _expect(where, f"kubernetes.{key}", value, str))
+            if socket is None or "\0" in str(socket):
+                raise ConfigError(f"{where}: key 'kubernetes.{key}': expected a socket path, got {value!r}")
+            changes[key] = socket
+        else:
+            names = [_expect(where, f"kubernetes.resources[{i}]", v, str)
+                     for i, v in enumerate(_expect(where, "kubernetes.resources", value, list))]
+            for i, name in enumerate(names):
+                if not _RESOURCE_NAME.fullmatch(name):
+                    raise ConfigError(f"{where}: key 'kubernetes.resources[{i}]': expected an extended-resource "
+                                      f"name such as 'nvidia.com/gpu', got {name!r}")
+                if name in names[:i]:
+                    raise ConfigError(f"{where}: key 'kubernetes.resources[{i}]': {name!r} listed twice")
+            changes[key] = tuple(names)
+    return replace(base, **changes)
+
+
+# A Kubernetes extended-resource name: a DNS subdomain prefix, '/', a qualified name (k8s IsQualifiedName).
+_RESOURCE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 
 
 def _runtimes(where: str, table: dict[str, Any], base: RuntimeRoots) -> RuntimeRoots:

@@ -72,12 +72,20 @@ def _mps(settings: Settings, nvml: Any) -> Collector | None:
     return MpsCollector(settings.mps)
 
 
+def _kubernetes(settings: Settings, nvml: Any) -> Collector:
+    from accelstats.kubernetes.collector import KubernetesCollector
+
+    return KubernetesCollector(settings.kubernetes)
+
+
 COLLECTORS: tuple[CollectorEntry, ...] = (
     CollectorEntry("nvidia", True, "NVIDIA GPUs and MIG instances through NVML (or --nvml-replay)", _nvidia),
     CollectorEntry("files", True, "file devices in --file-devices DIR (Nomad example-plugin model)", _files,
                    "a file-devices directory is set"),
     CollectorEntry("mps", True, "NVIDIA MPS control daemons of the [mps] resources in the config", _mps,
                    "the config has [mps] resources"),
+    CollectorEntry("kubernetes", True, "the kubelet's pod-resources allocations (--pod-resources-socket)",
+                   _kubernetes, "the kubelet's pod-resources socket exists"),
 )
 
 

@@ -103,6 +103,20 @@ class MpsSettings:
     resources: tuple[MpsResourceSettings, ...] = ()
 
 
+DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+"""The kubelet's pod-resources socket (``accelstats.kubernetes.podresources.DEFAULT_SOCKET``)."""
+
+
+@dataclass(frozen=True)
+class KubernetesSettings:
+    """The ``[kubernetes]`` table (docs/kubernetes.md): the kubelet's pod-resources socket (no socket
+    there: the feature is off, one info line) and the extended-resource names whose allocations are
+    read (``None``: every resource whose device IDs resolve to a GPU or MIG instance of this host)."""
+
+    pod_resources_socket: Path = DEFAULT_POD_RESOURCES_SOCKET
+    resources: tuple[str, ...] | None = None
+
+
 @dataclass(frozen=True)
 class NomadSettings:
     """What only the Nomad plugin reads (its ``config`` block, docs/nomad.md).
@@ -151,6 +165,7 @@ class Settings:
     mps: MpsSettings = field(default_factory=MpsSettings)
     web_config: Path | None = None  # /metrics: exporter-toolkit web configuration file (accelstats/web/config.py)
     runtimes: RuntimeRoots = field(default_factory=RuntimeRoots)
+    kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
     nomad: NomadSettings = field(default_factory=NomadSettings)
 
     @property

@@ -148,6 +148,44 @@ class MpsDaemonReading:
 
 
 @dataclass(frozen=True)
+class KubeletAllocation:
+    """One device the kubelet's pod-resources ``List`` assigned to one container (docs/kubernetes.md).
+
+    Device plugins: ``resource`` (``nvidia.com/gpu``), ``device_id`` as the kubelet gave it, ``uuid``/``gpu``
+    (NVML UUID and index, a MIG instance's parent's index) of the device it names on this host,
+    ``parent_uuid`` a MIG instance's GPU ("" for a GPU), ``replica`` the sharing replica ("" when not
+    shared). DRA claims: ``claim``, ``claim_namespace``, ``driver``, ``pool``, ``device`` set and ``resource``
+    ""; ``uuid``/``gpu`` "" while the claimed device does not resolve to one of this host."""
+
+    namespace: str
+    pod: str
+    container: str
+    device_id: str = ""
+    resource: str = ""
+    uuid: str = ""
+    gpu: str = ""
+    parent_uuid: str = ""
+    replica: str = ""
+    claim: str = ""
+    claim_namespace: str = ""
+    driver: str = ""
+    pool: str = ""
+    device: str = ""
+
+
+@dataclass(frozen=True)
+class KubeletReading:
+    """What the ``kubernetes`` collector read in one collection: ``up`` when ``List`` answered (then
+    ``allocations`` is its answer), else ``reason`` says why not (one line); ``errors``: failed ``List``
+    calls since start, per reason code (``accelstats.kubernetes.podresources.ErrorReason``)."""
+
+    up: bool
+    reason: str = ""
+    allocations: tuple[KubeletAllocation, ...] = ()
+    errors: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True)
 class CollectorResult:
     """How one collector run went (node_exporter's scrape_collector_success/duration pattern)."""
 
@@ -174,6 +212,7 @@ class DeviceSnapshot:
     file_devices: list[FileDevice] = field(default_factory=list)
     file_devices_skipped_total: int = 0
     mps: list[MpsDaemonReading] = field(default_factory=list)
+    kubelet: KubeletReading | None = None  # None: the kubernetes collector did not run or found no socket
     nvml_status: str = ""
     nvml_state: str = ""
     source: str = "nvml"

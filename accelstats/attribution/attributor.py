@@ -49,6 +49,7 @@ from accelstats.attribution.containers import (
     cgroup_of_pids,
     container_of,
 )
+from accelstats.attribution.kubelet_evidence import add_allocations, allocated_keys
 from accelstats.attribution.metadata import MetadataReader
 from accelstats.attribution.openfds import OpenFdScanner, char_major, pids_in_cgroup
 from accelstats.attribution.rootless import Rootless, RootlessOwners
@@ -225,8 +226,8 @@ class Attributor:
                 self._devices_list_unreadable()
             if not stats.accelerators and (identity is None or (
                     stats.devices_cgroup not in ("unrestricted", "unreadable") and not stats.lost_gpu_access
-                    and not vanished)):
-                continue  # its rules grant no GPU and it holds none: not a GPU container
+                    and not vanished)) and not self._kubelet_allocated(identity, view):
+                continue  # its rules grant no GPU and it holds none (nor did the kubelet allocate it one)
             why = self._delegated(path, root_fd)
             if why is None and directory in walked:  # removed meanwhile: a container that stopped, or a
                 self.skipped["cgroup_vanished"] += 1  # look-alike pulled away
@@ -257,8 +258,19 @@ class Attributor:
                 if stats.metadata.reason:
                     stats.add_reason(stats.metadata.reason)
                     self._metadata_root_missing(identity.runtime)
+            add_allocations(stats, view.snapshot.kubelet, view)  # the kubelet's allocations as evidence
             self._log_identity(path, stats)
             out.append(stats)
+
+    def _kubelet_allocated(self, identity: ContainerIdentity | None, view: HostView) -> bool:
+        """Whether the kubelet allocated a GPU to this container, by the names its runtime's state gives
+        (read only when the kubelet allocated some GPU: an idle allocated container on cgroup v2 without
+        CAP_SYS_ADMIN has no other evidence, accelstats/attribution/kubelet_evidence.py)."""
+        wanted = allocated_keys(view.snapshot.kubelet)
+        if not wanted or identity is None or identity.runtime == "unknown" or identity.owner:
+            return False
+        m = self.metadata.lookup(identity)
+        return (m.namespace, m.pod, m.container) in wanted
 
     def _delegated(self, path: str, root_fd: int | None = None) -> str | None:
         """:func:`accelstats.cgroups.trust.untrusted_because` for ``path`` in this hierarchy."""

@@ -85,7 +85,8 @@ class Host:
         text += extra_gpu_toml
         scenario = self.root / "scenario.toml"
         scenario.write_text(text)
-        settings = Settings(nvml_replay=scenario, cgroup_root=self.cgroup, proc_root=self.proc, rootfs=self.rootfs)
+        settings = Settings(nvml_replay=scenario, cgroup_root=self.cgroup, proc_root=self.proc, rootfs=self.rootfs,
+                            collectors=("nvidia",))  # as before the kubernetes collector: hermetic on a node
         with AcceleratorManager(settings, open_replay(scenario)) as m:
             return m.collect()
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from accelstats.manager import AcceleratorManager
-from accelstats.settings import Settings
+from accelstats.settings import KubernetesSettings, Settings
 from accelstats.web.exposition import exposition
 from collectors.replay.lib import open_replay
 
@@ -34,7 +34,8 @@ def stable(text: str) -> str:
 @pytest.mark.parametrize("capture", CAPTURES)
 def test_exposition_matches_golden(fixtures_dir: Path, tmp_path: Path, capture: str) -> None:
     path = fixtures_dir / capture
-    settings = Settings(nvml_replay=path, cgroup_root=tmp_path / "cgroup", proc_root=tmp_path / "proc")
+    settings = Settings(nvml_replay=path, cgroup_root=tmp_path / "cgroup", proc_root=tmp_path / "proc",
+                        kubernetes=KubernetesSettings(pod_resources_socket=tmp_path / "kubelet.sock"))  # none there
     with AcceleratorManager(settings, open_replay(path)) as manager:
         text = stable(exposition(manager).decode())
     golden = GOLDEN / (Path(capture).stem + ".prom")
