@@ -167,6 +167,13 @@ def proc_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+_EXEC_WITH_NOFILE = (
+    "import os, resource, sys\n"
+    "hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]\n"
+    "resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), hard))\n"
+    "os.execv(sys.executable, [sys.executable, '-m', 'accelstats', *sys.argv[2:]])\n")
+
+
 @contextlib.contextmanager
 def serve_process(args: Sequence[str], log: Path, nofile: int, timeout: float = 60.0
                   ) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
@@ -174,15 +181,16 @@ def serve_process(args: Sequence[str], log: Path, nofile: int, timeout: float = 
     imports ``accelstats`` from) with soft ``RLIMIT_NOFILE`` ``nofile``, output to ``log``, until ``/healthz``
     answers; yields (process, port); SIGTERM (then SIGKILL after 10 s) at the end."""
     port = free_port()
-
-    def limit() -> None:
-        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, hard))
-
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    cmd = [sys.executable, "-m", "accelstats", "serve", "--listen", f"127.0.0.1:{port}", *args]
+    # The limit is set by a small Python that then execs the server, not by ``preexec_fn``: a fork with
+    # ``preexec_fn`` runs gRPC's fork handlers, and while another test of this worker holds a live gRPC
+    # channel or server (the kubelet and Nomad tests) grpcio 1.80+ aborts the child before its exec
+    # ("epoll_wait error: Bad file descriptor", grpc/grpc#43055; seen here 5 in 300 forks with 1.85.3).
+    # Without ``preexec_fn`` CPython spawns with vfork, which runs no fork handlers.
+    cmd = [sys.executable, "-c", _EXEC_WITH_NOFILE, str(nofile),
+           "serve", "--listen", f"127.0.0.1:{port}", *args]
     with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=limit)
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         wait_healthy(proc, port, log, timeout)
         yield proc, port
