@@ -75,7 +75,7 @@ def _mps(settings: Settings, nvml: Any) -> Collector | None:
 def _kubernetes(settings: Settings, nvml: Any) -> Collector:
     from accelstats.kubernetes.collector import KubernetesCollector
 
-    return KubernetesCollector(settings.kubernetes)
+    return KubernetesCollector(settings.kubernetes, rootfs=settings.rootfs, proc_root=settings.proc_root)
 
 
 COLLECTORS: tuple[CollectorEntry, ...] = (

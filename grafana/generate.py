@@ -286,6 +286,31 @@ def containers() -> Dashboard:
              "devices_cgroup, and no process of it holding the device open).", "short", [query(idle)], 20, 8,
              columns={"Value": "processes"}),
     ])
+    pods = f'{INSTANCE}, namespace=~"$namespace", pod=~"$pod"'
+    unallocated = f'accelstats_container_gpu_unallocated{{{pods}}}'
+    kubelet: Row = ("Kubernetes allocations (kubelet pod-resources)", [
+        single("GPUs allocated by the kubelet", "Devices the kubelet's pod-resources List reports allocated to "
+               "containers by device plugins (accelstats_kubernetes_gpu_allocation) and through DRA claims "
+               "(accelstats_kubernetes_gpu_claim_allocation). Empty on hosts without a pod-resources socket.",
+               "none", [query(f"count(accelstats_kubernetes_gpu_allocation{{{pods}}}) + "
+                              f"(count(accelstats_kubernetes_gpu_claim_allocation{{{pods}}}) or vector(0))")], 4, 8),
+        single("GPU use without allocation", "(container, GPU) pairs in use (devices cgroup, process or open "
+               "file) that the kubelet allocated to no container of that name: NVIDIA_VISIBLE_DEVICES=all, "
+               "privileged pods, a hostPath /dev, containers outside Kubernetes (accelstats_container_gpu_unallocated; "
+               "alert AccelstatsContainerGpuNotAllocated).", "none",
+               [query(f"count({unallocated}) or vector(0)")], 4, 8),
+        grid("Allocations", "One line per device a device plugin allocated: pod, container, resource "
+             "(nvidia.com/gpu, nvidia.com/mig-…, a shared resource), the GPU or MIG instance and the sharing "
+             "replica (accelstats_kubernetes_gpu_allocation).", "none",
+             [query(f"accelstats_kubernetes_gpu_allocation{{{pods}}}")], 16, 8),
+        grid("DRA claims", "One line per device of a DRA resource claim a container uses: claim, driver, pool, "
+             "device and the GPU its CDI spec names, uuid empty where no CDI spec on the host names one "
+             "(accelstats_kubernetes_gpu_claim_allocation).", "none",
+             [query(f"accelstats_kubernetes_gpu_claim_allocation{{{pods}}}")], 12, 8),
+        grid("GPU use the kubelet did not allocate", "One line per (container, GPU) in use without the kubelet's "
+             "allocation to that container, with how the use was found (attribution) "
+             "(accelstats_container_gpu_unallocated).", "none", [query(unallocated)], 12, 8),
+    ])
     identity: Row = ("Identity", [
         grid("Container identity", "Every container holding a GPU: runtime, container id, image, pod uid, Nomad "
              "allocation and task (accelstats_container_info).", "none",
@@ -294,7 +319,7 @@ def containers() -> Dashboard:
     ])
     return dashboard(uid="accelstats-containers", title="accelstats / Containers",
                      description="GPU use per container, Kubernetes pod and Nomad allocation (accelstats exporter).",
-                     tags=TAGS, rows=[who, allocated, usage, top, identity], variables=[
+                     tags=TAGS, rows=[who, allocated, kubelet, usage, top, identity], variables=[
                          datasource_variable(), instance_variable(), gpu_variable(),
                          query_variable("namespace", "Namespace",
                                         'label_values(accelstats_container_info{instance=~"$instance"}, namespace)'),

@@ -13,7 +13,8 @@
   ``process`` or ``open_fd`` that the kubelet allocated to no container of that name (to nobody, or to
   another pod): ``NVIDIA_VISIBLE_DEVICES=all``, privileged pods, a hostPath ``/dev``, or a container
   outside Kubernetes. A MIG instance allocated counts for its parent GPU too (an open ``/dev/nvidia<m>``
-  names the parent).
+  names the parent). A container with a DRA claimed device that did not resolve to a device of this
+  host (no CDI spec names it) is not judged: its claim may be the GPU it uses.
 """
 
 from __future__ import annotations
@@ -80,8 +81,12 @@ def unallocated(containers: Sequence[ContainerStats],
     if reading is None or not reading.up:
         return
     allocated = _allocated(reading)
+    # a container with a DRA claim device CDI did not resolve may hold any GPU through it: not judged
+    unknown = {(a.namespace, a.pod, a.container) for a in reading.allocations if a.claim and not a.uuid}
     for container in containers:
         key = _key(container)
+        if key in unknown:
+            continue
         mine = allocated.get(key, set()) if key else set()
         for a in container.accelerators:
             if a.attribution != KUBELET and a.id not in mine:

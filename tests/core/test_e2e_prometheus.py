@@ -12,6 +12,9 @@ refused NVML call; one lost) with the processes of real runc containers on them:
 | pod ``ml/trainer-0`` (containerd) | ``/kubepods/burstable/pod<uid>/<id>``, privileged | GPU 0 and 1 | process |
 | Nomad allocation, task ``web`` | ``/nomad/reserved/<alloc>.web``, privileged | GPU 0 (MPS client) | process |
 
+A stand-in kubelet (``tests/support/kubelet_double.py``, the real pod-resources proto on a unix socket)
+allocated GPU 0 to ``ml/trainer-0`` (so its use of GPU 1 is use without allocation, as is every docker
+container's) and a DRA claim to ``batch/dra-job``, which a CDI spec in the ``--rootfs`` names as GPU 1;
 plus a file-devices directory (one healthy file, one with the unhealthy permissions) and an MPS
 control daemon (``tests/support/mps_double``) started by ``accelstats mps start`` with one client, the Nomad
 task's process. Names, images and pods come from runtime state files in a temporary ``--rootfs``.
@@ -48,6 +51,7 @@ from typing import Any
 import pytest
 from conftest import in_ci, require_runc
 from support.dashboards import FILES, load, panels
+from support.kubelet_double import kubelet_process
 from support.ports import free_port
 from support.prom_harness import PrometheusServer, ScrapeTarget, prometheus_unavailable
 from support.runc_harness import ContainerSpec, RuncContainer, docker_cgroupfs_path, docker_id
@@ -67,6 +71,14 @@ POD_UID = str(uuid.uuid4())
 K8S_CID = docker_id()
 GIB = 1 << 30
 SCRAPES = 6
+KUBELET_PODS = [
+    {"namespace": "ml", "name": "trainer-0", "containers": [
+        {"name": "trainer", "devices": [{"resource": "nvidia.com/gpu", "ids": [GPU0]}]}]},
+    {"namespace": "batch", "name": "dra-job", "containers": [
+        {"name": "main", "claims": [{"claim": "dra-job-gpu", "claim_namespace": "batch", "driver": "gpu.nvidia.com",
+                                     "pool": "node-1", "device": "gpu-1",
+                                     "cdi": ["k8s.gpu.nvidia.com/device=gpu-1"]}]}]},
+]
 BUILTINS = {"__rate_interval": "1m", "__range": "1m", "__interval": "15s"}
 
 
@@ -251,8 +263,15 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]
         (files / "dev0").write_text("ok")
         (files / "dev1").write_text("bad")
         (files / "dev1").chmod(0o777)  # the default unhealthy_perm, -rwxrwxrwx
+        cdi = rootfs / "var/run/cdi"
+        cdi.mkdir(parents=True)
+        (cdi / "k8s.gpu.nvidia.com-claim.json").write_text(json.dumps({
+            "cdiVersion": "0.6.0", "kind": "k8s.gpu.nvidia.com/device",
+            "devices": [{"name": "gpu-1", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia1"}]}}]}))
+        kubelet = stack.enter_context(kubelet_process(tmp / "kubelet.sock", KUBELET_PODS, tmp / "kubelet.log"))
         config = tmp / "config.toml"
         config.write_text(f'nvml_replay = "{scenario}"\nrootfs = "{rootfs}"\n'
+                          f'[kubernetes]\npod_resources_socket = "{kubelet}"\n'
                           f'[file_devices]\ndir = "{files}"\n'
                           f'[mps]\nroot = "{tmp / "mps"}"\ntimeout = 3\n'
                           f'[[mps.resources]]\nname = "nvidia.com/gpu"\nreplicas = 2\ndevices = ["{GPU0}"]\n')
@@ -288,6 +307,24 @@ def test_the_containers_are_attributed_as_set_up(prom: PrometheusServer) -> None
         ("containerd", K8S_CID, "ml", "trainer-0", "", GPU1, "process", "trainer:1"),
         ("nomad", "web", "", "", ALLOC, GPU0, "process", ""),
     }
+
+
+def test_the_kubelets_allocations_and_the_use_without_one(prom: PrometheusServer) -> None:
+    """The kubelet's allocation and DRA claim as published, and every (container, GPU) in use that the
+    kubelet did not allocate: trainer's GPU 1, and the docker containers' GPUs (not Kubernetes)."""
+    rows = prom.query("accelstats_kubernetes_gpu_allocation")
+    assert {tuple(s["metric"].get(k, "") for k in ("namespace", "pod", "container", "resource", "uuid", "gpu"))
+            for s in rows.series} == {("ml", "trainer-0", "trainer", "nvidia.com/gpu", GPU0, "0")}
+    claims = prom.query("accelstats_kubernetes_gpu_claim_allocation")
+    assert {tuple(s["metric"].get(k, "") for k in ("namespace", "pod", "claim", "device", "uuid", "gpu"))
+            for s in claims.series} == {("batch", "dra-job", "dra-job-gpu", "gpu-1", GPU1, "1")}
+    ours = {f"/{spec.cgroups_path.lstrip('/')}" for spec in SPECS_MADE}
+    unallocated = prom.query("accelstats_container_gpu_unallocated == 1")
+    assert {(s["metric"].get("name", ""), s["metric"]["uuid"], s["metric"]["attribution"])
+            for s in unallocated.series if s["metric"].get("id") in ours} == {
+        ("inference", GPU0, "devices_cgroup"), ("reserved", GPU1, "devices_cgroup"),
+        (K8S_CID, GPU1, "process"), ("web", GPU0, "process")}
+    assert [s["value"][1] for s in prom.query("accelstats_kubernetes_pod_resources_up").series] == ["1"]
 
 
 @pytest.mark.parametrize("query", PANEL_QUERIES, ids=[f"{q.dashboard}:{q.panel}:{q.ref}" for q in PANEL_QUERIES])

@@ -114,3 +114,17 @@ def test_a_mig_instance_allocated_covers_its_parent_gpus_open_node(view: HostVie
         "ml", "notebook-7f9c", "jupyter", "MIG-0a0a0a0a-0000-1111-2222-333333333333", "nvidia.com/mig-1g.10gb",
         "MIG-0a0a0a0a-0000-1111-2222-333333333333", "1", parent_uuid=GPU1),))
     assert list(unallocated([user], mig)) == []
+
+
+@pytest.mark.parametrize(("case", "claim_uuid", "flagged"), [
+    # case                                        claim's device (CDI)   unallocated use
+    ("claim resolved to the GPU it uses",         GPU1,                  set()),
+    ("claim no CDI spec resolves: not judged",    "",                    set()),
+    ("claim resolved to another GPU",             "GPU-ffffffff-0000-1111-2222-333333333333", {GPU1}),
+])  # fmt: skip
+def test_a_dra_claim_counts_as_allocation(view: HostView, case: str, claim_uuid: str, flagged: set[str]) -> None:
+    user = _using(view, _container(POD_CGROUP, "ml", "trainer-0", "trainer"), GPU1, "open_fd")
+    kubelet = KubeletReading(True, allocations=(KubeletAllocation(
+        "ml", "trainer-0", "trainer", uuid=claim_uuid, gpu="1" if claim_uuid else "", claim="train-gpu",
+        claim_namespace="ml", driver="gpu.nvidia.com", pool="node-1", device="gpu-1"),))
+    assert {a.id for _, a in unallocated([user], kubelet)} == flagged, case

@@ -13,6 +13,7 @@ from typing import Any
 
 import grpc
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from accelstats.kubernetes.collector import KubernetesCollector
@@ -134,14 +135,79 @@ def test_a_mig_instance_allocation(tmp_path: Path, fixtures_dir: Path,
         ("ml", "notebook-7f9c", "jupyter", "nvidia.com/mig-1g.10gb", A100_MIG_GI3, "0", "")}
 
 
-def test_a_dra_claim_is_published_with_its_claim_labels_and_no_uuid(
+CLAIM_LABELS = ("namespace", "pod", "container", "claim", "claim_namespace", "driver", "pool", "device", "uuid", "gpu")
+A5000_CLAIM_ROW = ("batch", "dra-job", "main", "dra-job-gpu-x7k2p", "batch", "gpu.nvidia.com", "node-1", "gpu-1")
+
+
+def _cdi_spec(rootfs: Path, directory: str, kind: str, devices: dict[str, list[str]]) -> None:
+    """A CDI spec file as NVIDIA's DRA driver writes one per prepared claim (cdiVersion, kind, devices with
+    their deviceNodes; the spec-level edits carry the control nodes)."""
+    spec_dir = rootfs / directory.lstrip("/")
+    spec_dir.mkdir(parents=True, exist_ok=True)
+    (spec_dir / "k8s.gpu.nvidia.com-claim.yaml").write_text(yaml.safe_dump({
+        "cdiVersion": "0.6.0", "kind": kind,
+        "devices": [{"name": n, "containerEdits": {"deviceNodes": [{"path": x} for x in nodes]}}
+                    for n, nodes in devices.items()],
+        "containerEdits": {"deviceNodes": [{"path": "/dev/nvidiactl"}, {"path": "/dev/nvidia-uvm"}]}}))
+
+
+def _dra_manager(tmp_path: Path, fixtures_dir: Path, capture: str, socket: Path) -> AcceleratorManager:
+    """The exporter with ``--rootfs``/``--proc-root`` at ``tmp_path/host`` (CDI specs and mig-minors there)."""
+    host = tmp_path / "host"
+    (host / "proc").mkdir(parents=True, exist_ok=True)
+    (host / "cgroup").mkdir(exist_ok=True)
+    return build_manager(Settings(
+        nvml_replay=fixtures_dir / "public" / capture, cgroup_root=host / "cgroup", proc_root=host / "proc",
+        rootfs=host, accounting_interval=0, collectors=("nvidia", "kubernetes"),
+        kubernetes=KubernetesSettings(pod_resources_socket=socket)))
+
+
+def test_a_dra_claim_is_published_with_the_gpu_its_cdi_spec_names(
         tmp_path: Path, fixtures_dir: Path, kubelet_socket: Callable[..., Path]) -> None:
-    """CDI resolution of DRA devices is another part of issue 27: until it names the GPU, uuid is ''."""
-    manager = _manager(tmp_path, fixtures_dir, "dual_a5000-v13.xml", kubelet_socket(Kubelet(A5000_PODS)))
+    """The claim's CDI device adds /dev/nvidia0: minor 0 is A5000 index 1 in this capture (minor and index
+    differ), so the claim is published with that GPU's uuid and index."""
+    _cdi_spec(tmp_path / "host", "/var/run/cdi", "k8s.gpu.nvidia.com/device", {"gpu-1": ["/dev/nvidia0"]})
+    manager = _dra_manager(tmp_path, fixtures_dir, "dual_a5000-v13.xml", kubelet_socket(Kubelet(A5000_PODS)))
     got = _scrape(manager)["accelstats_kubernetes_gpu_claim_allocation"]
-    assert _labels(got, "namespace", "pod", "container", "claim", "claim_namespace", "driver", "pool", "device",
-                   "uuid", "gpu") == {
-        ("batch", "dra-job", "main", "dra-job-gpu-x7k2p", "batch", "gpu.nvidia.com", "node-1", "gpu-1", "", "")}
+    assert _labels(got, *CLAIM_LABELS) == {(*A5000_CLAIM_ROW, A5000_1, "1")}
+
+
+def test_a_dra_claim_of_a_mig_instance_names_the_instance(
+        tmp_path: Path, fixtures_dir: Path, kubelet_socket: Callable[..., Path]) -> None:
+    """A MIG claim device adds its GPU's node and the instance's capability nodes: read in mig-minors
+    (under --proc-root) as GPU instance 3, compute instance 0 of the GPU with minor 1."""
+    host = tmp_path / "host"
+    _cdi_spec(host, "/etc/cdi", "k8s.gpu.nvidia.com/device",
+              {"mig-0-3": ["/dev/nvidia1", "/dev/nvidia-caps/nvidia-cap30", "/dev/nvidia-caps/nvidia-cap31"]})
+    caps = host / "proc" / "driver" / "nvidia-caps"
+    caps.mkdir(parents=True)
+    (caps / "mig-minors").write_text("config 1\nmonitor 2\ngpu1/gi3/access 30\ngpu1/gi3/ci0/access 31\n"
+                                     "gpu1/gi4/access 39\ngpu1/gi4/ci0/access 40\n")
+    claim = pb.DynamicResource(claim_name="nb-mig", claim_namespace="ml", claim_resources=[
+        pb.ClaimResource(driver_name="gpu.nvidia.com", pool_name="node-1", device_name="mig-0-3",
+                         cdi_devices=[pb.CDIDevice(name="k8s.gpu.nvidia.com/device=mig-0-3")])])
+    manager = _dra_manager(tmp_path, fixtures_dir, "a100-sxm4-v12.xml",
+                           kubelet_socket(Kubelet([_pod("ml", "notebook", "jupyter", claims=(claim,))])))
+    got = _scrape(manager)["accelstats_kubernetes_gpu_claim_allocation"]
+    assert _labels(got, *CLAIM_LABELS) == {
+        ("ml", "notebook", "jupyter", "nb-mig", "ml", "gpu.nvidia.com", "node-1", "mig-0-3", A100_MIG_GI3, "0")}
+
+
+def test_a_dra_claim_no_cdi_spec_names_is_published_without_a_gpu(
+        tmp_path: Path, fixtures_dir: Path, kubelet_socket: Callable[..., Path],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """No spec for the claim's CDI name (or one naming several GPUs): the claim labels, uuid and gpu '',
+    and one INFO line with the reason however many scrapes."""
+    _cdi_spec(tmp_path / "host", "/var/run/cdi", "k8s.gpu.nvidia.com/device",
+              {"other": ["/dev/nvidia0"]})
+    manager = _dra_manager(tmp_path, fixtures_dir, "dual_a5000-v13.xml", kubelet_socket(Kubelet(A5000_PODS)))
+    with caplog.at_level(logging.INFO, logger="accelstats.kubernetes.collector"):
+        for _ in range(3):
+            got = _scrape(manager)["accelstats_kubernetes_gpu_claim_allocation"]
+            assert _labels(got, *CLAIM_LABELS) == {(*A5000_CLAIM_ROW, "", "")}
+    said = [r.getMessage() for r in caplog.records if "DRA claim device" in r.getMessage()]
+    assert said == ["DRA claim device k8s.gpu.nvidia.com/device=gpu-1 not resolved to a GPU of this host: "
+                    "no CDI spec on this host names this device"]
 
 
 def test_configured_resources_only(tmp_path: Path, fixtures_dir: Path,
