@@ -37,7 +37,8 @@ def pods_message(pods: list[dict[str, Any]]) -> Any:
     def container(c: dict[str, Any]) -> Any:
         return pb.ContainerResources(
             name=c["name"],
-            devices=[pb.ContainerDevices(resource_name=d["resource"], device_ids=d["ids"]) for d in c.get("devices", [])],
+            devices=[pb.ContainerDevices(resource_name=d["resource"], device_ids=d["ids"])
+                     for d in c.get("devices", [])],
             dynamic_resources=[pb.DynamicResource(
                 claim_name=k["claim"], claim_namespace=k["claim_namespace"], claim_resources=[pb.ClaimResource(
                     driver_name=k["driver"], pool_name=k["pool"], device_name=k["device"],
