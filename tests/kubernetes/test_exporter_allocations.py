@@ -223,6 +223,20 @@ def test_configured_resources_only(tmp_path: Path, fixtures_dir: Path,
         ("sweep-1", "nvidia.com/gpu.shared")}
 
 
+def test_a_ten_thousand_pod_answer_is_published_whole(tmp_path: Path, fixtures_dir: Path,
+                                                      kubelet_socket: Callable[..., Path]) -> None:
+    """10 000 pods, each with one time-sliced replica of one of the two GPUs (an answer of about 1.2 MB,
+    under the 16 MiB receive limit): every allocation is a series, the collector succeeds."""
+    pods = [_pod("load", f"p-{n}", "c", ("nvidia.com/gpu.shared", (f"{(A5000_0, A5000_1)[n % 2]}::{n}",)))
+            for n in range(10_000)]
+    manager = _manager(tmp_path, fixtures_dir, "dual_a5000-v13.xml", kubelet_socket(Kubelet(pods)))
+    got = _scrape(manager)
+    rows = _labels(got["accelstats_kubernetes_gpu_allocation"], "pod", "uuid", "replica")
+    assert len(rows) == 10_000
+    assert ("p-9999", A5000_1, "9999") in rows and ("p-0", A5000_0, "0") in rows
+    assert ({"collector": "kubernetes"}, 1.0) in got["accelstats_scrape_collector_success"]
+
+
 # --- the kubelet misbehaving: a reason series, one log line, every GPU family intact ---
 
 def _gpu_families_intact(got: dict[str, list[tuple[dict[str, str], float]]]) -> None:
