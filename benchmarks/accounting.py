@@ -152,9 +152,35 @@ def main() -> None:
     capture = default_shared() / "fixtures" / "h200" / "nvidia-smi-q.xml"
     print(f"# {time.strftime('%Y-%m-%d')} {platform.node()} cpus={os.cpu_count()} "
           f"python={platform.python_version()} {args.gpus} GPUs x {args.containers} containers, one GPU process each")
+    r = overhead(capture, args.gpus, args.containers, args.scrapes, args.between, args.rounds)
+    print(f"/metrics CPU ms p50 (OpenMetrics, gzip, fast encoder): off {r.off_ms:.2f}  on {r.on_ms:.2f}  "
+          f"added {100 * (r.on_ms / r.off_ms - 1):+.1f} % (median of the scrape-by-scrape ratios: "
+          f"{100 * (r.pair_ratio - 1):+.1f} %)")
+    print(f"body bytes (uncompressed): off {r.sizes['off']}  on {r.sizes['on']}  ((container, GPU) accounts: "
+          f"{r.accounts})")
+    print(f"sampler round ms (every GPU once, in the background): median {statistics.median(r.round_ms):.2f}  "
+          f"max {max(r.round_ms):.2f}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Overhead:
+    """What :func:`overhead` measured: CPU ms p50 of a scrape without and with accounting, the median of
+    the scrape-by-scrape ratios (on/off), body sizes, accounts published and sampler round times (ms)."""
+
+    off_ms: float
+    on_ms: float
+    pair_ratio: float
+    sizes: dict[str, int]
+    accounts: int
+    round_ms: list[float]
+
+
+def overhead(capture: Path, gpus: int, containers: int, scrapes: int, between: int, rounds: int) -> Overhead:
+    """Scrapes with accounting off and on, alternated (module docstring), on a host of ``gpus`` x
+    ``containers`` with one GPU process per container."""
     with tempfile.TemporaryDirectory() as tmp:
-        base = build_host(Path(tmp), capture, args.gpus, args.containers)
-        add_processes(base, capture, args.gpus)
+        base = build_host(Path(tmp), capture, gpus, containers)
+        add_processes(base, capture, gpus)
         assert base.nvml_replay is not None
         off = AcceleratorManager(dataclasses.replace(base, accounting_interval=0), open_replay(base.nvml_replay))
         on = AcceleratorManager(dataclasses.replace(base, accounting_interval=1.0), open_replay(base.nvml_replay))
@@ -170,14 +196,14 @@ def main() -> None:
         sampler.stop()  # its rounds are timed below, on this thread
         assert sampler.wait_idle(10)
         round_ms = []
-        for _ in range(args.rounds):
+        for _ in range(rounds):
             t0 = time.perf_counter()
             sampler.read_round()
             round_ms.append((time.perf_counter() - t0) * 1000)
         times: dict[str, list[float]] = {"off": [], "on": []}
         sizes = {name: len(s.body(PROMETHEUS_ACCEPT, "")[0]) for name, s in shared.items()}
-        for _ in range(args.scrapes):
-            for _ in range(args.between):  # what the sampler integrated since the previous scrape
+        for _ in range(scrapes):
+            for _ in range(between):  # what the sampler integrated since the previous scrape
                 sampler.read_round()
             for name in ("off", "on"):
                 times[name].append(cpu_ms(lambda s=shared[name]: s.body(PROMETHEUS_ACCEPT, "gzip")))
@@ -188,13 +214,7 @@ def main() -> None:
             manager.close()
     med = {name: statistics.median(v) for name, v in times.items()}
     pairs = statistics.median(on / off for off, on in zip(times["off"], times["on"], strict=True))
-    print(f"/metrics CPU ms p50 (OpenMetrics, gzip, fast encoder): off {med['off']:.2f}  on {med['on']:.2f}  "
-          f"added {100 * (med['on'] / med['off'] - 1):+.1f} % (median of the scrape-by-scrape ratios: "
-          f"{100 * (pairs - 1):+.1f} %)")
-    print(f"body bytes (uncompressed): off {sizes['off']}  on {sizes['on']}  ((container, GPU) accounts: {accounts})")
-    print(f"sampler round ms (every GPU once, in the background): median {statistics.median(round_ms):.2f}  "
-          f"max {max(round_ms):.2f}")
-
+    return Overhead(med["off"], med["on"], pairs, sizes, accounts, round_ms)
 
 if __name__ == "__main__":
     main()

@@ -102,6 +102,33 @@ def measure(command: list[str], port: int, scrapes: int, interval: float, env: d
     return {"first answer ms": first, "CPU ms per scrape": per_scrape, "RSS MiB": rss, "SIGTERM to exit ms": stop}
 
 
+def compare(capture: Path, rounds: int, scrapes: int, interval: float) -> dict[str, dict[str, list[float]]]:
+    """Alternate both exporters ``rounds`` times (after an untimed round) on ``capture``, 1 GPU, accelstats
+    attributing 10 containers; {exporter: {figure: [one value per round]}} (module docstring)."""
+    results: dict[str, dict[str, list[float]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = build_host(Path(tmp), capture, 1, 10)
+        scenario = str(settings.nvml_replay)
+        # bytecode as an installed package has it (pip compiles at install): cached in a temp dir,
+        # filled by a first, untimed round
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        env["PYTHONPYCACHEPREFIX"] = str(Path(tmp) / "pycache")
+        for round_ in range(rounds + 1):
+            port = free_port()
+            runs = {
+                "accelstats": [sys.executable, "-m", "accelstats", "serve", "--nvml-replay", scenario,
+                               "--cgroup-root", str(settings.cgroup_root), "--proc-root", str(settings.proc_root),
+                               "--listen", f"127.0.0.1:{port}", "--log-level", "error"],
+                "nvitop-exporter": [sys.executable, "-c", NVITOP, scenario, str(port), str(interval)],
+            }
+            for name, command in runs.items():
+                figures = measure(command, port, scrapes if round_ else 1, interval, env)
+                for key, value in figures.items():
+                    if round_:
+                        results.setdefault(name, {}).setdefault(key, []).append(value)
+    return results
+
+
 def main() -> None:
     """Alternate both exporters ``--rounds`` times and print the medians."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -112,27 +139,7 @@ def main() -> None:
     args = parser.parse_args()
     capture = args.shared / "fixtures" / "h200" / "nvidia-smi-q.xml"
     print(f"# {machine()} {loadavg()} rounds={args.rounds} scrapes={args.scrapes} interval={args.interval}s")
-    results: dict[str, dict[str, list[float]]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        settings = build_host(Path(tmp), capture, 1, 10)
-        scenario = str(settings.nvml_replay)
-        # bytecode as an installed package has it (pip compiles at install): cached in a temp dir,
-        # filled by a first, untimed round
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-        env["PYTHONPYCACHEPREFIX"] = str(Path(tmp) / "pycache")
-        for round_ in range(args.rounds + 1):
-            port = free_port()
-            runs = {
-                "accelstats": [sys.executable, "-m", "accelstats", "serve", "--nvml-replay", scenario,
-                               "--cgroup-root", str(settings.cgroup_root), "--proc-root", str(settings.proc_root),
-                               "--listen", f"127.0.0.1:{port}", "--log-level", "error"],
-                "nvitop-exporter": [sys.executable, "-c", NVITOP, scenario, str(port), str(args.interval)],
-            }
-            for name, command in runs.items():
-                figures = measure(command, port, args.scrapes if round_ else 1, args.interval, env)
-                for key, value in figures.items():
-                    if round_:
-                        results.setdefault(name, {}).setdefault(key, []).append(value)
+    results = compare(capture, args.rounds, args.scrapes, args.interval)
     keys = list(next(iter(results.values())))
     print(f"{'':<16}" + "".join(f"{k:>22}" for k in keys))
     for name, figures in results.items():
