@@ -66,6 +66,7 @@ from accelstats.cgroups import (
 )
 from accelstats.cgroups.bpf_program import UndecidableError
 from accelstats.cgroups.devices_bpf import DeviceProgramCache, DeviceProgramsError
+from accelstats.cgroups.discovery import WalkMemo
 from accelstats.cgroups.trust import untrusted_because
 from accelstats.settings import RuntimeRoots
 from collectors.fsread import read_small
@@ -126,6 +127,7 @@ class Attributor:
         self._mig_lines_seen: set[str] = set()
         self._programs_logged: set[str] = set()
         self._identities_logged: set[tuple[str, str]] = set()
+        self._walk_memo = WalkMemo()  # identify() answers and Paths, kept while the runtimes' state holds
         self.notes: dict[str, str] = {}
         """Host-wide conditions of the last attribution worth one line to a user (``accelstats
         containers`` prints them): key -> text."""
@@ -155,8 +157,9 @@ class Attributor:
         if self.rootless is not None:
             self.rootless.begin_collection()
         known = self.runtimes.known
-        found = (discover_v1_containers(self.hierarchy, known=known) if self.devices_list
-                 else discover_v2_containers(self.hierarchy, known=known))
+        self._walk_memo.begin(self.runtimes.generation)
+        found = (discover_v1_containers(self.hierarchy, known=known, memo=self._walk_memo) if self.devices_list
+                 else discover_v2_containers(self.hierarchy, known=known, memo=self._walk_memo))
         self.skipped["cgroup_vanished"] += found.stats.skipped_vanished
         self.skipped["cgroup_unreadable"] += found.stats.skipped_unreadable
         self.skipped["cgroup_too_deep"] += found.stats.skipped_too_deep

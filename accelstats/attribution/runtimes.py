@@ -155,6 +155,8 @@ class RuntimeState:
         self.rootfs = Path(rootfs)
         self.roots = roots
         self.errors = 0
+        self.generation = 0
+        """Changes whenever :meth:`known` may answer differently (a refresh that found other state)."""
         self.read: frozenset[str] = frozenset(RuntimeRoots.SETTINGS)
         self._clock = clock
         self._timer = timer
@@ -210,6 +212,7 @@ class RuntimeState:
     def refresh(self) -> None:
         """Re-read whatever changed since the last call (see the module docstring).  Never raises."""
         with self._lock:
+            before = self._answers()
             now = self._clock()
             self._missing = self._check_roots()
             docker = self._list(self.docker_containers(), now) if "docker_data_root" in self.read else frozenset()
@@ -233,6 +236,16 @@ class RuntimeState:
             allocs = self.host_path(self.roots.nomad_data_dir) / "alloc"
             nomad = self._list(allocs, now) if "nomad_data_dir" in self.read else frozenset()
             self._nomad = frozenset(n for n in nomad if _UUID_RE.fullmatch(n))
+            self._bump(before)
+
+    def _answers(self) -> tuple[object, ...]:
+        return self._docker, self._containerd, self._containerd_hex, self._storage, self._nomad
+
+    def _bump(self, before: tuple[object, ...]) -> None:
+        """A new :attr:`generation` when :meth:`known` may answer differently than it did at ``before``
+        (frozensets and dicts compare in C; the storage entries are the parsed index's own objects)."""
+        if self._answers() != before:
+            self.generation += 1
 
     def _refresh_storage(self, now: float) -> None:
         storage: dict[str, StorageEntry] = {}
@@ -374,7 +387,9 @@ class RuntimeState:
         entry = self._storage.get(cid)
         if entry is None:
             with self._lock:
+                before = self._answers()
                 self._refresh_storage(self._clock())
+                self._bump(before)
             entry = self._storage.get(cid)
         return entry
 

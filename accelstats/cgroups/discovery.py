@@ -71,6 +71,45 @@ class Discovery:
     unrecognised: tuple[ContainerCgroup, ...] = ()
 
 
+class WalkMemo:
+    """What a walk may keep for the next one: :func:`identify` of each cgroup path and the ``Path`` of
+    each directory, valid while the runtimes' state answers the same (``generation``: the
+    :attr:`accelstats.attribution.runtimes.RuntimeState.generation` they were made with; a walk with
+    another one starts empty). ``identify`` is a pure function of the path and that state, so a kept
+    answer is the answer. At most :data:`MAX_MEMO` paths: past that it starts again (a host whose
+    cgroup names never repeat gains nothing and keeps nothing)."""
+
+    MAX_MEMO = 65536
+
+    def __init__(self) -> None:
+        self.generation: int | None = None
+        self.identities: dict[str, ContainerIdentity | None] = {}
+        self.directories: dict[str, Path] = {}
+
+    def begin(self, generation: int | None) -> None:
+        """Start a walk with the runtimes' state of ``generation``."""
+        if generation != self.generation or len(self.identities) > self.MAX_MEMO \
+                or len(self.directories) > self.MAX_MEMO:
+            self.identities.clear()
+            self.directories.clear()
+            self.generation = generation
+
+    def identify(self, path: str, known: KnownLookup | None) -> ContainerIdentity | None:
+        """:func:`identify` of ``path``, kept."""
+        try:
+            return self.identities[path]
+        except KeyError:
+            found = self.identities[path] = identify(path, known)
+            return found
+
+    def directory(self, directory: str) -> Path:
+        """``Path(directory)``, kept."""
+        found = self.directories.get(directory)
+        if found is None:
+            found = self.directories[directory] = Path(directory)
+        return found
+
+
 def _cgroup_path(parts: tuple[str, ...]) -> str:
     return "/" + "/".join(parts)
 
@@ -97,8 +136,9 @@ def _payload_directory(directory: str) -> bool:
         return False
 
 
-def _walk(root: Path, max_depth: int, known: KnownLookup | None = None) -> Discovery:
+def _walk(root: Path, max_depth: int, known: KnownLookup | None = None, memo: WalkMemo | None = None) -> Discovery:
     # Plain strings rather than pathlib in the loop: a scrape walks every cgroup directory.
+    memo = memo or WalkMemo()
     found: list[ContainerCgroup] = []
     leaves: list[ContainerCgroup] = []
     vanished = unreadable = too_deep = too_many = 0
@@ -108,12 +148,12 @@ def _walk(root: Path, max_depth: int, known: KnownLookup | None = None) -> Disco
         parts = stack.pop()
         directory = os.path.join(base, *parts) if parts else base
         if parts:
-            identity = identify(_cgroup_path(parts), known)
+            identity = memo.identify(_cgroup_path(parts), known)
             if identity is not None:
                 if _payload_directory(directory):
                     parts = (*parts, _PAYLOAD_CHILD)
                     directory = os.path.join(directory, _PAYLOAD_CHILD)
-                found.append(ContainerCgroup(_cgroup_path(parts), Path(directory), identity))
+                found.append(ContainerCgroup(_cgroup_path(parts), memo.directory(directory), identity))
                 continue
         if len(parts) >= max_depth:
             too_deep += 1
@@ -128,7 +168,7 @@ def _walk(root: Path, max_depth: int, known: KnownLookup | None = None) -> Disco
             continue
         if not children and parts and not is_host_cgroup(_cgroup_path(parts)):
             if len(leaves) < MAX_UNRECOGNISED:
-                leaves.append(ContainerCgroup(_cgroup_path(parts), Path(directory), None))
+                leaves.append(ContainerCgroup(_cgroup_path(parts), memo.directory(directory), None))
             else:
                 too_many += 1
         # A user's delegated subtree (systemd's user@<uid>.service) is not walked: nothing in it may be
@@ -141,7 +181,7 @@ def _walk(root: Path, max_depth: int, known: KnownLookup | None = None) -> Disco
 
 
 def discover_v1_containers(devices_root: Path, *, max_depth: int = DEFAULT_MAX_DEPTH,
-                           known: KnownLookup | None = None) -> Discovery:
+                           known: KnownLookup | None = None, memo: WalkMemo | None = None) -> Discovery:
     """Find container cgroups in the v1 ``devices`` hierarchy rooted at ``devices_root``.
 
     Every directory whose cgroup path :func:`identify` recognises is one container; its subtree is
@@ -152,19 +192,20 @@ def discover_v1_containers(devices_root: Path, *, max_depth: int = DEFAULT_MAX_D
     :class:`WalkStats` (a missing ``devices_root`` counts as one vanished directory).  Never raises
     ``OSError``; never creates anything.  ``known``: the runtimes' state
     (:class:`accelstats.attribution.runtimes.RuntimeState.known`), so that a container a runtime knows is found
-    on any path (:func:`~accelstats.cgroups.identity.identify`).
+    on any path (:func:`~accelstats.cgroups.identity.identify`). ``memo``: the previous walks'
+    answers (:class:`WalkMemo`, begun by the caller with the runtimes' state generation).
     """
-    return _walk(devices_root, max_depth, known)
+    return _walk(devices_root, max_depth, known, memo)
 
 
 def discover_v2_containers(unified_root: Path, *, max_depth: int = DEFAULT_MAX_DEPTH,
-                           known: KnownLookup | None = None) -> Discovery:
+                           known: KnownLookup | None = None, memo: WalkMemo | None = None) -> Discovery:
     """Find container cgroups in the cgroup2 hierarchy rooted at ``unified_root``.
 
     Same walk and guarantees as :func:`discover_v1_containers`; on v2 there is no ``devices.list``:
     device access is decided by BPF programs (:mod:`accelstats.cgroups.devices_bpf`).
     """
-    return _walk(unified_root, max_depth, known)
+    return _walk(unified_root, max_depth, known, memo)
 
 
 def read_devices_list(directory: Path) -> DevicesList | None:
