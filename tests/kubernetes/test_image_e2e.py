@@ -4,13 +4,15 @@ allocations and the GPU use the kubelet did not allocate.
 
 What is real:
 
-* the image: ``docker build -f deploy/Dockerfile`` (Debian's ``docker.io``, a ``dockerd`` with its state in a
-  temporary directory, the legacy builder, no network) on a base made from Debian's packages
-  (``debootstrap --variant=minbase --include=python3,python3-venv bookworm``, ``docker import``ed: no registry
-  image is reachable from CI), with the project's wheel built from this checkout and its pinned dependencies
-  (systemd/constraints.txt) installed from wheels, ``PIP_OPTS="--no-index --find-links /tmp/dist"``. The base
-  and the dependency wheels come from tests/support/e2e_image_cache.py's cache (made by .ci/run, or here when
-  missing: a minute or two);
+* the image: docs/deploy.md's ``docker build -f deploy/Dockerfile --build-arg BASE=… --build-arg
+  PIP_OPTS="--no-index --find-links /tmp/dist"`` (Debian's ``docker.io``: a ``dockerd`` with its state in a
+  temporary directory, BuildKit, so deploy/Dockerfile.dockerignore picks the context) in a copy of this
+  checkout's files, whose ``dist/`` holds the wheel ``pip wheel --no-deps -w dist .`` builds there and wheels
+  of the pins of systemd/constraints.txt; the base is made from Debian's packages (``debootstrap
+  --variant=minbase --include=python3,python3-venv bookworm``, ``docker import``ed: no registry image is
+  reachable from CI). The base tar and the dependency wheels come from tests/support/e2e_image_cache.py's
+  cache (made by .ci/run, or here when missing: a minute or two). The build has no network (``--network
+  none``: the test's dockerd has no bridge, and pip needs no index);
 * how it runs: ``docker run`` flags derived from the DaemonSet in the test (:func:`docker_run`): its
   ``args``, ``env``, every ``hostPath`` volume mounted read-only at its ``mountPath``, ``hostPID`` as
   ``--pid host``, the container's ``securityContext`` (``runAsUser`` as ``--user``, ``capabilities`` as
@@ -51,7 +53,6 @@ import secrets
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from concurrent import futures
@@ -73,7 +74,6 @@ from accelstats.kubernetes.proto import podresources_pb2_grpc as pb_grpc
 
 REPO = Path(__file__).resolve().parents[2]
 DAEMONSET = REPO / "deploy" / "kubernetes" / "daemonset.yaml"
-DOCKERFILE = REPO / "deploy" / "Dockerfile"
 GPU0 = "GPU-00000000-2727-4000-8000-000000000000"
 GPU1 = "GPU-00000001-2727-4000-8000-000000000001"
 REPLAY_MOUNT = "/replay"
@@ -177,41 +177,35 @@ def _cri_annotations(namespace: str, pod: str, container: str) -> dict[str, str]
             "io.kubernetes.cri.sandbox-id": secrets.token_hex(32)}
 
 
-def _project_wheel(dist: Path) -> None:
-    """Build this checkout's wheel into ``dist`` from a copy of its sources (no ``build/`` left in the
-    checkout); without build isolation when this interpreter has setuptools (seconds, offline)."""
-    with tempfile.TemporaryDirectory(prefix="accelstats-src-") as tmp:
-        src = Path(tmp)
-        for name in ("pyproject.toml", "README.md"):
-            shutil.copy2(REPO / name, src / name)
-        for name in ("accelstats", "collectors"):
-            shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        isolation: list[str] = []
-        if subprocess.run([sys.executable, "-c", "import setuptools, wheel"], capture_output=True,
-                          check=False).returncode == 0:
-            isolation = ["--no-build-isolation"]
-        proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "--no-deps",
-                               *isolation, "-w", str(dist), str(src)], capture_output=True, text=True, timeout=300,
-                              check=False)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
+def _checkout_copy(dest: Path) -> None:
+    """Copy this checkout's files as a fresh clone has them (``git ls-files``: tracked, and untracked ones git
+    does not ignore; no ``.venv``, ``build``, caches) to ``dest``."""
+    proc = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                          capture_output=True, timeout=60, check=False)
+    if proc.returncode != 0:
+        _fail_or_skip(f"not a git checkout, cannot tell its files from build outputs: {proc.stderr.decode()[-300:]}")
+    for rel in filter(None, proc.stdout.decode().split("\0")):
+        source = REPO / rel
+        if source.is_file():  # a file deleted but not yet committed is listed too
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / rel, follow_symlinks=False)
 
 
 def _build_context(ctx: Path) -> None:
-    """The build context deploy/Dockerfile.dockerignore lets through: dist/*.whl (this checkout's wheel and the
-    cached dependency wheels) and systemd/constraints.txt."""
-    constraints = REPO / "systemd" / "constraints.txt"
-    (ctx / "systemd").mkdir(parents=True)
-    shutil.copy2(constraints, ctx / "systemd" / "constraints.txt")
-    dist = ctx / "dist"
-    dist.mkdir()
+    """``ctx``: a copy of the checkout with ``dist/`` holding its wheel (docs/deploy.md's ``pip wheel -q
+    --no-deps -w dist .``, run in the copy) and the cached wheels of systemd/constraints.txt; the build sends
+    only what deploy/Dockerfile.dockerignore lets through."""
+    _checkout_copy(ctx)
     try:
-        wheels = e2e_image_cache.dependency_wheels(constraints)
+        wheels = e2e_image_cache.dependency_wheels(ctx / "systemd" / "constraints.txt")
     except (e2e_image_cache.CacheError, OSError) as exc:
         _fail_or_skip(f"dependency wheels for the image: {exc}")
         raise
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "--no-deps",
+                           "-w", "dist", "."], cwd=ctx, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     for wheel in wheels.glob("*.whl"):
-        shutil.copy2(wheel, dist / wheel.name)
-    _project_wheel(dist)
+        shutil.copy2(wheel, ctx / "dist" / wheel.name)
 
 
 def _http(pid: int, port: int, path: str) -> tuple[int, str]:
@@ -298,9 +292,9 @@ def test_the_image_run_as_the_daemonset_names_pods_allocations_and_unallocated_u
         _build_context(ctx)
         imported.result()
     image = f"accelstats-e2e:{t}"
-    docker.docker("build", "-q", "--network", "none", "-f", str(DOCKERFILE), "--build-arg",
+    docker.docker("build", "-q", "--network", "none", "-f", str(ctx / "deploy" / "Dockerfile"), "--build-arg",
                   f"BASE=accelstats-e2e-base:{t}", "--build-arg", "PIP_OPTS=--no-index --find-links /tmp/dist",
-                  "-t", image, str(ctx), env={"DOCKER_BUILDKIT": "0"}, timeout=300)
+                  "-t", image, str(ctx), env={"DOCKER_BUILDKIT": "1"}, timeout=300)
     built = time.monotonic() - t0
 
     # the workloads: pod trainer holds GPU 1 and runs nothing; pod sweep holds both GPUs (the

@@ -93,6 +93,20 @@ def debian_mirror() -> str:
     return DEFAULT_MIRROR
 
 
+def _unmount_below(directory: Path) -> None:
+    """Lazily unmount whatever is mounted under ``directory`` (deepest first): a debootstrap stopped midway
+    leaves the target's ``proc`` and ``sys`` mounted, which ``shutil.rmtree`` must never walk into."""
+    prefix = str(directory) + "/"
+    points = []
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            point = line.split()[4].encode().decode("unicode_escape")
+            if point.startswith(prefix):
+                points.append(point)
+    for point in sorted(points, key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+
+
 def base_tar_path(cache: Path = CACHE_DIR) -> Path:
     """Where :func:`base_tar` keeps the base: ``<cache>/base-bookworm-<digest of the recipe>.tar``."""
     return cache / f"base-{SUITE}-{_digest(_BASE_RECIPE)}.tar"
@@ -125,6 +139,7 @@ def base_tar(cache: Path = CACHE_DIR) -> Path:
             _run(["tar", "-C", str(rootfs), "--numeric-owner", "-cf", str(tmp), "."], timeout=300)
             os.replace(tmp, path)
         finally:
+            _unmount_below(work)
             shutil.rmtree(work, ignore_errors=True)
     return path
 
@@ -139,14 +154,19 @@ def dependency_wheels_path(constraints: Path, cache: Path = CACHE_DIR) -> Path:
     return cache / f"wheels-{_python_tag()}-{_digest(constraints.read_bytes())}"
 
 
-def _pip() -> list[str]:
-    """A pip to run: this interpreter's, else one in a throwaway virtual environment (Debian's python3
-    has no pip of its own; python3-venv brings ensurepip)."""
+@contextlib.contextmanager
+def _pip() -> Iterator[list[str]]:
+    """A pip to run: this interpreter's, else one in a throwaway virtual environment, removed after (Debian's
+    python3 has no pip of its own; python3-venv brings ensurepip)."""
     if subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True, check=False).returncode == 0:
-        return [sys.executable, "-m", "pip"]
+        yield [sys.executable, "-m", "pip"]
+        return
     venv = Path(tempfile.mkdtemp(prefix="accelstats-e2e-pip-"))
-    _run([sys.executable, "-m", "venv", str(venv)], timeout=300)
-    return [str(venv / "bin" / "python"), "-m", "pip"]
+    try:
+        _run([sys.executable, "-m", "venv", str(venv)], timeout=300)
+        yield [str(venv / "bin" / "python"), "-m", "pip"]
+    finally:
+        shutil.rmtree(venv, ignore_errors=True)
 
 
 def dependency_wheels(constraints: Path, cache: Path = CACHE_DIR) -> Path:
@@ -161,8 +181,9 @@ def dependency_wheels(constraints: Path, cache: Path = CACHE_DIR) -> Path:
         work = Path(tempfile.mkdtemp(prefix="wheels-", dir=cache))
         work.chmod(0o755)
         try:
-            _run([*_pip(), "wheel", "-q", "--disable-pip-version-check", "-r", str(constraints),
-                  "-w", str(work)], timeout=900)
+            with _pip() as pip:
+                _run([*pip, "wheel", "-q", "--disable-pip-version-check", "-r", str(constraints), "-w", str(work)],
+                     timeout=900)
             os.replace(work, path)
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
