@@ -49,10 +49,10 @@ _SERVICE_HOST = ("README 'Install as a service': installs Debian packages, write
                  "temporary directory in tests/operations/test_systemd_unit.py"
                  "::test_readme_install_serves_tls_in_the_sandbox")
 NOT_HERE: dict[str, str] = {
-    # README's test command is the suite this test belongs to: .ci/run runs it as written (step 3), and
+    # README's test command is the suite this test belongs to: .ci/run runs it as written (step 4), and
     # so does ../shared/tools/fresh-clone-check.sh
     "python3 -m venv .venv && .venv/bin/python -m pip install -q '.[test]' && .venv/bin/python -m pytest -q":
-        "README's test command: the suite this test is part of (.ci/run step 3 runs it as written)",
+        "README's test command: the suite this test is part of (.ci/run step 4 runs it as written)",
     **{command: _SERVICE_HOST for command in (
         "apt-get install -y python3-venv openssl curl",
         "python3 -m venv /opt/accelstats && /opt/accelstats/bin/pip install -q -c systemd/constraints.txt .",
@@ -80,8 +80,10 @@ NOT_HERE: dict[str, str] = {
     "/etc/accelstats/config.toml | grep -v '^#' | sed 's/[{ ].*//' | sort -u)":
         "compares the installed service's scrape with its dump: needs the service of README's install",
     "journalctl -u accelstats -b | grep -i -e error -e warning": "the installed unit's journal (systemd as PID 1)",
-    # docs/deploy.md: the image (built and run by issue 27's end-to-end test, not here) and a Kubernetes cluster
-    **{command: "builds a container image with docker (and debootstrap): the image's end-to-end test"
+    # docs/deploy.md: the image (built and run by tests/kubernetes/test_image_e2e.py with a dockerd of its own,
+    # not here: these need the host's docker) and a Kubernetes cluster
+    **{command: "builds a container image with the host's docker (and debootstrap): tests/kubernetes/"
+                "test_image_e2e.py builds it so with a dockerd of its own and the base from its cache"
        for command in (
         "docker build -f deploy/Dockerfile -t accelstats:0.1.0 .",
         "debootstrap --variant=minbase --include=python3,python3-venv bookworm rootfs http://deb.debian.org/debian",

@@ -239,10 +239,14 @@ class Docker(_Runtime):
     def data_root(self) -> Path:
         return self.dir / "data"
 
-    def docker(self, *args: str, input_: bytes | None = None) -> str:
+    def docker(self, *args: str, input_: bytes | None = None, env: dict[str, str] | None = None,
+               timeout: float = _TIMEOUT) -> str:
+        """``docker -H <this daemon> <args>``: its standard output; raises RuntimeCommandError on failure.
+        ``env``: added to the client's environment (``DOCKER_BUILDKIT``); ``timeout`` in seconds."""
         client = docker_client()
         assert client is not None
-        return _run([client, "-H", f"unix://{self.dir / 'docker.sock'}", *args], input_=input_)
+        return _run([client, "-H", f"unix://{self.dir / 'docker.sock'}", *args], input_=input_, env=env,
+                    timeout=timeout)
 
     def start(self) -> None:
         self._daemon(["dockerd", "--data-root", str(self.data_root), "--exec-root", str(self.dir / "exec"),
@@ -376,12 +380,16 @@ class Containerd(_Runtime):
         except AssertionError as exc:
             raise RuntimeCommandError(str(exc)) from exc
 
-    def run(self, namespace: str, cid: str, *devices: Path, privileged: bool = False) -> int:
-        """``ctr -n <namespace> run -d [--device …] IMAGE <cid> sleep 600``; the task's host PID."""
+    def run(self, namespace: str, cid: str, *devices: Path, privileged: bool = False,
+            annotations: dict[str, str] | None = None) -> int:
+        """``ctr -n <namespace> run -d [--device …] [--annotation k=v …] IMAGE <cid> sleep 600``; the task's
+        host PID. ``annotations`` land in the OCI spec (the bundle's ``config.json``), where the CRI
+        plugin puts a Kubernetes container's names (``io.kubernetes.cri.*``)."""
         if namespace not in self._namespaces:
             self.ctr(namespace, "image", "import", "-", input_=docker_archive(IMAGE))
             self._namespaces.add(namespace)
         flags = [a for d in devices for a in ("--device", str(d))] + (["--privileged"] if privileged else [])
+        flags += [a for k, v in (annotations or {}).items() for a in ("--annotation", f"{k}={v}")]
         self.ctr(namespace, "run", "-d", *flags, IMAGE, cid, "sleep", "600")
         for line in self.ctr(namespace, "task", "ls").splitlines()[1:]:
             fields = line.split()
