@@ -31,8 +31,8 @@ lists, NOT_SUPPORTED for one it does not (the H200 PCIe card answers so for link
 ``tests/shared/fixtures/h200/nvml_probe.json``), INVALID_ARGUMENT from ``NVML_NVLINK_MAX_LINKS``;
 ``nvmlDeviceGetNvLinkErrorCounter`` answers REPLAY / RECOVERY / CRC_FLIT (CRC_DATA and ECC_DATA are
 NOT_SUPPORTED); field values ``NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX``/``_RX`` with ``scopeId`` the
-link answer the KiB counters (:func:`nvlink_field`). MIG handles answer NOT_SUPPORTED, as for the
-other physical-GPU calls.
+link answer the KiB counters, ``NVML_FI_DEV_NVLINK_LINK_COUNT`` the highest link listed + 1
+(:func:`nvlink_field`). MIG handles answer NOT_SUPPORTED, as for the other physical-GPU calls.
 """
 
 from __future__ import annotations
@@ -204,14 +204,19 @@ def _instance(gpu: GpuCapture, gpu_instance_id: int) -> MigCapture | None:
     return next((m for m in gpu.migs if m.gpu_instance_id == gpu_instance_id), None)
 
 
-def nvlink_field(gpu: GpuCapture, field_id: int, scope: int) -> tuple[int, int] | None:
-    """``(nvmlReturn, KiB)`` for an NVLink THROUGHPUT_DATA field of link ``scope``; None for a field
-    this module does not answer."""
+def nvlink_field(gpu: GpuCapture, field_id: int, scope: int) -> tuple[int, int, int] | None:
+    """``(valueType, nvmlReturn, value)`` for an NVLink field: THROUGHPUT_DATA_TX / _RX of link ``scope``
+    (KiB, unsigned long long), LINK_COUNT (the highest link listed + 1, unsigned int; NOT_SUPPORTED
+    without links, as the H200 PCIe card answers); None for a field this module does not answer."""
+    if field_id == pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT:
+        count = max((n.link + 1 for n in gpu.nvlinks), default=0)
+        return pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, (SUCCESS if count else ERR_NOT_SUPPORTED), count
     attr = _NVLINK_FIELDS.get(field_id)
     if attr is None:
         return None
     link = next((n for n in gpu.nvlinks if n.link == scope), None)
-    return (ERR_NOT_SUPPORTED, 0) if link is None else (SUCCESS, int(getattr(link, attr)))
+    ull = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+    return (ull, ERR_NOT_SUPPORTED, 0) if link is None else (ull, SUCCESS, int(getattr(link, attr)))
 
 
 # -- the C bodies ----------------------------------------------------------------------------------------

@@ -562,8 +562,12 @@ class ReplayState(GpmReplay):
             v.fieldId, v.scopeId = fid if isinstance(fid, tuple) else (fid, 0)
             v.timestamp, v.valueType = self._now_us(), pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
             nvlink = nvlink_field(g, v.fieldId, v.scopeId)
-            if nvlink is not None:  # KiB counters: unsigned long long
-                v.valueType, v.nvmlReturn, v.value.ullVal = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, *nvlink
+            if nvlink is not None:
+                v.valueType, v.nvmlReturn, value = nvlink
+                if v.valueType == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT:
+                    v.value.uiVal = value
+                else:
+                    v.value.ullVal = value
                 continue
             reading = getattr(g, _FIELD_IDS[v.fieldId]) if v.fieldId in _FIELD_IDS else None
             v.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED if reading is None else pynvml.NVML_SUCCESS
