@@ -253,6 +253,7 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]
         (files / "dev1").chmod(0o777)  # the default unhealthy_perm, -rwxrwxrwx
         config = tmp / "config.toml"
         config.write_text(f'nvml_replay = "{scenario}"\nrootfs = "{rootfs}"\n'
+                          'nvml_profiling_interval = 1.0\n'  # GPM metrics need two samples: within the scrapes
                           f'[file_devices]\ndir = "{files}"\n'
                           f'[mps]\nroot = "{tmp / "mps"}"\ntimeout = 3\n'
                           f'[[mps.resources]]\nname = "nvidia.com/gpu"\nreplicas = 2\ndevices = ["{GPU0}"]\n')
