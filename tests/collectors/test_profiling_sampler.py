@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -187,3 +188,39 @@ def test_config_rejects(tmp_path: Path, text: str) -> None:
     path.write_text(text + "\n")
     with pytest.raises(ConfigError, match=r"nvml_profiling_interval|dcgm_names"):
         load_config(path, Settings())
+
+
+def _holder(name: str, uuid: str, index: int) -> Any:
+    from accelstats.attribution.containers import AcceleratorStats, ContainerIdentity, ContainerStats
+
+    return ContainerStats(cgroup=f"/docker/{name}", identity=ContainerIdentity(runtime="docker", id=name),
+                          accelerators=[AcceleratorStats(
+                              make="nvidia", model="NVIDIA H200", id=uuid, minor=index, index=index,
+                              attribution="devices_cgroup", memory_total_bytes=None, memory_used_bytes=None,
+                              duty_cycle=None, container_memory_used_bytes=0, container_sm_utilization_ratio=None,
+                              container_processes=0)])
+
+
+def test_a_sole_holder_carries_its_devices_ratios_and_sharers_get_none(ready: NvidiaBackend) -> None:
+    """GPU 0 held by container a alone: a's series carry GPU 0's SM, tensor and DRAM activity. The MIG
+    instance 1 held by b alone: b gets the instance's own values. GPU 1 held by c and d: no series (GPM
+    measures the device, not the processes)."""
+    snap = DeviceSnapshot()
+    ready.update(snap)
+    mig1 = next(d.uuid for d in snap.devices if d.gpu_instance_id == 1)
+    containers = [_holder("a", GPU0, 0), _holder("b", mig1, 1),
+                  _holder("c", "GPU-5f1c2a9e-0b7d-4c3e-9a61-2d8e4f7b9c11", 1),
+                  _holder("d", "GPU-5f1c2a9e-0b7d-4c3e-9a61-2d8e4f7b9c11", 1)]
+    got: dict[str, dict[tuple[str, str], float]] = {}
+    for fam in render(Collection(snapshot=snap, containers=containers)):
+        if fam.name.startswith("accelstats_container_gpu_") and fam.name.endswith(("active_ratio", "occupancy_ratio")):
+            for s in fam.samples:
+                got.setdefault(s.name, {})[(s.labels["id"], s.labels.get("pipe", ""))] = s.value
+    assert got["accelstats_container_gpu_sm_active_ratio"] == pytest.approx(
+        {("/docker/a", ""): 0.8, ("/docker/b", ""): 0.7})
+    assert got["accelstats_container_gpu_dram_active_ratio"] == pytest.approx(
+        {("/docker/a", ""): 0.3, ("/docker/b", ""): 0.45})
+    assert got["accelstats_container_gpu_tensor_active_ratio"][("/docker/a", "any")] == pytest.approx(0.55)
+    assert got["accelstats_container_gpu_sm_occupancy_ratio"] == pytest.approx(
+        {("/docker/a", ""): 0.4, ("/docker/b", ""): 0.35})
+    assert not any(cid in ("/docker/c", "/docker/d") for fam in got.values() for cid, _ in fam)
