@@ -282,6 +282,71 @@ GPU_SAMPLED: tuple[Family, ...] = (
          _process_counts, ("type",)),
 )
 
+# --- §2a GPM profiling and NVLink, read in the background (collectors/profiling.py, collectors/nvlink.py) ---
+
+
+def _profile(key: str) -> SampleReader:
+    def read(sample: DeviceSample) -> Iterable[Reading]:
+        for k, label, value in sample.profiling:
+            if k == key:
+                yield ((label,) if label else ()), value
+    return read
+
+
+def _nvlink_up(sample: DeviceSample) -> Iterable[Reading]:
+    for link in sample.nvlinks:
+        if link.up is not None:
+            yield (str(link.link),), 1.0 if link.up else 0.0
+
+
+def _nvlink_pairs(attr: str) -> SampleReader:
+    def read(sample: DeviceSample) -> Iterable[Reading]:
+        for link in sample.nvlinks:
+            for key, n in getattr(link, attr):
+                yield (str(link.link), key), float(n)
+    return read
+
+
+def _profiling_state(sample: DeviceSample) -> Iterable[Reading]:
+    state, reason = sample.profiling_state
+    if state:
+        yield (state, reason), 1.0
+
+
+_GPM = "over the last profiling interval (NVML GPM, nvmlGpmMetricsGet; percent/100)"
+PROFILING: tuple[Family, ...] = (
+    _gpu("accelstats_gpu_sm_active_ratio", f"Fraction of SMs busy (at least one warp resident) {_GPM}.",
+         _profile("sm_active")),
+    _gpu("accelstats_gpu_sm_occupancy_ratio", f"Resident warps as a fraction of the SMs' maximum {_GPM}.",
+         _profile("sm_occupancy")),
+    _gpu("accelstats_gpu_graphics_engine_active_ratio",
+         f"Fraction of time the graphics or compute engine was active {_GPM}.", _profile("graphics_engine_active")),
+    _gpu("accelstats_gpu_tensor_active_ratio",
+         f"Fraction of time the SMs' tensor pipes were busy, by pipe (any, hmma, imma, dfma, dmma) {_GPM}.",
+         _profile("tensor_active"), ("pipe",)),
+    _gpu("accelstats_gpu_dram_active_ratio", f"Fraction of the peak DRAM bandwidth used {_GPM}.",
+         _profile("dram_active")),
+    _gpu("accelstats_gpu_pipe_active_ratio",
+         f"Fraction of time the SMs did non-tensor math, by pipe (fp64, fp32, fp16, integer) {_GPM}.",
+         _profile("pipe_active"), ("pipe",)),
+    _gpu("accelstats_gpu_nvdec_active_ratio", f"Utilisation of each NVDEC video decoder engine {_GPM}.",
+         _profile("nvdec_active"), ("engine",)),
+    _gpu("accelstats_gpu_nvjpg_active_ratio", f"Utilisation of each NVJPG JPEG decoder engine {_GPM}.",
+         _profile("nvjpg_active"), ("engine",)),
+    _gpu("accelstats_gpu_profiling_state",
+         "The GPU's or MIG instance's GPM profiling state, value 1: ready (metrics published), waiting (no two "
+         "samples yet, or the last sample failed) or unsupported (no GPM: a GPU before Hopper, a driver before "
+         "R525); reason says why.", _profiling_state, ("state", "reason")),
+    _gpu("accelstats_gpu_nvlink_up", "1 while the NVLink link is active, 0 when down (nvmlDeviceGetNvLinkState).",
+         _nvlink_up, ("link",)),
+    _gpu("accelstats_gpu_nvlink_data_bytes_total",
+         "NVLink payload bytes by link and direction (tx: sent, rx: received; NVML's THROUGHPUT_DATA "
+         "field values, KiB x 1024).", _nvlink_pairs("data_bytes"), ("link", "direction"), "counter"),
+    _gpu("accelstats_gpu_nvlink_errors_total",
+         "NVLink data-link errors by link and type (crc_flit, replay, recovery; nvmlDeviceGetNvLinkErrorCounter).",
+         _nvlink_pairs("errors"), ("link", "type"), "counter"),
+)
+
 # --- Nomad device plugin Stats (one StatObject attribute per row; accelstats/nomad/devices.py) -------
 MIB = 1 << 20
 Ratio = tuple[float | int | None, float | int | None]  # (numerator, denominator); numerator None: "N/A"
@@ -427,6 +492,43 @@ POD_RESOURCES_ERRORS = Family(
     ("reason",),
     lambda c: [((reason,), float(n)) for reason, n in c.snapshot.kubelet.errors] if c.snapshot.kubelet else [])
 KUBERNETES = (KUBERNETES_ALLOCATION, KUBERNETES_CLAIM_ALLOCATION, POD_RESOURCES_UP, POD_RESOURCES_ERRORS)
+
+
+def _sole_holder(key: str) -> Reader:
+    """A device's GPM ``key`` metric on the series of the one container holding it (a whole GPU or a
+    MIG instance); nothing where several containers hold the device: GPM measures the GPU or GPU
+    instance, not processes, so a shared device's activity cannot be split among them."""
+    def collect(c: Collection) -> Iterator[Reading]:
+        holders = _holders(c)
+        count: dict[str, int] = {}
+        for container, _ in holders:
+            for a in container.accelerators:
+                count[a.id] = count.get(a.id, 0) + 1
+        index = {d.uuid: d.index for d in c.snapshot.devices}
+        for container, ident in holders:
+            for a in container.accelerators:
+                sample = c.snapshot.samples.get(a.id)
+                if count[a.id] != 1 or sample is None or not sample.up:
+                    continue
+                base = ident + (a.id, str(index.get(a.id, a.index)), a.attribution)
+                for k, label, value in sample.profiling:
+                    if k == key:
+                        yield base + ((label,) if label else ()), value
+    return collect
+
+
+_SOLE = ("of the device the container alone holds (a whole GPU or a MIG instance; absent where containers "
+         "share it: GPM measures the device, not processes)")
+CONTAINER_PROFILING = (
+    Family("accelstats_container_gpu_sm_active_ratio", "gauge", f"GPM SM activity {_SOLE}.",
+           CONTAINER_GPU_LABELS, _sole_holder("sm_active")),
+    Family("accelstats_container_gpu_sm_occupancy_ratio", "gauge", f"GPM SM occupancy {_SOLE}.",
+           CONTAINER_GPU_LABELS, _sole_holder("sm_occupancy")),
+    Family("accelstats_container_gpu_tensor_active_ratio", "gauge", f"GPM tensor pipe activity by pipe {_SOLE}.",
+           CONTAINER_GPU_LABELS + ("pipe",), _sole_holder("tensor_active")),
+    Family("accelstats_container_gpu_dram_active_ratio", "gauge", f"GPM DRAM bandwidth use {_SOLE}.",
+           CONTAINER_GPU_LABELS, _sole_holder("dram_active")),
+)
 
 # --- §3a GPU accounting: counters integrated by the background sampler (accelstats/accounting/) ------
 ACCOUNTING_LABELS = CONTAINER_LABELS + ("uuid", "gpu")  # no attribution label: it may change mid-life
@@ -614,7 +716,7 @@ SERVER = (HTTP_REFUSED, HTTP_REQUESTS, WEB_CONFIG_RELOAD_FAILURES)  # read by th
 EXPORTER = (BUILD_INFO, COLLECTOR_SUCCESS, COLLECTOR_DURATION, COLLECTOR_LAST_SUCCESS, SKIPPED_LINES,
             ATTRIBUTION_SKIPPED, NVML_ERRORS, NVML_STATE, *SERVER)
 
-ALL: tuple[Family, ...] = (*CADVISOR, GPU_INFO, GPU_UP, GPU_LAST_SUCCESS, *GPU_SAMPLED, *CONTAINER, *KUBERNETES,
-                           *ACCOUNTING, *FILES, *MPS, *EXPORTER)
+ALL: tuple[Family, ...] = (*CADVISOR, GPU_INFO, GPU_UP, GPU_LAST_SUCCESS, *GPU_SAMPLED, *PROFILING, *CONTAINER,
+                           *CONTAINER_PROFILING, *KUBERNETES, *ACCOUNTING, *FILES, *MPS, *EXPORTER)
 #: The families read from a collection, in exposition order (every row but the HTTP server's).
 COLLECTED: tuple[Family, ...] = tuple(f for f in ALL if f.read is not None)

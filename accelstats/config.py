@@ -17,6 +17,8 @@ settings as the command line::
     nvml_deadline = 1.5                # seconds a collection waits for NVML before marking a GPU down
     collection_deadline = 4.0          # seconds a whole collection may take; late parts are served as of their last run
     nvml_pcie_interval = 10.0          # seconds between background PCIe throughput reads; 0 = off
+    nvml_profiling_interval = 10.0     # seconds between GPM samples and NVLink reads (background); 0 = off
+    dcgm_names = false                 # also publish profiling/NVLink readings under dcgm-exporter's names
     accounting_interval = 1.0          # seconds between per-process accounting reads (>= 0.1); 0 = off
     collectors = ["nvidia", "files"]   # enabled collectors (default: those enabled by default)
     web_config = ""                    # exporter-toolkit web config (TLS, basic auth); "" = plain HTTP
@@ -175,7 +177,7 @@ def load_config(path: Path, base: Settings | None = None) -> Settings:
     known = {"listen", "nvml_replay", "cgroup_root", "proc_root", "sysfs_root", "rootfs", "open_fd_scan", "log_level",
              "log_format",
              "nvml_retry_interval", "nvml_deadline", "collection_deadline", "nvml_pcie_interval",
-             "accounting_interval", "collectors", "file_devices", "mps",
+             "nvml_profiling_interval", "dcgm_names", "accounting_interval", "collectors", "file_devices", "mps",
              "web_config", "runtimes", "kubernetes"}
     changes: dict[str, Any] = {}
     for key, value in data.items():
@@ -184,7 +186,7 @@ def load_config(path: Path, base: Settings | None = None) -> Settings:
         if key == "listen":
             changes["listen_host"], changes["listen_port"] = parse_listen(
                 _expect(where, key, value, str), f"{where}: key 'listen'")
-        elif key == "open_fd_scan":
+        elif key in ("open_fd_scan", "dcgm_names"):
             changes[key] = _expect(where, key, value, bool)
         elif key in ("nvml_replay", "cgroup_root", "proc_root", "sysfs_root", "rootfs", "web_config"):
             p = _path(folder, _expect(where, key, value, str))
@@ -202,7 +204,7 @@ def load_config(path: Path, base: Settings | None = None) -> Settings:
             if not math.isfinite(seconds) or seconds <= 0:
                 raise ConfigError(f"{where}: key {key!r}: must be a finite number > 0, got {value!r}")
             changes[key] = seconds
-        elif key in ("nvml_pcie_interval", "accounting_interval"):
+        elif key in ("nvml_pcie_interval", "nvml_profiling_interval", "accounting_interval"):
             seconds = float(_expect(where, key, value, (int, float)))
             least = ACCOUNTING_INTERVAL_MIN if key == "accounting_interval" else 0.0
             if not math.isfinite(seconds) or seconds < 0 or 0 < seconds < least:

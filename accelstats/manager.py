@@ -111,6 +111,7 @@ class Collection:
     notes: dict[str, str] = field(default_factory=dict)  # host-wide attribution conditions, for the CLI
     collector_last_success: dict[str, float] = field(default_factory=dict)  # name -> Unix time
     accounting: AccountingView | None = None  # GPU accounting counters (None: accounting off)
+    dcgm_names: bool = False  # also render dcgm-exporter's names (accelstats/dcgm.py; setting dcgm_names)
 
 
 class AcceleratorManager:
@@ -263,7 +264,7 @@ class AcceleratorManager:
                 snapshot.collector_results.append(result)
                 if result.success:
                     self._last_success[result.name] = time.time()
-            collection = Collection(snapshot=snapshot, started=started)
+            collection = Collection(snapshot=snapshot, started=started, dcgm_names=self.settings.dcgm_names)
             if self._attributor is not None:
                 snapshot.collector_results.append(self._attribute(collection, deadline_at))
             if self.ledger is not None:

@@ -48,7 +48,8 @@ class CollectorEntry:
 
 def _nvidia(settings: Settings, nvml: Any) -> Collector:
     return NvidiaBackend(nvml, sysfs_root=settings.sysfs_root, retry_interval=settings.nvml_retry_interval,
-                         deadline=settings.nvml_deadline, pcie_interval=settings.nvml_pcie_interval)
+                         deadline=settings.nvml_deadline, pcie_interval=settings.nvml_pcie_interval,
+                         profiling_interval=settings.nvml_profiling_interval)
 
 
 def _files(settings: Settings, nvml: Any) -> Collector | None:

@@ -159,6 +159,8 @@ class Settings:
     nvml_deadline: float = 1.5
     collection_deadline: float = 4.0  # a collection answers by then; a late part serves its last result
     nvml_pcie_interval: float = 10.0  # 0: PCIe throughput not read (collectors/pcie.py)
+    nvml_profiling_interval: float = 10.0  # 0: GPM profiling metrics and NVLink not read (collectors/profiling.py)
+    dcgm_names: bool = False  # also publish the profiling and NVLink readings under dcgm-exporter's names
     accounting_interval: float = 1.0  # 0: no GPU accounting counters (accelstats/accounting/)
     collectors: tuple[str, ...] | None = None  # None: each collector's default
     file_devices: FileDevicesSettings = field(default_factory=FileDevicesSettings)

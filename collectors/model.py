@@ -65,6 +65,19 @@ class ProcessUsage:
 
 
 @dataclass(frozen=True)
+class NvLinkReading:
+    """One NVLink link of a GPU, read in the background (:mod:`collectors.nvlink`): ``up`` from
+    ``nvmlDeviceGetNvLinkState`` (None: not answered), ``data_bytes`` ``(direction, bytes)`` counters
+    from the THROUGHPUT_DATA fields (NVML's KiB x 1024; "tx" sent, "rx" received), ``errors``
+    ``(type, count)`` from ``nvmlDeviceGetNvLinkErrorCounter`` ("crc_flit", "replay", "recovery")."""
+
+    link: int
+    up: bool | None = None
+    data_bytes: tuple[tuple[str, int], ...] = ()
+    errors: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True)
 class DeviceSample:
     """One reading of one device in one collection. ``up`` is False when the device did not answer
     (GPU lost, unknown error, call past the deadline); then ``error`` says why and all values are absent.
@@ -101,6 +114,11 @@ class DeviceSample:
     # (direction, bytes/s): "rx" host to GPU, "tx" GPU to host; read in the background (collectors/pcie.py)
     pcie_throughput_bytes_per_second: tuple[tuple[str, float], ...] = ()
     fan_speed_ratio: float | None = None
+    # GPM profiling metrics over the last background interval (collectors/profiling.py): (family key, label
+    # value or "", ratio 0-1); profiling_state: (state, reason), state "" when the sampler is off
+    profiling: tuple[tuple[str, str, float], ...] = ()
+    profiling_state: tuple[str, str] = ("", "")
+    nvlinks: tuple[NvLinkReading, ...] = ()  # GPUs only; () also where the GPU has no NVLink
     xid_errors: tuple[tuple[int, int], ...] = ()  # (xid, count) since start: NVML critical-XID events
     xid_critical: int | None = None  # the last XID that makes the GPU unfit for work; 0: none; None: not watched
     processes: tuple[ProcessUsage, ...] | None = None  # None: no process list readable

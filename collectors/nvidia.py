@@ -13,7 +13,8 @@ library underneath). Rules it follows:
 * One device's error never blanks another: a device that stops answering gets ``up=False``.
 * Slow calls (total energy ~3 ms, BAR1 / ECC / PCIe replay ~0.1 ms, measured on an H200) are refreshed at
   most every ``slow_interval`` seconds; PCIe throughput (~21 ms, blocking) is read by the background
-  :class:`collectors.pcie.PcieSampler`, whose last reading the pass copies.
+  :class:`collectors.pcie.PcieSampler`, whose last reading the pass copies; GPM profiling metrics and
+  NVLink links likewise by :class:`collectors.profiling.ProfilingSampler`.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from collectors.nvml_call import DeviceLostError, NvmlCaller, NvmlUnavailableErr
 from collectors.pcie import PcieSampler
 from collectors.processes import running_processes
 from collectors.procsampler import ProcessRound, ProcessSampler
+from collectors.profiling import ProfilingSampler, Target
 from collectors.xid import XidWatcher
 
 log = logging.getLogger(__name__)
@@ -117,7 +119,9 @@ class NvidiaBackend:
     seconds between NVML init attempts while it is unavailable (0: a one-shot command, which says no
     "retrying"); ``slow_interval``: seconds between reads of the slow values (energy, BAR1, ECC,
     remapped rows, PCIe replays); ``pcie_interval``:
-    seconds between background PCIe throughput rounds (0: not read; :mod:`collectors.pcie`).
+    seconds between background PCIe throughput rounds (0: not read; :mod:`collectors.pcie`);
+    ``profiling_interval``: seconds between GPM samples and NVLink reads (0: not read;
+    :mod:`collectors.profiling`).
     """
 
     name = "nvidia"
@@ -125,7 +129,7 @@ class NvidiaBackend:
 
     def __init__(self, nvml: Any = None, *, sysfs_root: Path = Path("/sys"), pci_scan: bool | None = None,
                  retry_interval: float = 30.0, slow_interval: float = 10.0, deadline: float = 1.5,
-                 pcie_interval: float = 10.0) -> None:
+                 pcie_interval: float = 10.0, profiling_interval: float = 0.0) -> None:
         if nvml is None:
             import pynvml
 
@@ -160,6 +164,9 @@ class NvidiaBackend:
         self.accounting: ProcessSampler | None = None  # enable_accounting: per-process accounting reads
         if pcie_interval > 0:
             self.pcie = PcieSampler(self.call, nvml, pcie_interval, first_wait=min(0.5, deadline / 3))
+        self.profiling: ProfilingSampler | None = None
+        if profiling_interval > 0:
+            self.profiling = ProfilingSampler(self.call, nvml, profiling_interval, first_wait=min(0.5, deadline / 3))
 
     # -- session -----------------------------------------------------------------------------
     def setup(self) -> bool:
@@ -199,6 +206,8 @@ class NvidiaBackend:
         self.xid_watcher.start()
         if self.pcie is not None:
             self.pcie.start(self._gpu_handles())
+        if self.profiling is not None:
+            self.profiling.start(self._profiling_targets())
         if self.accounting is not None:
             self.accounting.start([(s.device, s.handle) for s in self._devices])
         return True
@@ -213,6 +222,18 @@ class NvidiaBackend:
     def _gpu_handles(self) -> dict[str, Any]:
         """``{uuid: handle}`` of the physical GPUs (MIG instances share their parent's link)."""
         return {s.device.uuid: s.handle for s in self._devices if s.device.kind == "gpu"}
+
+    def _profiling_targets(self) -> list[Target]:
+        """Every GPU, and every MIG instance through its parent's handle and GPU instance id (GPM
+        samples a GPU instance: ``nvmlGpmMigSampleGet``)."""
+        handles = self._gpu_handles()
+        out = []
+        for s in self._devices:
+            if s.device.kind == "gpu":
+                out.append(Target(s.device.uuid, s.handle))
+            elif s.device.parent_uuid in handles and s.device.gpu_instance_id is not None:
+                out.append(Target(s.device.uuid, handles[s.device.parent_uuid], s.device.gpu_instance_id))
+        return out
 
     def _fail(self, reason: str) -> bool:
         self.status = reason
@@ -237,7 +258,7 @@ class NvidiaBackend:
         if self._worker.busy and threading.current_thread().name != self._worker.name:
             log.warning("NVML left initialised: a call has not returned")
             return
-        for sampler in (self.pcie, self.accounting):
+        for sampler in (self.pcie, self.accounting, self.profiling):
             if sampler is None:
                 continue
             sampler.stop()
@@ -245,6 +266,8 @@ class NvidiaBackend:
                 log.warning("NVML left initialised: a %s call has not returned", sampler.what)
                 sampler.resume()  # NVML stays up: so does the sampler (its stuck round is not doubled)
                 return
+        if self.profiling is not None and self._initialised:
+            self.profiling.release()  # its GPM samples, while NVML is up and no round runs
         watcher, self.xid_watcher = self.xid_watcher, None
         self._devices = []
         if self._initialised:
@@ -271,7 +294,7 @@ class NvidiaBackend:
         after this."""
         self.shutdown()
         self._worker.stop()
-        for sampler in (self.pcie, self.accounting):
+        for sampler in (self.pcie, self.accounting, self.profiling):
             if sampler is not None:
                 sampler.close()
 
@@ -469,6 +492,8 @@ class NvidiaBackend:
         self._devices = merged
         if self.pcie is not None:
             self.pcie.set_handles(self._gpu_handles())
+        if self.profiling is not None:
+            self.profiling.set_targets(self._profiling_targets())
         if self.accounting is not None:
             self.accounting.set_devices([(s.device, s.handle) for s in self._devices])
 
@@ -482,9 +507,12 @@ class NvidiaBackend:
             # Any other failed v2 call leaves memory out of this reading, never the overstated figure.
             mem = c("nvmlDeviceGetMemoryInfo", h)
         processes, process_types = self._processes(state)
+        profile, profiling_state, nvlinks = (self.profiling.reading(dev.uuid) if self.profiling is not None
+                                             else ((), ("", ""), ()))
         if dev.kind == "mig":
             return DeviceSample(
                 uuid=dev.uuid, up=True, processes=processes, process_types=process_types,
+                profiling=profile, profiling_state=profiling_state,
                 memory_total_bytes=getattr(mem, "total", None), memory_used_bytes=getattr(mem, "used", None),
                 memory_free_bytes=getattr(mem, "free", None),
                 memory_reserved_bytes=getattr(mem, "reserved", None),
@@ -540,6 +568,7 @@ class NvidiaBackend:
             pcie_replays=slow.get("pcie_replays"),
             pcie_throughput_bytes_per_second=self.pcie.reading(dev.uuid) if self.pcie is not None else (),
             fan_speed_ratio=fan / 100.0 if fan is not None else None,
+            profiling=profile, profiling_state=profiling_state, nvlinks=nvlinks,
             processes=processes, process_types=process_types,
             xid_errors=self.xid_watcher.counts(dev.uuid) if self.xid_watcher is not None else (),
             xid_critical=self.xid_watcher.critical(dev.uuid) if self.xid_watcher is not None else None,

@@ -108,6 +108,34 @@ def fleet() -> Dashboard:
            "(accelstats_gpu_processes).", "short",
            [query(f"accelstats_gpu_processes{{{GPU}}}", GPU_LEGEND + " {{type}}")]),
     ])
+    profiling: Row = ("Profiling (GPM) and NVLink", [
+        ts("SM activity and occupancy", "Fraction of SMs busy (accelstats_gpu_sm_active_ratio) and resident warps "
+           "as a fraction of the maximum (accelstats_gpu_sm_occupancy_ratio), from NVML's GPM over the profiling "
+           "interval; Hopper and newer, MIG instances included. A kernel can keep utilisation at 100% with few "
+           "SMs busy.", "percentunit",
+           [query(f"accelstats_gpu_sm_active_ratio{{{GPU}}}", GPU_LEGEND + " SM active"),
+            query(f"accelstats_gpu_sm_occupancy_ratio{{{GPU}}}", GPU_LEGEND + " occupancy")]).min(0).max(1),
+        ts("Tensor core activity", "Fraction of time the tensor pipes were busy, by pipe "
+           "(accelstats_gpu_tensor_active_ratio; any, hmma, imma, dfma, dmma).", "percentunit",
+           [query(f"accelstats_gpu_tensor_active_ratio{{{GPU}}}", GPU_LEGEND + " {{pipe}}")]).min(0).max(1),
+        ts("DRAM bandwidth used", "Fraction of the peak device-memory bandwidth used "
+           "(accelstats_gpu_dram_active_ratio): high for memory-bound kernels.", "percentunit",
+           [query(f"accelstats_gpu_dram_active_ratio{{{GPU}}}", GPU_LEGEND)]).min(0).max(1),
+        ts("FP64, FP32, FP16 and integer pipes", "Fraction of time the SMs did non-tensor math, by pipe "
+           "(accelstats_gpu_pipe_active_ratio).", "percentunit",
+           [query(f"accelstats_gpu_pipe_active_ratio{{{GPU}}}", GPU_LEGEND + " {{pipe}}")]).min(0).max(1),
+        ts("NVLink throughput", "NVLink payload per second by link and direction (rate of "
+           "accelstats_gpu_nvlink_data_bytes_total; tx sent, rx received).", "Bps",
+           [query(f"rate(accelstats_gpu_nvlink_data_bytes_total{{{GPU}}}[$__rate_interval])",
+                  GPU_LEGEND + " link {{link}} {{direction}}")]),
+        timeline("NVLink links", "Each NVLink link up or down (accelstats_gpu_nvlink_up, "
+                 "nvmlDeviceGetNvLinkState).", "none",
+                 [query(f"accelstats_gpu_nvlink_up{{{GPU}}}", GPU_LEGEND + " link {{link}}")], 12, 8, UP_DOWN),
+        ts("NVLink errors per second", "NVLink data-link errors by link and type (rate of "
+           "accelstats_gpu_nvlink_errors_total; crc_flit, replay, recovery).", "short",
+           [query(f"rate(accelstats_gpu_nvlink_errors_total{{{GPU}}}[$__rate_interval])",
+                  GPU_LEGEND + " link {{link}} {{type}}")], 24, 8),
+    ])
     power: Row = ("Power, energy and temperature", [
         ts("Power draw and limit", "Board power draw (accelstats_gpu_power_watts) and the enforced power limit "
            "(accelstats_gpu_power_limit_watts).", "watt",
@@ -194,10 +222,10 @@ def fleet() -> Dashboard:
                   "{{instance}} {{collector}}")], 12, 6).min(0),
     ])
     return dashboard(uid="accelstats-gpu-fleet", title="accelstats / GPU fleet",
-                     description="NVIDIA GPUs per node: utilisation, memory, power, temperature, clocks, errors, "
-                     "PCIe (accelstats exporter).", tags=TAGS,
+                     description="NVIDIA GPUs per node: utilisation, memory, profiling (GPM) and NVLink, power, "
+                     "temperature, clocks, errors, PCIe (accelstats exporter).", tags=TAGS,
                      variables=[datasource_variable(), instance_variable(), gpu_variable()],
-                     rows=[overview, usage, power, clocks, errors, pcie, exporter])
+                     rows=[overview, usage, profiling, power, clocks, errors, pcie, exporter])
 
 
 # --- Containers ---------------------------------------------------------------------------------------

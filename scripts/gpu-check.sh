@@ -189,6 +189,11 @@ step "GPU accounting on live NVML: a busy process's SM-seconds, memory byte-seco
 timeout 120 $py scripts/accounting_check.py --seconds 12 >> "$OUT/gpu-check.md" 2> "$OUT/accounting-check.err" || fail=1
 tail -n 8 "$OUT/gpu-check.md"
 
+step "GPM profiling and NVLink under load: tensor activity rises with a matmul, DRAM activity with a copy (torch)"
+# three phases of 12 s on GPU 0 (idle, bf16 matmul, 2 GiB copies), read by accelstats' own sampler every second
+timeout 180 $py "$repo/scripts/profiling_check.py" --seconds 12 >> "$OUT/gpu-check.md" 2> "$OUT/profiling-check.err" || fail=1
+tail -n 25 "$OUT/gpu-check.md"
+
 step "scrape cost on live NVML: accelstats vs the NVML floor vs nvidia-smi (target: accelstats / floor <= 2)"
 # 1 GPU x 10 synthetic containers; 100 interleaved rounds, 0.25 s apart (about a minute); exit 1 = target missed
 timeout 300 $py "$repo/benchmarks/cost.py" --live --rounds 100 > "$OUT/cost.txt" 2>&1 || fail=1

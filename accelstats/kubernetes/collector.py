@@ -25,16 +25,21 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from accelstats.cgroups.devices_list import MigCap, parse_mig_minors
-from accelstats.kubernetes.cdi import SPEC_DIRS, CdiResolved, CdiSpecs, load_specs, resolve_cdi
 from accelstats.kubernetes.device_ids import Resolved, resolve
 from accelstats.kubernetes.podresources import PodAllocations, PodResourcesClient, PodResourcesError, SocketAbsent
 from accelstats.settings import KubernetesSettings
 from collectors.fsread import read_small
 from collectors.model import Device, DeviceSnapshot, KubeletAllocation, KubeletReading, NoDataError
 
+if TYPE_CHECKING:  # cdi.py brings PyYAML: imported when a List answer has claims, not by every serve
+    from accelstats.kubernetes.cdi import CdiResolved, CdiSpecs
+
 log = logging.getLogger(__name__)
+CDI_SPEC_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
+"""The CDI spec directories (``accelstats.kubernetes.cdi.SPEC_DIRS``), under ``--rootfs``."""
 
 
 class KubernetesCollector:
@@ -49,7 +54,7 @@ class KubernetesCollector:
     def __init__(self, settings: KubernetesSettings, client: PodResourcesClient | None = None, *,
                  rootfs: Path = Path("/"), proc_root: Path = Path("/proc")) -> None:
         self.settings = settings
-        self.cdi_dirs = tuple(rootfs / d.relative_to("/") for d in SPEC_DIRS)
+        self.cdi_dirs = tuple(rootfs / d.relative_to("/") for d in CDI_SPEC_DIRS)
         self.proc_root = proc_root
         self._cdi_logged: set[str] = set()  # unresolved CDI names already logged
         self.client = client or PodResourcesClient(str(settings.pod_resources_socket))
@@ -74,6 +79,8 @@ class KubernetesCollector:
             self._failing = ""
         cdi = None
         if answer.claims:
+            from accelstats.kubernetes.cdi import load_specs
+
             cdi = CdiContext(load_specs(self.cdi_dirs), self._mig_caps(snapshot.devices), self._cdi_logged)
         snapshot.kubelet = KubeletReading(True, allocations=allocations(answer, snapshot.devices,
                                                                         self.settings.resources, cdi),
@@ -138,6 +145,8 @@ def claim_device(names: Sequence[str], devices: Sequence[Device], cdi: CdiContex
     (``ClaimResource.cdi_devices``: one name per device as NVIDIA's DRA driver writes them; several names
     must agree), or None: no name, a name that does not resolve (its reason logged once at INFO, per name
     and reason), or names naming different devices."""
+    from accelstats.kubernetes.cdi import CdiResolved, resolve_cdi
+
     found: CdiResolved | None = None
     for name in names:
         r = resolve_cdi(name, cdi.specs, devices, cdi.mig_caps)

@@ -22,11 +22,16 @@ from prometheus_client import utils as _client_utils
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 
-from accelstats import catalog
+from accelstats import catalog, dcgm
 from accelstats.catalog import Family
 
 if TYPE_CHECKING:
     from accelstats.manager import AcceleratorManager, Collection
+
+
+RENDERED: tuple[Family, ...] = catalog.COLLECTED + dcgm.FAMILIES
+"""What a collection renders: the catalog's families, then dcgm-exporter's names (empty unless the
+``dcgm_names`` setting is on: :mod:`accelstats.dcgm`)."""
 
 
 def _family(spec: Family) -> GaugeMetricFamily | CounterMetricFamily:
@@ -39,7 +44,7 @@ def render(collection: Collection) -> Iterator[Metric]:
     """The catalog's families for one collection, each filled by its row's reader
     (:data:`catalog.COLLECTED`); families with no sample this time are left out (``describe()``
     still declares them all)."""
-    for spec in catalog.COLLECTED:
+    for spec in RENDERED:
         assert spec.read is not None
         family = None
         for labels, value in spec.read(collection):
@@ -69,7 +74,7 @@ class AccelstatsCollector:
 def describe_catalog() -> Iterator[Metric]:
     """Every family of the catalog (:data:`catalog.ALL`), without samples: what a registry needs to
     find a family by name (``name[]`` filters) without collecting."""
-    for spec in catalog.ALL:
+    for spec in (*catalog.ALL, *dcgm.FAMILIES):
         yield _family(spec)
 
 
@@ -164,7 +169,7 @@ class FastEncoder:
         """Label strings held (both generations)."""
         return len(self._labels) + len(self._previous)
 
-    def encode(self, collection: Collection, fmt: str, families: Iterable[Family] = catalog.COLLECTED) -> str:
+    def encode(self, collection: Collection, fmt: str, families: Iterable[Family] = RENDERED) -> str:
         """The exposition text of ``collection``'s families (without OpenMetrics' ``# EOF``: the
         caller appends the server's families and ends the body). Families without a sample are left
         out, as :func:`accelstats.web.exposition.render` leaves them out."""

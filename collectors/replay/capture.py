@@ -79,6 +79,22 @@ applied by :mod:`collectors.replay.device_state`)::
     at_s = 0.5                       # due this long after the first nvmlInit (default 0)
     gpu_instance_id = 1              # optional, MIG: one of this GPU's instances (compute_instance_id too)
 
+GPM profiling metrics and NVLink links (a Hopper-or-newer GPU; :mod:`collectors.replay.gpm` answers them)::
+
+    [gpu.gpm]                        # the GPU supports GPM; nvmlGpmMetricsGet answers these values
+    sm_util = 80.0                   #   between any two samples: NVML_GPM_METRIC_<KEY> in lower case, in
+    any_tensor_util = 55.0           #   NVML's units (percent 0-100, MiB/s for the *_per_sec ones); a
+    dram_bw_util = 30.0              #   metric left out answers NOT_SUPPORTED; no table: not a GPM device
+    [gpu.mig.gpm]                    # the same for one MIG instance (nvmlGpmMigSampleGet)
+    [[gpu.nvlink]]                   # one NVLink link (nvmlDeviceGetNvLinkState, field values, error counters)
+    link = 0                         # required, 0..NVML_NVLINK_MAX_LINKS-1, each once
+    state = "up"                     # "up" (default) | "down"
+    throughput_data_tx = 1024        # KiB sent so far (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX; default 0)
+    throughput_data_rx = 2048        # KiB received so far (…_DATA_RX; default 0)
+    crc_flit_errors = 0              # nvmlDeviceGetNvLinkErrorCounter NVML_NVLINK_ERROR_DL_CRC_FLIT (default 0)
+    replay_errors = 0                # … NVML_NVLINK_ERROR_DL_REPLAY (default 0)
+    recovery_errors = 0              # … NVML_NVLINK_ERROR_DL_RECOVERY (default 0)
+
 The top-level ``[[fault]]`` table (call-counting failures and hangs) is test support, read by
 ``tests/support/replay_faults.py`` through ``ReplayState.extra``; the product refuses it unless asked
 to keep it (``tables``).
@@ -237,6 +253,21 @@ class MigCapture:
     bar1_free_bytes: int | None = None
     profile: str | None = None
     uuid: str | None = None
+    gpm: tuple[tuple[int, float], ...] | None = None  # (NVML_GPM_METRIC_* id, value); None: no GPM
+
+
+@dataclass(frozen=True)
+class NvLinkCapture:
+    """One NVLink link of a scenario ``[[gpu.nvlink]]``: ``up`` its state, data counters in KiB (as
+    NVML's THROUGHPUT_DATA fields answer), error counters by nvmlNvLinkErrorCounter_t."""
+
+    link: int
+    up: bool = True
+    throughput_data_tx: int = 0
+    throughput_data_rx: int = 0
+    crc_flit_errors: int = 0
+    replay_errors: int = 0
+    recovery_errors: int = 0
 
 
 @dataclass(frozen=True)
@@ -341,6 +372,10 @@ class GpuCapture:
     call_errors: tuple[tuple[str, str], ...] = ()
     call_hangs: tuple[tuple[str, float], ...] = ()
     xids: tuple[XidCapture, ...] = ()
+    # GPM and NVLink (scenarios only): (NVML_GPM_METRIC_* id, value) answered between two samples (None:
+    # not a GPM device, as every capture), and the NVLink links
+    gpm: tuple[tuple[int, float], ...] | None = None
+    nvlinks: tuple[NvLinkCapture, ...] = ()
 
 
 # Largest values of NVML's C types: unsigned int, unsigned long long. A process's usedGpuMemory of
@@ -799,12 +834,15 @@ def mig_profile(parent: GpuCapture, mig: MigCapture) -> str:
 # -- scenarios ---------------------------------------------------------------------------------------
 MAX_HANG_SECONDS = 365 * 86400  # a year; time.sleep refuses from about 9.2e9 s (OverflowError / EINVAL)
 _GPU_KEYS = {"capture", "capture_index", "index", "minor", "uuid", "name", "pci_bus_id", "override", "process", "mig",
-             "process_samples", "lost_at_s", "errors", "hangs", "xid"}
+             "process_samples", "lost_at_s", "errors", "hangs", "xid", "gpm", "nvlink"}
 _XID_KEYS = {"xid", "at_s", "gpu_instance_id", "compute_instance_id"}
 PROCESS_SAMPLE_SHAPES = ("mean", "every")
 _PROCESS_KEYS = {"pid", "used_memory_bytes", "sm_utilization_percent", "type", "name", "start_s", "end_s", "step"}
 _STEP_KEYS = {"at_s", "used_memory_bytes", "sm_utilization_percent"}
-_MIG_KEYS = {"gpu_instance_id", "compute_instance_id", "profile", "memory_total_bytes", "uuid", "process"}
+_MIG_KEYS = {"gpu_instance_id", "compute_instance_id", "profile", "memory_total_bytes", "uuid", "process", "gpm"}
+_NVLINK_KEYS = {"link", "state", "throughput_data_tx", "throughput_data_rx", "crc_flit_errors", "replay_errors",
+                "recovery_errors"}
+NVLINK_MAX_LINKS = 36  # nvml.h NVML_NVLINK_MAX_LINKS (pynvml's; 18 before R550)
 _OVERRIDABLE = {f.name: f.type for f in fields(GpuCapture) if f.type in ("int | None", "str | None")}
 
 
@@ -1043,6 +1081,10 @@ def _gpu(t: ScenarioTable, base: Path, captures: dict[Path, tuple[SystemCapture,
                     for k in ("deprecated", "invalid")})
     changes["processes"] = _merge(gpu.processes, extra)
     changes.update(_device_state(t, calls, changes.get("migs", gpu.migs)))
+    if "gpm" in t.data:
+        changes["gpm"] = gpm_table(t, "gpm")
+    if "nvlink" in t.data:
+        changes["nvlinks"] = _nvlinks(t)
     if pick in shared and "uuid" not in changes:
         log.warning("%s; replaying it as %r (%s)", shared[pick], gpu.uuid, t.where)
     return t.get("index", int), replace(gpu, **changes)
@@ -1057,7 +1099,48 @@ def _mig(t: ScenarioTable, index: int) -> MigCapture:
                       compute_instance_id=t.uint("compute_instance_id", default=0),
                       profile=t.get("profile", str, required=True), uuid=t.get("uuid", str),
                       memory_total_bytes=total, memory_reserved_bytes=0, memory_used_bytes=used,
-                      memory_free_bytes=max(0, total - used))
+                      memory_free_bytes=max(0, total - used),
+                      gpm=gpm_table(t, "gpm") if "gpm" in t.data else None)
+
+
+def gpm_metric_ids() -> dict[str, int]:
+    """Scenario ``[gpu.gpm]`` key -> metric id: every ``NVML_GPM_METRIC_<NAME>`` constant of pynvml
+    (but ``_MAX``), the key being ``<name>`` in lower case (``sm_util`` -> 2)."""
+    import pynvml  # the replay's only source of NVML's constants
+
+    return {k.removeprefix("NVML_GPM_METRIC_").lower(): int(v) for k, v in vars(pynvml).items()
+            if k.startswith("NVML_GPM_METRIC_") and k != "NVML_GPM_METRIC_MAX"}
+
+
+def gpm_table(t: ScenarioTable, key: str) -> tuple[tuple[int, float], ...]:
+    """A ``[gpu.gpm]`` / ``[gpu.mig.gpm]`` table: metric names (:func:`gpm_metric_ids`) to finite,
+    non-negative numbers; a percentage (every metric whose name does not end in ``per_sec``) at most 100."""
+    ids = gpm_metric_ids()
+    table = ScenarioTable(t.path, f"{t.where}.{key}", t.data[key], set(ids))
+    out = []
+    for name in table.data:
+        value = float(table.get(name, (int, float)))
+        if not math.isfinite(value):
+            table.fail(f"must be a finite number, got {value!r}", name)
+        if not name.endswith("per_sec") and name.endswith(("util", "occupancy")) and value > 100:
+            table.fail(f"a percentage: must be 0-100, got {value!r}", name)
+        out.append((ids[name], value))
+    return tuple(sorted(out))
+
+
+def _nvlinks(t: ScenarioTable) -> tuple[NvLinkCapture, ...]:
+    links: list[NvLinkCapture] = []
+    for n in t.tables("nvlink", _NVLINK_KEYS):
+        link = n.uint("link", NVLINK_MAX_LINKS - 1, required=True)
+        if any(k.link == link for k in links):
+            n.fail(f"link {link} is given twice", "link")
+        state = n.get("state", str, "up")
+        if state not in ("up", "down"):
+            n.fail(f"expected 'up' or 'down', got {state!r}", "state")
+        links.append(NvLinkCapture(
+            link=link, up=state == "up",
+            **{k: n.uint(k, U64, 0) for k in sorted(_NVLINK_KEYS - {"link", "state"})}))
+    return tuple(links)
 
 
 def load_scenario(path: str | Path, *, tables: Collection[str] = (), calls: Collection[str] = ()) -> Scenario:

@@ -48,7 +48,7 @@ from typing import Any
 
 import pynvml
 
-from collectors.replay import device_state
+from collectors.replay import device_state, gpm
 from collectors.replay.state import ReplayError, ReplayEventData, ReplayEventSet, ReplayState
 
 __all__ = ["LIBRARY", "Generation", "ReplayExtension", "ReplayLibrary", "ReplayedNVML", "generation_for",
@@ -277,7 +277,7 @@ class ReplayLibrary:
 
     def _state_for(self, params: list[str], args: Sequence[Any]) -> ReplayState | None:
         for c, value in zip(params, args, strict=True):
-            if c in ("nvmlDevice_t", "nvmlEventSet_t"):
+            if c in ("nvmlDevice_t", "nvmlEventSet_t", "nvmlGpmSample_t"):
                 obj = self.lookup(value)
                 owner = getattr(obj, "_owner", None)
                 if isinstance(owner, ReplayState):
@@ -545,7 +545,8 @@ _GENERIC = {  # symbol -> the ReplayState method answering it
         "nvmlDeviceGetPcieThroughput", "nvmlDeviceGetMaxMigDeviceCount", "nvmlDeviceGetMigDeviceHandleByIndex",
         "nvmlDeviceIsMigDeviceHandle", "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
         "nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId", "nvmlEventSetCreate", "nvmlEventSetFree",
-        "nvmlDeviceGetSupportedEventTypes", "nvmlDeviceRegisterEvents")},
+        "nvmlDeviceGetSupportedEventTypes", "nvmlDeviceRegisterEvents", "nvmlDeviceGetNvLinkState",
+        "nvmlDeviceGetNvLinkErrorCounter")},
     "nvmlDeviceGetPciInfo_v3": "nvmlDeviceGetPciInfo_v3",
 }
 _ADAPTERS: dict[str, Callable[..., int]] = {
@@ -559,6 +560,7 @@ _ADAPTERS: dict[str, Callable[..., int]] = {
     "nvmlDeviceGetRetiredPages": _retired_pages,
     "nvmlEventSetWait": _event_wait(legacy=True),
     "nvmlEventSetWait_v2": _event_wait(legacy=False),
+    **gpm.ADAPTERS,
 }
 ANSWERED_SYMBOLS = frozenset(_ADAPTERS) | {"nvmlErrorString"}
 """The C functions the replay answers (the others a generation exports answer NOT_SUPPORTED)."""

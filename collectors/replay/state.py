@@ -59,6 +59,7 @@ from collectors.replay.capture import (
     parse_capture,
     pci_bus_id_parts,
 )
+from collectors.replay.gpm import GpmReplay, GpmSample, nvlink_field
 
 __all__ = ["CALL_ALIASES", "IMPLEMENTED_CALLS", "CallHook", "DueEvent", "EventSource", "ReplayError", "ReplayEventData",
            "ReplayEventSet", "ReplayHandle", "ReplayState", "mig_uuid"]
@@ -191,7 +192,7 @@ class _Target:
         self.index, self.gpu, self.mig = index, gpu, mig
 
 
-class ReplayState:
+class ReplayState(GpmReplay):
     """NVML's answers for a :class:`SystemCapture` (module docstring: behaviour).
 
     ``capture``: the GPUs in NVML index order and the system versions. ``path``: the file it came
@@ -224,6 +225,7 @@ class ReplayState:
         self._energy_last: dict[int, int] = {}
         self.t_init: float | None = None  # clock at the first nvmlInit: scenario events count from it
         self._sets: list[ReplayEventSet] = []
+        self.gpm_samples: set[GpmSample] = set()  # allocated GPM samples not freed (collectors.replay.gpm)
 
     @property
     def initialised(self) -> int:
@@ -552,12 +554,21 @@ class ReplayState:
     def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: Sequence[Any]) -> Any:
         """ctypes array of ``c_nvmlFieldValue_t`` (``.fieldId .scopeId .timestamp .valueType
         .nvmlReturn .value.uiVal``), one per id (or ``(id, scope)``): MEMORY_TEMP (°C, ``<memory_temp>``),
-        POWER_AVERAGE / POWER_INSTANT (mW), PCIE_REPLAY_COUNTER; per-field NOT_SUPPORTED otherwise."""
+        POWER_AVERAGE / POWER_INSTANT (mW), PCIE_REPLAY_COUNTER, NVLINK_THROUGHPUT_DATA_TX / _RX (KiB, ``scopeId``
+        the link, ``.value.ullVal``: :func:`collectors.replay.gpm.nvlink_field`); per-field NOT_SUPPORTED otherwise."""
         g = self._device("nvmlDeviceGetFieldValues", handle).gpu
         values = (pynvml.c_nvmlFieldValue_t * len(fieldIds))()
         for v, fid in zip(values, fieldIds, strict=True):
             v.fieldId, v.scopeId = fid if isinstance(fid, tuple) else (fid, 0)
             v.timestamp, v.valueType = self._now_us(), pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+            nvlink = nvlink_field(g, v.fieldId, v.scopeId)
+            if nvlink is not None:
+                v.valueType, v.nvmlReturn, value = nvlink
+                if v.valueType == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT:
+                    v.value.uiVal = value
+                else:
+                    v.value.ullVal = value
+                continue
             reading = getattr(g, _FIELD_IDS[v.fieldId]) if v.fieldId in _FIELD_IDS else None
             v.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED if reading is None else pynvml.NVML_SUCCESS
             v.value.uiVal = reading or 0

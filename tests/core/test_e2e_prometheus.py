@@ -271,6 +271,7 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]
         kubelet = stack.enter_context(kubelet_process(tmp / "kubelet.sock", KUBELET_PODS, tmp / "kubelet.log"))
         config = tmp / "config.toml"
         config.write_text(f'nvml_replay = "{scenario}"\nrootfs = "{rootfs}"\n'
+                          'nvml_profiling_interval = 1.0\n'  # GPM metrics need two samples: within the scrapes
                           f'[kubernetes]\npod_resources_socket = "{kubelet}"\n'
                           f'[file_devices]\ndir = "{files}"\n'
                           f'[mps]\nroot = "{tmp / "mps"}"\ntimeout = 3\n'

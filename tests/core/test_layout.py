@@ -31,6 +31,7 @@ WINGS: tuple[tuple[str, ...], ...] = (
     ("accelstats.cli",),
     ("accelstats.nomad",),
     ("accelstats.web",),
+    ("accelstats.dcgm",),  # dcgm-exporter's names: renamed catalog readings, rendered by the web wing
     ("accelstats.catalog",),
     ("accelstats.manager",),
     ("accelstats.registry",),

@@ -296,3 +296,11 @@ def test_a_garbage_answer(tmp_path: Path, fixtures_dir: Path, kubelet_socket: Ca
     assert got["accelstats_kubernetes_pod_resources_up"] == [({}, 0.0)]
     assert got["accelstats_kubernetes_pod_resources_errors_total"] == [({"reason": "garbage"}, 1.0)]
     _gpu_families_intact(got)
+
+
+def test_the_cdi_directories_are_the_cdi_modules() -> None:
+    """The collector names them without importing cdi.py (PyYAML stays out of a serve without claims)."""
+    from accelstats.kubernetes.cdi import SPEC_DIRS
+    from accelstats.kubernetes.collector import CDI_SPEC_DIRS
+
+    assert CDI_SPEC_DIRS == SPEC_DIRS

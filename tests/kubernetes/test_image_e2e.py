@@ -33,7 +33,8 @@ Substituted, because this host has no GPU, no Kubernetes and no TLS material for
 * plain HTTP: ``--web-config`` is dropped and the ``web-config`` secret not mounted; the readiness probe's
   path is polled over HTTP;
 * the ``hostPath`` ``/run/containerd/io.containerd.runtime.v2.task`` is that of the test's containerd (its
-  state directory), and ``/var/lib/kubelet/pod-resources`` a temporary directory; ``/proc`` and
+  state directory), and ``/var/lib/kubelet/pod-resources``, ``/etc/cdi`` and ``/var/run/cdi`` temporary
+  directories (the CDI ones empty: no DRA claim here); ``/proc`` and
   ``/sys/fs/cgroup`` are the host's own;
 * the pod network: the container gets a network namespace of its own (``--network none``) and is scraped from
   inside that namespace (``nsenter --net``), as Prometheus reaches a pod's address; ``resources.requests``
@@ -315,6 +316,9 @@ def test_the_image_run_as_the_daemonset_names_pods_allocations_and_unallocated_u
 
     pod_resources = tmp_path / "pod-resources"
     pod_resources.mkdir()
+    cdi_etc, cdi_run = tmp_path / "cdi-etc", tmp_path / "cdi-run"  # DirectoryOrCreate: the kubelet would make them
+    cdi_etc.mkdir()
+    cdi_run.mkdir()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     pb_grpc.add_PodResourcesListerServicer_to_server(_Kubelet([
         _pod("ml", trainer, "trainer", "nvidia.com/gpu", GPU1),
@@ -328,6 +332,7 @@ def test_the_image_run_as_the_daemonset_names_pods_allocations_and_unallocated_u
         flags, args, probe = docker_run(load_daemonset(), {
             "/run/containerd/io.containerd.runtime.v2.task": containerd.state / "io.containerd.runtime.v2.task",
             "/var/lib/kubelet/pod-resources": pod_resources,
+            "/etc/cdi": cdi_etc, "/var/run/cdi": cdi_run,
         }, replay)
         assert "--privileged" not in flags
         cid = docker.docker("run", "-d", "--name", f"accelstats-{t}", *flags, image, *args)

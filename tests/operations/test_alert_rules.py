@@ -35,6 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from accelstats import catalog
 from collectors.nvidia import NVML_STATES
+from collectors.nvlink import ERROR_TYPES as NVLINK_ERROR_TYPES
 from collectors.xid import APPLICATION_XIDS
 
 try:
@@ -306,7 +307,8 @@ def spec_attributions(shared_dir: Path) -> set[str]:
 def test_matched_label_values_are_ones_the_exporter_emits(fixtures_dir: Path, shared_dir: Path) -> None:
     emitted = emitted_values(fixtures_dir / "h200" / "nvidia-smi-q.xml")
     known = {("accelstats_container_gpu_processes", "attribution"): spec_attributions(shared_dir),
-             ("accelstats_nvml_state", "state"): set(NVML_STATES)}
+             ("accelstats_nvml_state", "state"): set(NVML_STATES),
+             ("accelstats_gpu_nvlink_errors_total", "type"): {label for label, _ in NVLINK_ERROR_TYPES}}
     checked = set()
     for alert, sel in rule_selectors():
         for label, op, value in sel.matchers:

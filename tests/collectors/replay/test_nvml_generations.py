@@ -133,9 +133,9 @@ def test_a_replay_is_labelled_in_gpu_info_only() -> None:
 GENERATIONS = [
     ("470.256.02", {"nvmlDeviceGetMemoryInfo", "nvmlDeviceGetComputeRunningProcesses",
                     "nvmlDeviceGetGraphicsRunningProcesses", "nvmlDeviceGetMPSComputeRunningProcesses",
-                    "nvmlDeviceGetCurrentClocksEventReasons"}),
-    ("510.108.03", {"nvmlDeviceGetCurrentClocksEventReasons"}),
-    ("515.105.01", {"nvmlDeviceGetCurrentClocksEventReasons"}),
+                    "nvmlDeviceGetCurrentClocksEventReasons", "nvmlGpmQueryDeviceSupport"}),
+    ("510.108.03", {"nvmlDeviceGetCurrentClocksEventReasons", "nvmlGpmQueryDeviceSupport"}),  # GPM: R525 on
+    ("515.105.01", {"nvmlDeviceGetCurrentClocksEventReasons", "nvmlGpmQueryDeviceSupport"}),
     ("525.147.05", {"nvmlDeviceGetCurrentClocksEventReasons"}),
     ("535.309.01", set()),
     ("550.144.03", set()),

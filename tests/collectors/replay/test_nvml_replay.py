@@ -661,7 +661,7 @@ def test_constants_come_from_pynvml(name: str) -> None:
     assert getattr(open_replay(H200), name) is getattr(pynvml, name)
 
 
-@pytest.mark.parametrize("name", ["nvmlDeviceGetNumGpuCores", "nvmlDeviceGetNvLinkState"])
+@pytest.mark.parametrize("name", ["nvmlDeviceGetNumGpuCores", "nvmlDeviceGetNvLinkVersion"])
 def test_exported_functions_without_an_answer_are_not_supported_and_counted(name: str) -> None:
     nvml = opened(H200)
     before = nvml.library.unanswered[name]
@@ -677,6 +677,7 @@ def test_error_strings_come_from_the_library() -> None:
 
 # -- faults ---------------------------------------------------------------------------------------------
 SET = object()  # in the argument tables below: a new event set of the replay under test (with_sets)
+SAMPLE, METRICS = object(), object()  # a new GPM sample; an nvmlGpmMetricsGet_t (with_sets)
 XID = pynvml.nvmlEventTypeXidCriticalError
 # Arguments after the handle for every implemented device call; a fault naming the call must fail it.
 DEVICE_CALL_ARGS: dict[str, tuple[Any, ...]] = {
@@ -685,19 +686,34 @@ DEVICE_CALL_ARGS: dict[str, tuple[Any, ...]] = {
     "nvmlDeviceGetProcessUtilization": (0,), "nvmlDeviceGetRetiredPages": (0,),
     "nvmlDeviceGetSamples": (pynvml.NVML_GPU_UTILIZATION_SAMPLES, 0),
     "nvmlDeviceGetTemperature": (pynvml.NVML_TEMPERATURE_GPU,), "nvmlDeviceGetTotalEccErrors": (CORR, VOL),
-    "nvmlDeviceRegisterEvents": (XID, SET),
+    "nvmlDeviceRegisterEvents": (XID, SET), "nvmlDeviceGetNvLinkState": (0,),
+    "nvmlDeviceGetNvLinkErrorCounter": (0, pynvml.NVML_NVLINK_ERROR_DL_REPLAY), "nvmlGpmSampleGet": (SAMPLE,),
+    "nvmlGpmMigSampleGet": (1, SAMPLE),
 }
 # Calls that name no GPU (faults without `gpu`), with all their arguments.
 SYSTEM_CALLS = {"nvmlInit": (), "nvmlInitWithFlags": (0,), "nvmlShutdown": (), "nvmlSystemGetDriverVersion": (),
                 "nvmlSystemGetCudaDriverVersion": (), "nvmlSystemGetNVMLVersion": (), "nvmlDeviceGetCount": (),
                 "nvmlDeviceGetHandleByIndex": (0,), "nvmlDeviceGetHandleByUUID": (H200_UUID,),
                 "nvmlDeviceGetHandleByPciBusId": ("00000000:00:06.0",), "nvmlEventSetCreate": (),
-                "nvmlEventSetFree": (SET,), "nvmlEventSetWait_v2": (SET, 0), "nvmlEventSetWait": (SET, 0)}
+                "nvmlEventSetFree": (SET,), "nvmlEventSetWait_v2": (SET, 0), "nvmlEventSetWait": (SET, 0),
+                "nvmlGpmSampleAlloc": (), "nvmlGpmSampleFree": (SAMPLE,), "nvmlGpmMetricsGet": (METRICS,)}
 
 
 def with_sets(nvml: ReplayedNVML, args: tuple[Any, ...]) -> tuple[Any, ...]:
-    """``args`` with each SET replaced by a new event set of ``nvml``."""
-    return tuple(nvml.nvmlEventSetCreate() if a is SET else a for a in args)
+    """``args`` with each SET replaced by a new event set of ``nvml``, each SAMPLE by a new GPM sample
+    and METRICS by an nvmlGpmMetricsGet_t of one metric between two new (unfilled) samples."""
+    def one(a: Any) -> Any:
+        if a is SET:
+            return nvml.nvmlEventSetCreate()
+        if a is SAMPLE:
+            return nvml.nvmlGpmSampleAlloc()
+        if a is METRICS:
+            mg = pynvml.c_nvmlGpmMetricsGet_t()
+            mg.version, mg.numMetrics = pynvml.NVML_GPM_METRICS_GET_VERSION, 1
+            mg.sample1, mg.sample2 = nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()
+            return mg
+        return a
+    return tuple(one(a) for a in args)
 
 
 @pytest.mark.parametrize("name", sorted(IMPLEMENTED_CALLS))
