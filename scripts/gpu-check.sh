@@ -175,7 +175,7 @@ step "an MPS client set up from the Nomad plugin's reservation: own mount namesp
 # pinned-memory device number of a narrowed daemon needs a second GPU: with one, ordinal = index = 0.
 if command -v nvidia-cuda-mps-control >/dev/null && command -v unshare >/dev/null; then
   mroot2=$(mktemp -d /tmp/accelstats-mps2.XXXXXX)
-  PYTHONPATH="$repo/tests:$PYTHONPATH" timeout 300 $py scripts/mps_reservation_check.py "$plugin_bin" "$mroot2" "$OUT" \
+  PYTHONPATH="$repo/tests:$PYTHONPATH" timeout 300 $py "$repo/scripts/mps_reservation_check.py" "$plugin_bin" "$mroot2" "$OUT" \
     >> "$OUT/gpu-check.md" 2> "$OUT/mps-reservation.err" || fail=1
   rm -rf "$mroot2"
 else
@@ -183,10 +183,10 @@ else
 fi
 
 step "what nvmlDeviceGetProcessUtilization returns while a process keeps GPU 0 busy (per-container GPU-seconds need it)"
-timeout 120 $py scripts/process_samples_probe.py --seconds 4 >> "$OUT/gpu-check.md" 2> "$OUT/process-samples.err" || fail=1
+timeout 120 $py "$repo/scripts/process_samples_probe.py" --seconds 4 >> "$OUT/gpu-check.md" 2> "$OUT/process-samples.err" || fail=1
 
 step "GPU accounting on live NVML: a busy process's SM-seconds, memory byte-seconds, energy conserved"
-timeout 120 $py scripts/accounting_check.py --seconds 12 >> "$OUT/gpu-check.md" 2> "$OUT/accounting-check.err" || fail=1
+timeout 120 $py "$repo/scripts/accounting_check.py" --seconds 12 >> "$OUT/gpu-check.md" 2> "$OUT/accounting-check.err" || fail=1
 tail -n 8 "$OUT/gpu-check.md"
 
 step "GPM profiling and NVLink under load: tensor activity rises with a matmul, DRAM activity with a copy (torch)"
