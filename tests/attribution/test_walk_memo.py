@@ -4,7 +4,7 @@ same — a container the state learns about, or forgets, is seen at the next wal
 | step | runtimes' state knows ``trainer-7`` | generation | walk finds |
 |---|---|---|---|
 | 1 | no  | 0 | an unrecognised leaf |
-| 2 | yes, but the generation is unchanged (no refresh) | 0 | the kept answer: still unrecognised, state not asked again |
+| 2 | yes, but no refresh: same generation | 0 | the kept answer (unrecognised); the state is not asked |
 | 3 | yes | 1 | a containerd container |
 | 4 | no  | 2 | an unrecognised leaf again |
 """
