@@ -128,6 +128,7 @@ class Attributor:
         self._programs_logged: set[str] = set()
         self._identities_logged: set[tuple[str, str]] = set()
         self._walk_memo = WalkMemo()  # identify() answers and Paths, kept while the runtimes' state holds
+        self._parents: dict[str, str | None] = {}  # trust answers by parent cgroup, for one collection
         self.notes: dict[str, str] = {}
         """Host-wide conditions of the last attribution worth one line to a user (``accelstats
         containers`` prints them): key -> text."""
@@ -198,6 +199,7 @@ class Attributor:
             view.open_minors = self._open_minors([d for _, d, _ in targets], walked, gone)
 
         out: list[ContainerStats] = []
+        self._parents = {}  # this collection's parent-cgroup answers (trust.untrusted_because)
         try:
             root_fd: int | None = os.open(self.hierarchy, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError:
@@ -278,7 +280,7 @@ class Attributor:
     def _delegated(self, path: str, root_fd: int | None = None) -> str | None:
         """:func:`accelstats.cgroups.trust.untrusted_because` for ``path`` in this hierarchy."""
         assert self.hierarchy is not None
-        return untrusted_because(self.hierarchy, path, root_fd)
+        return untrusted_because(self.hierarchy, path, root_fd, self._parents)
 
     def _metadata_root_missing(self, runtime: str) -> None:
         """Warn once per setting when a container of ``runtime`` is attributed but that runtime's

@@ -187,6 +187,18 @@ class MigMap:
     caps: Mapping[int, MigCap]
 
 
+@dataclass(frozen=True)
+class DeviceIndex:
+    """A snapshot's devices by what a container's rules name them: ``gpus_by_minor`` (whole GPUs by
+    NVIDIA minor number), ``minors`` (its keys), ``by_uuid`` (every device, MIG instances included),
+    ``caps_minors`` (the MIG capability minors of ``/proc/driver/nvidia-caps/mig-minors``)."""
+
+    gpus_by_minor: Mapping[int, Device]
+    minors: frozenset[int]
+    by_uuid: Mapping[str, Device]
+    caps_minors: frozenset[int]
+
+
 @dataclass
 class HostView:
     """What one collection knows beyond the devices, shared by every container's collector.
@@ -206,6 +218,16 @@ class HostView:
     read or evaluated, with the reason.  None: not asked (v1, or attribution by evidence only)."""
     by_container: dict[str, dict[str, list[ProcessUsage]]] | None = None
     mps_clients: Mapping[str, list[ProcessUsage]] = field(default_factory=dict)  # not in NVML's lists
+    _index: DeviceIndex | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def index(self) -> DeviceIndex:
+        """The snapshot's devices indexed once for every container of the collection."""
+        if self._index is None:
+            gpus = {d.minor: d for d in self.snapshot.devices if d.kind == "gpu" and d.minor is not None}
+            self._index = DeviceIndex(gpus, frozenset(gpus), {d.uuid: d for d in self.snapshot.devices},
+                                      frozenset(self.mig.caps) if self.mig is not None else frozenset())
+        return self._index
 
     def index_processes(self, containers: Iterable[str]) -> None:
         """Group every NVML process (and every MPS client NVML did not list, :attr:`mps_clients`) by
@@ -282,7 +304,8 @@ class ContainerCollector:
     def update_stats(self, stats: ContainerStats) -> None:
         """Append one AcceleratorStats per device attributed (see the class docstring); never raises."""
         snapshot = self.view.snapshot
-        gpus_by_minor = {d.minor: d for d in snapshot.devices if d.kind == "gpu" and d.minor is not None}
+        index = self.view.index
+        gpus_by_minor = index.gpus_by_minor
         chosen: dict[str, tuple[Device, str]] = {}
         evidence_needed = True
         grant: GpuGrant | None = None
@@ -300,8 +323,8 @@ class ContainerCollector:
                     self.on_unreadable()
                 return
             mig = self.view.mig
-            grant, skipped, names_gpus = _grant(text, frozenset(gpus_by_minor), mig.caps_major if mig else None,
-                                                frozenset(mig.caps) if mig else frozenset())
+            grant, skipped, names_gpus = _grant(text, index.minors, mig.caps_major if mig else None,
+                                                index.caps_minors)
             if skipped and self.on_skipped is not None:
                 self.on_skipped(self.cgroup, skipped)
             if names_gpus and not grant.minors and not grant.unrestricted:
@@ -334,7 +357,7 @@ class ContainerCollector:
                 gpu = gpus_by_minor.get(minor)
                 if gpu is not None and gpu.uuid not in held:
                     chosen[gpu.uuid] = (gpu, "open_fd")
-        parents = {d.uuid: d for d in snapshot.devices}
+        parents = index.by_uuid
         for device, attribution in chosen.values():
             node = parents.get(device.parent_uuid or "", device) if device.kind == "mig" else device
             opened = None if open_minors is None else node.minor in open_minors

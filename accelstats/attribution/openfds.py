@@ -79,7 +79,7 @@ def pids_in_cgroup(directory: Path, *, max_depth: int = 8) -> tuple[list[int], i
     stack: list[tuple[str, int]] = [(os.fspath(directory), 0)]
     while stack:
         path, depth = stack.pop()
-        ok = _read_cgroup_procs(os.path.join(path, "cgroup.procs"), pids)
+        ok = _read_cgroup_procs(f"{path}/cgroup.procs", pids)
         if depth < max_depth and not _is_leaf(path):
             try:
                 with os.scandir(path) as it:

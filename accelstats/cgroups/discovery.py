@@ -131,7 +131,7 @@ def _subdirectories(directory: str) -> list[str]:
 def _payload_directory(directory: str) -> bool:
     """True when the container keeps its processes in a ``container`` child (podman/crun)."""
     try:
-        return stat.S_ISDIR(os.lstat(os.path.join(directory, _PAYLOAD_CHILD)).st_mode)
+        return stat.S_ISDIR(os.lstat(f"{directory}/{_PAYLOAD_CHILD}").st_mode)
     except OSError:
         return False
 
@@ -143,16 +143,17 @@ def _walk(root: Path, max_depth: int, known: KnownLookup | None = None, memo: Wa
     leaves: list[ContainerCgroup] = []
     vanished = unreadable = too_deep = too_many = 0
     base = str(root)
+    prefix = base if base.endswith("/") else base + "/"
     stack: list[tuple[str, ...]] = [()]
     while stack:
         parts = stack.pop()
-        directory = os.path.join(base, *parts) if parts else base
+        directory = prefix + "/".join(parts) if parts else base
         if parts:
             identity = memo.identify(_cgroup_path(parts), known)
             if identity is not None:
                 if _payload_directory(directory):
                     parts = (*parts, _PAYLOAD_CHILD)
-                    directory = os.path.join(directory, _PAYLOAD_CHILD)
+                    directory = f"{directory}/{_PAYLOAD_CHILD}"
                 found.append(ContainerCgroup(_cgroup_path(parts), memo.directory(directory), identity))
                 continue
         if len(parts) >= max_depth:
@@ -227,7 +228,7 @@ def read_devices_list_text(directory: Path | str) -> str | None:
     UTF-8 replaced), or ``None`` when it vanished, cannot be read, or is not a regular file (cgroupfs's
     is; a FIFO, a device such as ``/dev/urandom``, a symbolic link or a directory planted in a mounted
     tree is refused unopened: :func:`collectors.fsread.read_regular`). Never raises ``OSError``."""
-    data = read_regular(os.path.join(directory, "devices.list"), _MAX_DEVICES_LIST_BYTES, past_limit="truncate").data
+    data = read_regular(f"{os.fspath(directory)}/devices.list", _MAX_DEVICES_LIST_BYTES, past_limit="truncate").data
     return None if data is None else data.decode("utf-8", errors="replace")
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 _USER_MANAGER_RE = re.compile(r"user@[0-9]+\.service")
 
 
-def untrusted_because(hierarchy: Path, path: str, root_fd: int | None = None) -> str | None:
+def untrusted_because(hierarchy: Path, path: str, root_fd: int | None = None,
+                      parents: dict[str, str | None] | None = None) -> str | None:
     """Why the cgroup ``path`` (as the kernel names it, in the hierarchy mounted at ``hierarchy``)
     may have been made by a user rather than a runtime; ``""`` when only root could have made it;
     ``None`` when its parent is gone (removed during the collection, or pulled away on purpose).
@@ -27,12 +28,32 @@ def untrusted_because(hierarchy: Path, path: str, root_fd: int | None = None) ->
     The parent of podman's ``container`` payload child is looked at for its parent.  The parent is
     ``stat``-ed relative to the hierarchy (``root_fd``: an ``O_PATH`` descriptor of it, opened here
     when None), so no ``PATH_MAX`` limit applies to the whole path; any error but "gone" is an
-    untrusted answer, never a trusted one.  Never raises ``OSError``.
+    untrusted answer, never a trusted one.  ``parents``: answers already found for parent cgroups in
+    this collection, by parent path (filled here): the containers of a host share a few parents, so one
+    ``stat`` each; a caller keeps it for one collection only, so a changed owner or mode is seen at the
+    next one.  Never raises ``OSError``.
     """
-    for comp in path.split("/"):
-        if _USER_MANAGER_RE.fullmatch(comp):
-            return f"it is under {comp}"
-    return parent_untrusted_because(hierarchy, path, root_fd)
+    if "user@" in path:
+        for comp in path.split("/"):
+            if _USER_MANAGER_RE.fullmatch(comp):
+                return f"it is under {comp}"
+    if parents is None:
+        return parent_untrusted_because(hierarchy, path, root_fd)
+    parent = _parent(path)
+    try:
+        return parents[parent]
+    except KeyError:
+        found = parents[parent] = parent_untrusted_because(hierarchy, path, root_fd)
+        return found
+
+
+def _parent(path: str) -> str:
+    """The parent cgroup whose owner and mode :func:`parent_untrusted_because` looks at (relative to the
+    hierarchy, ``.`` for its root)."""
+    comps = [c for c in path.split("/") if c]
+    if comps and comps[-1] == "container":  # podman's payload child: its parent is what was named
+        comps = comps[:-1]
+    return "/".join(comps[:-1]) or "."
 
 
 def parent_untrusted_because(hierarchy: Path, path: str, root_fd: int | None = None) -> str | None:
@@ -40,10 +61,7 @@ def parent_untrusted_because(hierarchy: Path, path: str, root_fd: int | None = N
     parent cgroup of ``path`` (``""``: root alone; ``None``: the parent is gone).  Used for the
     ``user@<uid>.service`` cgroup itself, which systemd creates in the root-owned
     ``user-<uid>.slice``.  Never raises ``OSError``."""
-    comps = [c for c in path.split("/") if c]
-    if comps and comps[-1] == "container":  # podman's payload child: its parent is what was named
-        comps = comps[:-1]
-    parent = "/".join(comps[:-1]) or "."
+    parent = _parent(path)
     try:
         root = root_fd if root_fd is not None else os.open(hierarchy, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         try:

@@ -159,8 +159,8 @@ class FastEncoder:
             text = previous.get(key)
             if text is None:
                 names = layout.names
-                text = ("{" + ",".join(f'{names[i]}="{_escape_value(values[i])}"' for i in layout.order) + "}"
-                        if values else "")
+                text = layout.sample_name + ("{" + ",".join(f'{names[i]}="{_escape_value(values[i])}"'
+                                                             for i in layout.order) + "} " if values else " ")
             labels[key] = text
         return text
 
@@ -178,6 +178,7 @@ class FastEncoder:
         labels: dict[tuple[str, tuple[str, ...]], str] = {}
         self._previous, self._labels = previous, labels
         out: list[str] = []
+        floats: dict[float, str] = {}  # values repeat (a GPU's figures in each of its containers' series)
         for spec in families:
             assert spec.read is not None
             layout: _Layout | None = None
@@ -185,6 +186,10 @@ class FastEncoder:
                 if layout is None:
                     layout = self._layout(spec, fmt)
                     out.append(layout.header)
-                label_string = self._label_string(spec, layout, values, labels, previous)
-                out.append(f"{layout.sample_name}{label_string} {_go_float(value)}\n")
+                text = floats.get(value)
+                if text is None:
+                    text = _go_float(value)
+                    if value:  # 0.0 and -0.0 are one key of a dict but two texts
+                        floats[value] = text
+                out.append(f"{self._label_string(spec, layout, values, labels, previous)}{text}\n")
         return "".join(out)
