@@ -182,6 +182,41 @@ def test_who_could_have_made_a_cgroup_decides_whether_its_identity_is_trusted(tm
     assert why is not None and "cannot be checked" in why
 
 
+@pytest.mark.root  # chown needs CAP_CHOWN
+def test_a_parents_owner_is_looked_at_again_at_each_collection(tmp_path: Path, h200: Path) -> None:
+    """Trust is decided once per parent cgroup in a collection (issue 29: the containers of a host share a
+    few parents), never kept across collections: a parent handed to a user between two scrapes makes its
+    containers untrusted at the next one, and handed back, trusted again.
+
+    | collection | ``/team`` owned by | ``/team/docker-<C1>.scope`` and ``…-<C2>.scope`` |
+    |---|---|---|
+    | 1 | root | docker containers |
+    | 2 | uid 1000 | unknown, "owned by uid 1000" |
+    | 3 | root | docker containers |
+    """
+    host = Host(tmp_path, h200, v2=False)
+    rule = "c 195:1 rw\n"
+    host.container("/team", [], devices_list="a *:* rwm\n")
+    paths = [f"/team/docker-{c}.scope" for c in (C1, C2)]
+    for path in paths:
+        host.container(path, [], devices_list=rule)
+    team = host.cgroup / "devices" / "team"
+    attributor = Attributor(CgroupLayout(CgroupMode.V1, host.cgroup / "devices", None), host.proc, host.rootfs)
+    snapshot = host.collect().snapshot
+
+    def runtimes() -> list[tuple[str, str]]:
+        found = {s.cgroup: s for s in attributor.attribute(snapshot)[0]}
+        return [(found[p].identity.runtime if found[p].identity else "", found[p].reason) for p in paths]
+
+    assert [r for r, _ in runtimes()] == ["docker", "docker"]
+    os.chown(team, 1000, 1000)
+    second = runtimes()
+    assert [r for r, _ in second] == ["unknown", "unknown"]
+    assert all("owned by uid 1000" in why for _, why in second)
+    os.chown(team, 0, 0)
+    assert [r for r, _ in runtimes()] == ["docker", "docker"]
+
+
 @pytest.mark.root  # mknod of a 195:N node in tmp_path needs CAP_MKNOD
 def test_open_device_node_attributes_by_open_fd_and_is_scanned_once(tmp_path: Path, h200: Path) -> None:
     (tmp_path / "dev").mkdir()  # device nodes are looked at only in a dev directory (accelstats/attribution/openfds.py)
