@@ -170,6 +170,34 @@ def _failed(exc: OSError) -> FileRead:
     return FileRead(None, MISSING if code in _VANISHED_ERRNOS else UNREADABLE, exc.strerror or str(exc), code)
 
 
+def read_plain(path: str, limit: int) -> bytes | None:
+    """The first ``limit`` bytes of ``path`` (> 0), or None when it cannot be opened or read: one ``open``
+    (``O_NONBLOCK``, ``O_NOFOLLOW``), reads until end of file or ``limit``, ``close``. Only for a file
+    the caller knows to be on a filesystem of directories and regular files alone (cgroupfs:
+    :class:`accelstats.cgroups.plainreads.PlainReads`); elsewhere :func:`read_regular`, which never
+    opens a FIFO or a device. Never raises :class:`OSError`."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except (OSError, ValueError):
+        return None
+    try:
+        data = os.read(fd, limit)
+        if data and len(data) < limit:  # seq_file answers a page or so per read: read on to the end
+            chunks, size = [data], len(data)
+            while size < limit:
+                more = os.read(fd, limit - size)
+                if not more:
+                    break
+                chunks.append(more)
+                size += len(more)
+            data = b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return data
+
+
 def read_small(path: str | os.PathLike[str], limit: int = SMALL) -> bytes | None:
     """``read_regular(path, limit, past_limit="truncate").data``: the first ``limit`` bytes of the
     regular file ``path``, or None (missing, unreadable, not a regular file, a symbolic link). For the

@@ -67,6 +67,7 @@ from accelstats.cgroups import (
 from accelstats.cgroups.bpf_program import UndecidableError
 from accelstats.cgroups.devices_bpf import DeviceProgramCache, DeviceProgramsError
 from accelstats.cgroups.discovery import WalkMemo
+from accelstats.cgroups.plainreads import PlainReads
 from accelstats.cgroups.trust import untrusted_because
 from accelstats.settings import RuntimeRoots
 from collectors.fsread import read_small
@@ -129,6 +130,8 @@ class Attributor:
         self._identities_logged: set[tuple[str, str]] = set()
         self._walk_memo = WalkMemo()  # identify() answers and Paths, kept while the runtimes' state holds
         self._parents: dict[str, str | None] = {}  # trust answers by parent cgroup, for one collection
+        # whether the hierarchy is cgroupfs alone, so that its files are read with plain opens
+        self._plain = PlainReads(self.hierarchy) if self.hierarchy is not None else None
         self.notes: dict[str, str] = {}
         """Host-wide conditions of the last attribution worth one line to a user (``accelstats
         containers`` prints them): key -> text."""
@@ -177,6 +180,7 @@ class Attributor:
                         "(--cgroup-root) or run in the host's cgroup namespace (docker --cgroupns=host)",
                         self.namespace.reason if self.namespace else "no hierarchy")
         view.mig = self._mig_map(snapshot)
+        view.plain_reads = self._plain.check() if self._plain is not None else False
         if self.programs is not None:
             view.device_programs = self._device_programs(snapshot, view.mig)
 
@@ -196,7 +200,7 @@ class Attributor:
         walked = {c.directory for c in (*found.containers, *found.unrecognised)}
         gone: set[Path] = set()
         if self.scanner is not None:
-            view.open_minors = self._open_minors([d for _, d, _ in targets], walked, gone)
+            view.open_minors = self._open_minors([d for _, d, _ in targets], walked, gone, view.plain_reads)
 
         out: list[ContainerStats] = []
         self._parents = {}  # this collection's parent-cgroup answers (trust.untrusted_because)
@@ -396,14 +400,14 @@ class Attributor:
                             len(line))  # its text is never logged: under --proc-root the file may be anyone's
         return MigMap(caps_major=major, caps=caps)
 
-    def _open_minors(self, directories: list[Path], walked: set[Path],
-                     gone: set[Path]) -> Callable[[Path], frozenset[int]]:
+    def _open_minors(self, directories: list[Path], walked: set[Path], gone: set[Path],
+                     plain: bool = False) -> Callable[[Path], frozenset[int]]:
         """One fd scan for the PIDs of every container (cached by PID + start time), then a lookup.
         Directories of ``walked`` removed since the walk are added to ``gone`` (counted here)."""
         assert self.scanner is not None
         pids_of: dict[Path, list[int]] = {}
         for directory in directories:
-            pids, vanished = pids_in_cgroup(directory)
+            pids, vanished = pids_in_cgroup(directory, plain=plain)
             self.skipped["cgroup_vanished"] += vanished
             if vanished and directory in walked and not os.path.isdir(directory):
                 gone.add(directory)

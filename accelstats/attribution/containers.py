@@ -218,6 +218,9 @@ class HostView:
     read or evaluated, with the reason.  None: not asked (v1, or attribution by evidence only)."""
     by_container: dict[str, dict[str, list[ProcessUsage]]] | None = None
     mps_clients: Mapping[str, list[ProcessUsage]] = field(default_factory=dict)  # not in NVML's lists
+    plain_reads: bool = False
+    """The hierarchy is cgroupfs alone (:class:`accelstats.cgroups.plainreads.PlainReads`): its control
+    files are read with one plain ``open``."""
     _index: DeviceIndex | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -310,7 +313,7 @@ class ContainerCollector:
         evidence_needed = True
         grant: GpuGrant | None = None
         if self.devices_list:
-            text = read_devices_list_text(self.directory)
+            text = read_devices_list_text(self.directory, plain=self.view.plain_reads)
             if text is None:
                 if not os.path.isdir(self.directory):
                     stats.reason = f"{self.directory} does not exist (removed during the collection?)"

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from collectors.fsread import ascii_int, read_small
+from collectors.fsread import ascii_int, read_plain, read_small
 
 __all__ = [
     "DEFAULT_NVIDIA_MAJOR",
@@ -53,7 +53,7 @@ _STARTTIME_FIELD = 22
 _STARTTIME_INDEX = _STARTTIME_FIELD - _FIRST_FIELD_AFTER_COMM
 
 
-def pids_in_cgroup(directory: Path, *, max_depth: int = 8) -> tuple[list[int], int]:
+def pids_in_cgroup(directory: Path, *, max_depth: int = 8, plain: bool = False) -> tuple[list[int], int]:
     """Return the PIDs of a cgroup and of every cgroup below it, and how many directories failed.
 
     Reads ``<directory>/cgroup.procs`` and the ``cgroup.procs`` of each sub-directory, walking
@@ -70,6 +70,9 @@ def pids_in_cgroup(directory: Path, *, max_depth: int = 8) -> tuple[list[int], i
     (``PermissionError``, ``EOPNOTSUPP`` on a v2 threaded cgroup, ...).  Each directory counts at
     most once.  Lines of ``cgroup.procs`` that are not decimal integers are ignored.
 
+    ``plain``: the hierarchy is cgroupfs alone (:class:`accelstats.cgroups.plainreads.PlainReads`), so
+    each ``cgroup.procs`` is read with one plain ``open`` rather than the checked read.
+
     Never raises :class:`OSError`; raises :class:`ValueError` when ``max_depth`` is negative.
     """
     if max_depth < 0:
@@ -79,7 +82,7 @@ def pids_in_cgroup(directory: Path, *, max_depth: int = 8) -> tuple[list[int], i
     stack: list[tuple[str, int]] = [(os.fspath(directory), 0)]
     while stack:
         path, depth = stack.pop()
-        ok = _read_cgroup_procs(f"{path}/cgroup.procs", pids)
+        ok = _read_cgroup_procs(f"{path}/cgroup.procs", pids, plain)
         if depth < max_depth and not _is_leaf(path):
             try:
                 with os.scandir(path) as it:
@@ -107,9 +110,10 @@ def _is_leaf(path: str) -> bool:
         return False
 
 
-def _read_cgroup_procs(path: str, into: set[int]) -> bool:
-    """Add the integers of one ``cgroup.procs`` file to ``into``; False when it could not be read."""
-    data = read_small(path, 4 << 20)
+def _read_cgroup_procs(path: str, into: set[int], plain: bool = False) -> bool:
+    """Add the integers of one ``cgroup.procs`` file to ``into``; False when it could not be read.
+    ``plain``: on cgroupfs alone, read with one plain ``open`` (:func:`collectors.fsread.read_plain`)."""
+    data = read_plain(path, 4 << 20) if plain else read_small(path, 4 << 20)
     if data is None:
         return False
     for line in data.split():

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from accelstats.cgroups.devices_list import DevicesList, parse_devices_list
 from accelstats.cgroups.identity import ContainerIdentity, KnownLookup, identify, is_host_cgroup
-from collectors.fsread import read_regular
+from collectors.fsread import read_plain, read_regular
 
 DEFAULT_MAX_DEPTH = 16
 """Directories deeper than this below the hierarchy root are not entered (counted instead)."""
@@ -223,12 +223,16 @@ def read_devices_list(directory: Path) -> DevicesList | None:
     return _parse_cached(text) if len(text) <= _MAX_CACHED_TEXT else parse_devices_list(text)
 
 
-def read_devices_list_text(directory: Path | str) -> str | None:
+def read_devices_list_text(directory: Path | str, *, plain: bool = False) -> str | None:
     """The text of ``<directory>/devices.list`` (its first 64 KiB: a longer one is cut there, invalid
     UTF-8 replaced), or ``None`` when it vanished, cannot be read, or is not a regular file (cgroupfs's
     is; a FIFO, a device such as ``/dev/urandom``, a symbolic link or a directory planted in a mounted
-    tree is refused unopened: :func:`collectors.fsread.read_regular`). Never raises ``OSError``."""
-    data = read_regular(f"{os.fspath(directory)}/devices.list", _MAX_DEVICES_LIST_BYTES, past_limit="truncate").data
+    tree is refused unopened: :func:`collectors.fsread.read_regular`). ``plain``: the hierarchy is known to
+    be cgroupfs alone (:class:`accelstats.cgroups.plainreads.PlainReads`), where neither can be: one plain
+    ``open`` (:func:`collectors.fsread.read_plain`). Never raises ``OSError``."""
+    path = f"{os.fspath(directory)}/devices.list"
+    data = (read_plain(path, _MAX_DEVICES_LIST_BYTES) if plain
+            else read_regular(path, _MAX_DEVICES_LIST_BYTES, past_limit="truncate").data)
     return None if data is None else data.decode("utf-8", errors="replace")
 
 

@@ -1,0 +1,128 @@
+"""Plain reads of cgroupfs (issue 29): a hierarchy's control files are read with one ``open`` only where
+the mount table says every file under it is on cgroupfs (kernfs makes no FIFO, device node or symbolic
+link); anywhere else the checked read is kept (tests/attribution/test_devices_list_hostile.py and the
+other hostile-tree tests run on temporary directories: that path).
+
+| mounts (point, type) | hierarchy | plain reads |
+|---|---|---|
+| the v1 host of this suite's CI: tmpfs at /sys/fs/cgroup, cgroup at …/devices | /sys/fs/cgroup/devices | yes |
+| the same | /sys/fs/cgroup (tmpfs) | no |
+| cgroup2 at /sys/fs/cgroup | /sys/fs/cgroup | yes |
+| cgroup2, and a tmpfs mounted below the hierarchy | /sys/fs/cgroup | no |
+| cgroup2, and a cgroup bind mount below it | /sys/fs/cgroup | yes |
+| a cgroup mount that another filesystem hides (the hierarchy's device is the hider's) | /sys/fs/cgroup/devices | no |
+| no line for the hierarchy's device | any | no |
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from accelstats.cgroups.plainreads import PlainReads, all_cgroupfs, mounts_of
+from collectors.fsread import read_plain
+from tests.support.runc_harness import _devices_mount, _unified_mount, cgroup_mounts
+
+V1_HOST = """\
+22 27 0:21 / /proc rw,relatime - proc proc rw
+23 27 0:22 / /sys rw,relatime - sysfs sysfs rw
+27 1 254:0 / / rw,relatime - ext4 /dev/vda rw
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+36 31 0:33 / /sys/fs/cgroup/devices rw,relatime - cgroup cgroup rw,devices
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+"""
+V2_HOST = """\
+23 27 0:22 / /sys rw,relatime - sysfs sysfs rw
+27 1 254:0 / / rw,relatime - ext4 /dev/vda rw
+31 23 0:27 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate
+"""
+TMPFS_BELOW = V2_HOST + "90 31 0:50 / /sys/fs/cgroup/system.slice/evil rw,relatime - tmpfs tmpfs rw\n"
+BIND_BELOW = V2_HOST + "91 31 0:27 /kubepods /sys/fs/cgroup/kubepods rw,relatime - cgroup2 cgroup2 rw\n"
+HIDDEN = V1_HOST + "92 31 0:51 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw\n"
+
+CASES = [
+    (V1_HOST, "/sys/fs/cgroup/devices", "0:33", True),
+    (V1_HOST, "/sys/fs/cgroup", "0:28", False),
+    (V2_HOST, "/sys/fs/cgroup", "0:27", True),
+    (TMPFS_BELOW, "/sys/fs/cgroup", "0:27", False),
+    (BIND_BELOW, "/sys/fs/cgroup", "0:27", True),
+    (HIDDEN, "/sys/fs/cgroup/devices", "0:51", False),  # stat follows the hider: the device is the tmpfs'
+    (V2_HOST, "/sys/fs/cgroup", "0:99", False),
+]
+
+
+@pytest.mark.parametrize(("mountinfo", "hierarchy", "device", "plain"), CASES)
+def test_plain_reads_only_where_every_file_is_on_cgroupfs(mountinfo: str, hierarchy: str, device: str,
+                                                         plain: bool) -> None:
+    assert all_cgroupfs(mounts_of(mountinfo), hierarchy, device) is plain
+
+
+def test_mount_points_are_unescaped_and_odd_lines_left_out() -> None:
+    text = "50 31 0:60 / /sys/fs/cgroup/a\\040b rw - tmpfs tmpfs rw\nnot a mountinfo line\n\n"
+    assert mounts_of(text) == [("0:60", "/sys/fs/cgroup/a b", "tmpfs")]
+
+
+def test_a_missing_mount_table_or_hierarchy_answers_no(tmp_path: Path) -> None:
+    assert PlainReads(tmp_path, mountinfo=str(tmp_path / "absent")).check() is False
+    assert PlainReads(tmp_path / "absent").check() is False
+
+
+def test_read_plain_reads_to_the_end_or_the_limit_and_never_raises(tmp_path: Path) -> None:
+    f = tmp_path / "f"
+    f.write_bytes(b"x" * 20000)
+    assert read_plain(str(f), 65536) == b"x" * 20000
+    assert read_plain(str(f), 100) == b"x" * 100
+    assert read_plain(str(tmp_path), 100) is None  # a directory: EISDIR
+    assert read_plain(str(tmp_path / "absent"), 100) is None
+    assert read_plain("bad\0name", 100) is None
+
+
+def _hierarchy() -> Path:
+    mounts = cgroup_mounts()
+    mount = _devices_mount(mounts) or _unified_mount(mounts)
+    if mount is None:
+        pytest.skip("no cgroup v1 devices or cgroup2 hierarchy mounted")
+    return mount.mountpoint
+
+
+@pytest.mark.root  # mkdir in a real cgroup hierarchy, mount(8)
+def test_a_mount_below_the_hierarchy_is_seen_at_the_next_check_and_its_removal_too() -> None:
+    """The mount table is read again only when the kernel signals a change (``POLLPRI``)."""
+    hierarchy = _hierarchy()
+    cgroup = hierarchy / f"accelstats-plain-{secrets.token_hex(4)}"
+    cgroup.mkdir()
+    try:
+        plain = PlainReads(hierarchy)
+        assert plain.check() is True
+        reads = plain.rereads
+        assert plain.check() is True and plain.rereads == reads  # nothing changed: not read again
+        subprocess.run(["mount", "-t", "tmpfs", "accelstats-test", str(cgroup)], check=True)
+        try:
+            assert plain.check() is False  # a tmpfs below: a FIFO or a device could be planted there
+            assert plain.rereads == reads + 1
+        finally:
+            subprocess.run(["umount", str(cgroup)], check=True)
+        assert plain.check() is True
+        assert plain.rereads == reads + 2
+    finally:
+        cgroup.rmdir()
+
+
+@pytest.mark.root
+def test_plain_and_checked_reads_of_a_real_cgroup_agree() -> None:
+    from collectors.fsread import read_regular
+
+    hierarchy = _hierarchy()
+    cgroup = hierarchy / f"accelstats-plain-{secrets.token_hex(4)}"
+    cgroup.mkdir()
+    try:
+        for name in os.listdir(cgroup):
+            path = str(cgroup / name)
+            checked = read_regular(path, 65536, past_limit="truncate").data
+            assert read_plain(path, 65536) == checked, name  # None for write-only files, both ways
+    finally:
+        cgroup.rmdir()
