@@ -200,7 +200,9 @@ class Attributor:
         walked = {c.directory for c in (*found.containers, *found.unrecognised)}
         gone: set[Path] = set()
         if self.scanner is not None:
-            view.open_minors = self._open_minors([d for _, d, _ in targets], walked, gone, view.plain_reads)
+            leaves = {c.directory for c in (*found.containers, *found.unrecognised) if c.leaf}
+            view.open_minors = self._open_minors([d for _, d, _ in targets], walked, gone, view.plain_reads,
+                                                 leaves)
 
         out: list[ContainerStats] = []
         self._parents = {}  # this collection's parent-cgroup answers (trust.untrusted_because)
@@ -219,6 +221,7 @@ class Attributor:
                gone: set[Path], on_skipped: Callable[[str, tuple[str, ...]], None] | None, root_fd: int | None,
                out: list[ContainerStats]) -> None:
         """Each target's stats, its identity checked, appended to ``out`` when it is a GPU container."""
+        roots_checked: set[str] = set()
         for path, directory, identity in targets:
             if directory in gone:
                 continue  # the container stopped during the collection: it is not listed
@@ -266,7 +269,9 @@ class Attributor:
                 stats.metadata = self.metadata.lookup_pod(identity, self.metadata.lookup(identity))
                 if stats.metadata.reason:
                     stats.add_reason(stats.metadata.reason)
-                    self._metadata_root_missing(identity.runtime)
+                    if identity.runtime not in roots_checked:  # once a runtime a collection
+                        roots_checked.add(identity.runtime)
+                        self._metadata_root_missing(identity.runtime)
             add_allocations(stats, view.snapshot.kubelet, view)  # the kubelet's allocations as evidence
             self._log_identity(path, stats)
             out.append(stats)
@@ -400,14 +405,14 @@ class Attributor:
                             len(line))  # its text is never logged: under --proc-root the file may be anyone's
         return MigMap(caps_major=major, caps=caps)
 
-    def _open_minors(self, directories: list[Path], walked: set[Path], gone: set[Path],
-                     plain: bool = False) -> Callable[[Path], frozenset[int]]:
+    def _open_minors(self, directories: list[Path], walked: set[Path], gone: set[Path], plain: bool = False,
+                     leaves: frozenset[Path] | set[Path] = frozenset()) -> Callable[[Path], frozenset[int]]:
         """One fd scan for the PIDs of every container (cached by PID + start time), then a lookup.
         Directories of ``walked`` removed since the walk are added to ``gone`` (counted here)."""
         assert self.scanner is not None
         pids_of: dict[Path, list[int]] = {}
         for directory in directories:
-            pids, vanished = pids_in_cgroup(directory, plain=plain)
+            pids, vanished = pids_in_cgroup(directory, plain=plain, leaf=directory in leaves)
             self.skipped["cgroup_vanished"] += vanished
             if vanished and directory in walked and not os.path.isdir(directory):
                 gone.add(directory)

@@ -197,6 +197,8 @@ class DeviceIndex:
     minors: frozenset[int]
     by_uuid: Mapping[str, Device]
     caps_minors: frozenset[int]
+    mig_of: Mapping[str, tuple[Device, ...]]
+    """The MIG instances of each GPU, by the GPU's UUID (GPUs without one are left out)."""
 
 
 @dataclass
@@ -228,8 +230,13 @@ class HostView:
         """The snapshot's devices indexed once for every container of the collection."""
         if self._index is None:
             gpus = {d.minor: d for d in self.snapshot.devices if d.kind == "gpu" and d.minor is not None}
+            mig: dict[str, list[Device]] = {}
+            for d in self.snapshot.devices:
+                if d.kind == "mig":
+                    mig.setdefault(d.parent_uuid or "", []).append(d)
             self._index = DeviceIndex(gpus, frozenset(gpus), {d.uuid: d for d in self.snapshot.devices},
-                                      frozenset(self.mig.caps) if self.mig is not None else frozenset())
+                                      frozenset(self.mig.caps) if self.mig is not None else frozenset(),
+                                      {parent: tuple(ds) for parent, ds in mig.items()})
         return self._index
 
     def index_processes(self, containers: Iterable[str]) -> None:
@@ -371,14 +378,16 @@ class ContainerCollector:
 
     def _granted(self, grant: GpuGrant, gpus_by_minor: Mapping[int, Device]) -> list[Device]:
         """Granted GPUs, each replaced by the MIG instances the grant's capability minors name."""
+        mig_of = self.view.index.mig_of
+        if not mig_of:
+            return [gpus_by_minor[minor] for minor in sorted(grant.minors)]
         instances = mig_instances(grant, self.view.mig.caps) if self.view.mig is not None else frozenset()
         out: list[Device] = []
         for minor in sorted(grant.minors):
             parent = gpus_by_minor[minor]
-            mine = [d for d in self.view.snapshot.devices
-                    if d.kind == "mig" and d.parent_uuid == parent.uuid
-                    and MigInstance(minor, d.gpu_instance_id if d.gpu_instance_id is not None else -1,
-                                    d.compute_instance_id if d.compute_instance_id is not None else 0) in instances]
+            mine = [d for d in mig_of.get(parent.uuid, ())
+                    if MigInstance(minor, d.gpu_instance_id if d.gpu_instance_id is not None else -1,
+                                   d.compute_instance_id if d.compute_instance_id is not None else 0) in instances]
             out.extend(mine or [parent])
         return out
 

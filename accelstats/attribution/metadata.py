@@ -186,9 +186,8 @@ class MetadataReader:
         the Nomad task), else ``""``.  Served from the cache by ``(identity.runtime, identity.id)``;
         a miss is re-read at most every :data:`REFRESH_SECONDS`.
         """
-        base = _from_identity(identity)
         if identity.runtime not in _SOURCES or not _SAFE_ID_RE.fullmatch(identity.id):
-            return base
+            return _from_identity(identity)
         key = (identity.runtime, identity.id, identity.state_namespace)
         with self._lock:
             now = self._clock()
@@ -196,6 +195,7 @@ class MetadataReader:
             if entry is not None and (entry.found or now - entry.checked_at < REFRESH_SECONDS):
                 self._cache.move_to_end(key)
                 return entry.metadata
+            base = _from_identity(identity)
             found = None
             for source in _SOURCES[identity.runtime]:
                 found = source(self, identity)

@@ -53,7 +53,8 @@ _STARTTIME_FIELD = 22
 _STARTTIME_INDEX = _STARTTIME_FIELD - _FIRST_FIELD_AFTER_COMM
 
 
-def pids_in_cgroup(directory: Path, *, max_depth: int = 8, plain: bool = False) -> tuple[list[int], int]:
+def pids_in_cgroup(directory: Path, *, max_depth: int = 8, plain: bool = False,
+                   leaf: bool = False) -> tuple[list[int], int]:
     """Return the PIDs of a cgroup and of every cgroup below it, and how many directories failed.
 
     Reads ``<directory>/cgroup.procs`` and the ``cgroup.procs`` of each sub-directory, walking
@@ -71,7 +72,9 @@ def pids_in_cgroup(directory: Path, *, max_depth: int = 8, plain: bool = False) 
     most once.  Lines of ``cgroup.procs`` that are not decimal integers are ignored.
 
     ``plain``: the hierarchy is cgroupfs alone (:class:`accelstats.cgroups.plainreads.PlainReads`), so
-    each ``cgroup.procs`` is read with one plain ``open`` rather than the checked read.
+    each ``cgroup.procs`` is read with one plain ``open`` rather than the checked read. ``leaf``: the
+    caller has just seen that ``directory`` has no subdirectory (:attr:`accelstats.cgroups.discovery.
+    ContainerCgroup.leaf`): it is not looked at again.
 
     Never raises :class:`OSError`; raises :class:`ValueError` when ``max_depth`` is negative.
     """
@@ -83,7 +86,7 @@ def pids_in_cgroup(directory: Path, *, max_depth: int = 8, plain: bool = False) 
     while stack:
         path, depth = stack.pop()
         ok = _read_cgroup_procs(f"{path}/cgroup.procs", pids, plain)
-        if depth < max_depth and not _is_leaf(path):
+        if depth < max_depth and not (leaf and depth == 0) and not _is_leaf(path):
             try:
                 with os.scandir(path) as it:
                     for entry in it:

@@ -14,7 +14,7 @@ import functools
 import os
 import re
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from accelstats.cgroups.devices_list import DevicesList, parse_devices_list
@@ -44,6 +44,9 @@ class ContainerCgroup:
     path: str
     directory: Path
     identity: ContainerIdentity | None
+    leaf: bool = field(default=False, compare=False)
+    """True when the walk saw that ``directory`` had no subdirectory (its link count: 2 on cgroupfs),
+    so that a PID listing need not look for sub-cgroups; False when it has some or was not looked at."""
 
 
 @dataclass(frozen=True)
@@ -128,12 +131,17 @@ def _subdirectories(directory: str) -> list[str]:
     return names
 
 
-def _payload_directory(directory: str) -> bool:
-    """True when the container keeps its processes in a ``container`` child (podman/crun)."""
+def _children(directory: str) -> tuple[bool, bool]:
+    """``(payload, leaf)``: whether the container keeps its processes in a ``container`` child
+    (podman/crun), and whether ``directory`` has no subdirectory at all — known from its link count
+    alone (cgroupfs, like most filesystems, counts each subdirectory's ``..``: 2 means none), so a
+    container without children costs one ``lstat``."""
     try:
-        return stat.S_ISDIR(os.lstat(f"{directory}/{_PAYLOAD_CHILD}").st_mode)
+        if os.lstat(directory).st_nlink == 2:
+            return False, True
+        return stat.S_ISDIR(os.lstat(f"{directory}/{_PAYLOAD_CHILD}").st_mode), False
     except OSError:
-        return False
+        return False, False
 
 
 def _walk(root: Path, max_depth: int, known: KnownLookup | None = None, memo: WalkMemo | None = None) -> Discovery:
@@ -151,10 +159,11 @@ def _walk(root: Path, max_depth: int, known: KnownLookup | None = None, memo: Wa
         if parts:
             identity = memo.identify(_cgroup_path(parts), known)
             if identity is not None:
-                if _payload_directory(directory):
+                payload, leaf = _children(directory)
+                if payload:
                     parts = (*parts, _PAYLOAD_CHILD)
                     directory = f"{directory}/{_PAYLOAD_CHILD}"
-                found.append(ContainerCgroup(_cgroup_path(parts), memo.directory(directory), identity))
+                found.append(ContainerCgroup(_cgroup_path(parts), memo.directory(directory), identity, leaf))
                 continue
         if len(parts) >= max_depth:
             too_deep += 1
@@ -169,7 +178,7 @@ def _walk(root: Path, max_depth: int, known: KnownLookup | None = None, memo: Wa
             continue
         if not children and parts and not is_host_cgroup(_cgroup_path(parts)):
             if len(leaves) < MAX_UNRECOGNISED:
-                leaves.append(ContainerCgroup(_cgroup_path(parts), memo.directory(directory), None))
+                leaves.append(ContainerCgroup(_cgroup_path(parts), memo.directory(directory), None, True))
             else:
                 too_many += 1
         # A user's delegated subtree (systemd's user@<uid>.service) is not walked: nothing in it may be
