@@ -15,6 +15,7 @@ checks the bytes against the reference on every fixture, an 8-GPU 1000-container
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from math import copysign
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
@@ -140,8 +141,9 @@ class FastEncoder:
 
     def __init__(self) -> None:
         self._layouts: dict[tuple[str, str], _Layout] = {}
-        self._labels: dict[tuple[str, tuple[str, ...]], str] = {}  # this generation
-        self._previous: dict[tuple[str, tuple[str, ...]], str] = {}  # the last encoding's
+        # rendered "name{labels} " by family, then by label values: this generation and the last one's
+        self._labels: dict[str, dict[tuple[str, ...], str]] = {}
+        self._previous: dict[str, dict[tuple[str, ...], str]] = {}
 
     def _layout(self, spec: Family, fmt: str) -> _Layout:
         key = (spec.name, fmt)
@@ -150,46 +152,48 @@ class FastEncoder:
             layout = self._layouts[key] = _Layout(spec, fmt)
         return layout
 
-    def _label_string(self, spec: Family, layout: _Layout, values: tuple[str, ...],
-                      labels: dict[tuple[str, tuple[str, ...]], str],
-                      previous: dict[tuple[str, tuple[str, ...]], str]) -> str:
-        key = (spec.name, values)
-        text = labels.get(key)
-        if text is None:
-            text = previous.get(key)
-            if text is None:
-                names = layout.names
-                text = layout.sample_name + ("{" + ",".join(f'{names[i]}="{_escape_value(values[i])}"'
-                                                             for i in layout.order) + "} " if values else " ")
-            labels[key] = text
-        return text
-
     @property
     def cached(self) -> int:
         """Label strings held (both generations)."""
-        return len(self._labels) + len(self._previous)
+        return sum(map(len, self._labels.values())) + sum(map(len, self._previous.values()))
 
     def encode(self, collection: Collection, fmt: str, families: Iterable[Family] = RENDERED) -> str:
         """The exposition text of ``collection``'s families (without OpenMetrics' ``# EOF``: the
         caller appends the server's families and ends the body). Families without a sample are left
         out, as :func:`accelstats.web.exposition.render` leaves them out."""
         # a new generation: what this encoding uses is taken over from the last one, the rest dropped
-        previous = self._labels
-        labels: dict[tuple[str, tuple[str, ...]], str] = {}
-        self._previous, self._labels = previous, labels
+        previous_all = self._labels
+        current_all: dict[str, dict[tuple[str, ...], str]] = {}
+        self._previous, self._labels = previous_all, current_all
         out: list[str] = []
+        append = out.append
         floats: dict[float, str] = {}  # values repeat (a GPU's figures in each of its containers' series)
         for spec in families:
             assert spec.read is not None
             layout: _Layout | None = None
+            labels: dict[tuple[str, ...], str] = {}
+            previous: dict[tuple[str, ...], str] = {}
             for values, value in spec.read(collection):
                 if layout is None:
                     layout = self._layout(spec, fmt)
-                    out.append(layout.header)
-                text = floats.get(value)
-                if text is None:
-                    text = _go_float(value)
-                    if value:  # 0.0 and -0.0 are one key of a dict but two texts
-                        floats[value] = text
-                out.append(f"{self._label_string(spec, layout, values, labels, previous)}{text}\n")
+                    append(layout.header)
+                    labels = current_all.setdefault(spec.name, {})
+                    previous = previous_all.get(spec.name, {})
+                prefix = labels.get(values)
+                if prefix is None:
+                    prefix = previous.get(values)
+                    if prefix is None:
+                        names = layout.names
+                        prefix = layout.sample_name + (
+                            "{" + ",".join(f'{names[i]}="{_escape_value(values[i])}"' for i in layout.order) + "} "
+                            if values else " ")
+                    labels[values] = prefix
+                if value == 0:  # 0.0 and -0.0 are one key of a dict but two texts
+                    text = "0.0" if copysign(1.0, value) > 0 else "-0.0"
+                else:
+                    found = floats.get(value)
+                    if found is None:
+                        found = floats[value] = _go_float(value)
+                    text = found
+                append(f"{prefix}{text}\n")
         return "".join(out)
