@@ -2,7 +2,10 @@
 the accounting overhead, then start-up, CPU and RSS beside nvitop-exporter.
 
 1. For each host (GPUs x containers: 1 x 10, 8 x 100, 8 x 1000, 8 x 5000; the replayed H200 capture and a
-   cgroup v1 tree in a temp directory, benchmarks/scrape.py ``build_host``), interleaved scrape by scrape:
+   cgroup v1 tree: with ``--tree cgroupfs`` real cgroups in the host's v1 ``devices`` hierarchy, removed
+   after, benchmarks/scrape.py ``cgroupfs_host``; with ``--tree tmp`` files in a temp directory,
+   ``build_host``; ``auto``, the default, takes cgroupfs where it can: root and a v1 devices hierarchy),
+   interleaved scrape by scrape:
 
    * ``accelstats``: one ``/metrics`` body as Prometheus asks for it (``SharedExposition``, fast encoder,
      OpenMetrics, gzip), each a fresh collection — CPU ms (``time.process_time``: every thread);
@@ -17,15 +20,16 @@ the accounting overhead, then start-up, CPU and RSS beside nvitop-exporter.
 3. Beside nvitop-exporter (benchmarks/peers.py ``compare``: 1 GPU, exec → first answer, CPU per scrape,
    RSS) when ``nvitop_exporter`` is importable (``pip install nvitop-exporter``), else a line saying so.
 
-Usage: ``python3 benchmarks/scale.py [--scrapes 40] [--skip-peers]`` from a checkout with the Quick
-start's ``.venv`` (run it with ``.venv/bin/python``). No pass/fail: figures for docs/performance.md,
-compared within one run (issue 29's goals: 8 x 1000 ≤ 2 x the floor, per-container cost flat from 100 to
-5000, accounting ≤ +10 %, start-up ≤ nvitop-exporter's).
+Usage: ``python3 benchmarks/scale.py [--scrapes 40] [--skip-peers] [--tree auto|cgroupfs|tmp]`` from a
+checkout with the Quick start's ``.venv`` (run it with ``.venv/bin/python``). No pass/fail: figures for
+docs/performance.md, compared within one run (issue 29's goals: 8 x 1000 ≤ 2 x the floor, per-container
+cost flat from 100 to 5000, accounting ≤ +10 %, start-up ≤ nvitop-exporter's).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import importlib.util
 import logging
@@ -39,7 +43,7 @@ from pathlib import Path
 from accounting import overhead
 from exposition import PROMETHEUS_ACCEPT, cpu_ms
 from peers import compare
-from scrape import build_host, default_shared, loadavg, machine
+from scrape import build_host, cgroupfs_host, default_shared, devices_hierarchy, loadavg, machine
 
 from accelstats.manager import AcceleratorManager
 from accelstats.web.app import ServerCounters, SharedExposition
@@ -61,12 +65,17 @@ def floor(containers: list[str], body: bytes) -> None:
     gzip.compress(body, compresslevel=1)
 
 
-def host(gpus: int, containers: int, scrapes: int, capture: Path) -> dict[str, list[float]]:
-    """CPU ms per scrape of ``accelstats`` and ``floor`` on one host, interleaved (module docstring)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        settings = build_host(Path(tmp), capture, gpus, containers)
+def host(gpus: int, containers: int, scrapes: int, capture: Path, tree: str) -> dict[str, list[float]]:
+    """CPU ms per scrape of ``accelstats`` and ``floor`` on one host, interleaved (module docstring);
+    ``tree``: ``cgroupfs`` (real cgroups, :func:`scrape.cgroupfs_host`) or ``tmp`` (files in a temporary
+    directory, :func:`scrape.build_host`)."""
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        if tree == "cgroupfs":
+            settings = stack.enter_context(cgroupfs_host(Path(tmp), capture, gpus, containers))
+        else:
+            settings = build_host(Path(tmp), capture, gpus, containers)
         assert settings.nvml_replay is not None
-        dirs = [str(d) for d in sorted((settings.cgroup_root / "devices" / "docker").iterdir())]
+        dirs = [str(d) for d in sorted((settings.cgroup_root / "devices" / "docker").iterdir()) if d.is_dir()]
         with AcceleratorManager(settings, open_replay(settings.nvml_replay)) as manager:
             shared = SharedExposition(manager, extra=[ServerCounters()], fast=True)
             for _ in range(3):  # warm-up: NVML's slow values, label caches
@@ -85,16 +94,21 @@ def main() -> None:
     parser.add_argument("--scrapes", type=int, default=40, help="scrapes per host (8 x 5000: a quarter)")
     parser.add_argument("--shared", type=Path, default=default_shared())
     parser.add_argument("--skip-peers", action="store_true", help="leave out the nvitop-exporter comparison")
+    parser.add_argument("--tree", choices=("auto", "cgroupfs", "tmp"), default="auto",
+                        help="where the containers' cgroups are: real cgroupfs (root, a v1 devices hierarchy), "
+                             "a temporary directory, or cgroupfs when this process can (default)")
     args = parser.parse_args()
+    tree = args.tree if args.tree != "auto" else ("cgroupfs" if devices_hierarchy() is not None else "tmp")
     logging.basicConfig(level=logging.ERROR)
     capture = args.shared / "fixtures" / "h200" / "nvidia-smi-q.xml"
-    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} {machine()} {loadavg()} scrapes={args.scrapes}")
+    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} {machine()} {loadavg()} scrapes={args.scrapes} "
+          f"tree={tree}")
     print("\n## a scrape as Prometheus asks (OpenMetrics + gzip), CPU ms p50, beside the floor")
     print(f"{'host':>10} {'accelstats':>11} {'floor':>8} {'ratio':>6} {'pairwise':>9} {'us/container':>13}")
     base: float | None = None
     for gpus, containers in HOSTS:
         n = max(5, args.scrapes // 4) if containers >= 5000 else args.scrapes
-        times = host(gpus, containers, n, capture)
+        times = host(gpus, containers, n, capture, tree)
         a, f = statistics.median(times["accelstats"]), statistics.median(times["floor"])
         pairwise = statistics.median(x / y for x, y in zip(times["accelstats"], times["floor"], strict=True))
         base = a if base is None else base

@@ -15,16 +15,18 @@ docs/performance.md; there is no pass/fail here (machines are noisy; compare wit
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import platform
 import secrets
 import stat
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -75,6 +77,63 @@ def build_host(root: Path, capture: Path | None, gpus: int, containers: int,
     (root / "proc").mkdir()
     return Settings(nvml_replay=scenario, cgroup_root=root / "cgroup", proc_root=root / "proc",
                     collectors=("nvidia",))
+
+
+def devices_hierarchy() -> Path | None:
+    """The mounted cgroup v1 ``devices`` hierarchy when this process may make cgroups in it (root), else
+    None (from ``/proc/self/mountinfo``: the ``cgroup`` mount whose super options name ``devices``)."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        head, _, tail = line.partition(" - ")
+        fields, kind = head.split(), tail.split()
+        if len(fields) > 4 and len(kind) > 2 and kind[0] == "cgroup" and "devices" in kind[2].split(","):
+            return Path(fields[4])
+    return None
+
+
+@contextlib.contextmanager
+def cgroupfs_host(root: Path, capture: Path, gpus: int, containers: int) -> Iterator[Settings]:
+    """:func:`build_host` on real cgroupfs: ``containers`` cgroups made in the host's v1 ``devices``
+    hierarchy (under ``accelstats-bench-<hex>/docker``), their rules written through ``devices.deny`` /
+    ``devices.allow`` as runc writes them, and that subtree bind-mounted at ``<root>/cgroup/devices``, so
+    the exporter walks real kernfs (and reads with plain opens: accelstats/cgroups/plainreads.py). Removed
+    again on exit. Needs root and a v1 ``devices`` hierarchy (:func:`devices_hierarchy`); raises
+    RuntimeError without one."""
+    hierarchy = devices_hierarchy()
+    if hierarchy is None:
+        raise RuntimeError("cgroupfs_host: needs root and a mounted cgroup v1 devices hierarchy")
+    base = hierarchy / f"accelstats-bench-{secrets.token_hex(4)}"
+    made: list[Path] = []
+    mounted = root / "cgroup" / "devices"
+    try:
+        (base / "docker").mkdir(parents=True)
+        for n in range(containers):
+            d = base / "docker" / secrets.token_hex(32)
+            d.mkdir()
+            made.append(d)
+            (d / "devices.deny").write_text("a")
+            for rule in ["b *:* m", "c *:* m", *RUNC_DEFAULTS, f"c 195:{n % gpus} rw"]:
+                (d / "devices.allow").write_text(rule)
+        scenario = write_scenario(root / "scenario.toml", capture, gpus)
+        mounted.mkdir(parents=True)
+        (root / "proc").mkdir()
+        subprocess.run(["mount", "--bind", str(base), str(mounted)], check=True)
+        try:
+            yield Settings(nvml_replay=scenario, cgroup_root=root / "cgroup", proc_root=root / "proc",
+                           collectors=("nvidia",))
+        finally:
+            subprocess.run(["umount", str(mounted)], check=True)
+    finally:
+        for d in made:
+            d.rmdir()
+        for d in (base / "docker", base):
+            if d.exists():
+                d.rmdir()
 
 
 def build_v2_host(root: Path, capture: Path, gpus: int = 8, containers: int = 100, gpu_processes: int = 200,

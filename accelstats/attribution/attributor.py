@@ -205,6 +205,7 @@ class Attributor:
                                                  leaves)
 
         out: list[ContainerStats] = []
+        self.metadata.fit(len(targets))
         self._parents = {}  # this collection's parent-cgroup answers (trust.untrusted_because)
         try:
             root_fd: int | None = os.open(self.hierarchy, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)

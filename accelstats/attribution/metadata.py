@@ -171,12 +171,21 @@ class MetadataReader:
             raise ValueError(f"max_entries must be at least 1, not {max_entries}")
         self.rootfs = Path(rootfs)
         self.runtimes = runtimes if runtimes is not None else RuntimeState(self.rootfs, RuntimeRoots())
-        self.max_entries = max_entries
+        self.max_entries = self._least = max_entries
         self._errors = 0
         self._clock = clock
         self._cache: OrderedDict[tuple[str, str, str], _Entry] = OrderedDict()
         self._warned: OrderedDict[Path, None] = OrderedDict()
         self._lock = threading.Lock()
+
+    def fit(self, containers: int) -> None:
+        """Hold at least the results of ``containers`` containers (the most a collection looks up) and a
+        quarter more for those that come and go, never fewer than the ``max_entries`` it was made with:
+        a cache smaller than the host's containers is emptied in turn by each collection, every lookup
+        a miss that reads state files again (issue 29: 8 x 5000 read each ``config.v2.json`` each scrape).
+        Only containers whose cgroup root alone could make are looked up (accelstats/cgroups/trust.py), so
+        the size follows what the host's runtimes made."""
+        self.max_entries = max(self._least, containers + containers // 4)
 
     def lookup(self, identity: ContainerIdentity) -> ContainerMetadata:
         """The metadata of ``identity``'s container; never raises.

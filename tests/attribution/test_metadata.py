@@ -469,6 +469,24 @@ def test_cache_is_bounded_least_recently_used_first(tmp_path: Path) -> None:
     assert reader.lookup(ident("docker", cid=ID2)).name == "b2"
 
 
+def test_a_cache_fitted_to_the_hosts_containers_reads_each_state_file_once(tmp_path: Path) -> None:
+    """Issue 29: a host with more containers than the cache holds read every state file at every scrape
+    (each collection emptied the cache in turn); ``fit`` (the attributor calls it with the containers
+    listed) keeps them all, and never shrinks below the size the reader was made with."""
+    ids = [f"{n:064x}" for n in range(1, 7)]
+    for n, cid in enumerate(ids):
+        write(tmp_path, DOCKER.format(id=cid), docker_config(f"/c{n}", "img", cid=cid))
+    reader = MetadataReader(tmp_path, max_entries=2)
+    reader.fit(len(ids))
+    assert reader.max_entries == 7  # six and a quarter more
+    assert [reader.lookup(ident("docker", cid=cid)).name for cid in ids] == [f"c{n}" for n in range(6)]
+    for cid in ids:  # a second collection is served from the cache: what the files say now is not read
+        write(tmp_path, DOCKER.format(id=cid), docker_config("/renamed", "img", cid=cid))
+    assert [reader.lookup(ident("docker", cid=cid)).name for cid in ids] == [f"c{n}" for n in range(6)]
+    reader.fit(1)
+    assert reader.max_entries == 2
+
+
 def test_cache_key_includes_runtime(tmp_path: Path) -> None:
     write(tmp_path, DOCKER.format(id=ID), docker_config("/docker-one", "img"))
     write(tmp_path, STORAGE, [storage_entry(ID, "podman-one", "img2")])
