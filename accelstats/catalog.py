@@ -499,6 +499,8 @@ def _sole_holder(key: str) -> Reader:
     MIG instance); nothing where several containers hold the device: GPM measures the GPU or GPU
     instance, not processes, so a shared device's activity cannot be split among them."""
     def collect(c: Collection) -> Iterator[Reading]:
+        if not any(s.profiling for s in c.snapshot.samples.values()):
+            return  # no GPM readings this collection (off, unsupported, not yet sampled): no container pass
         holders = _holders(c)
         count: dict[str, int] = {}
         for container, _ in holders:

@@ -25,11 +25,10 @@ import os
 import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import grpc
-
-from accelstats.kubernetes.proto import podresources_pb2, podresources_pb2_grpc
+if TYPE_CHECKING:
+    import grpc
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +148,8 @@ class PodResourcesClient:
         stub = self._connect()
         if isinstance(stub, SocketAbsent):
             return stub
+        from accelstats.kubernetes.proto import podresources_pb2
+
         answer = self._call("List", stub.List, podresources_pb2.ListPodResourcesRequest())
         return _allocations(answer.pod_resources)
 
@@ -158,6 +159,8 @@ class PodResourcesClient:
         stub = self._connect()
         if isinstance(stub, SocketAbsent):
             return stub
+        from accelstats.kubernetes.proto import podresources_pb2
+
         request = podresources_pb2.GetPodResourcesRequest(pod_name=pod, pod_namespace=namespace)
         answer = self._call("Get", stub.Get, request, optional=True)
         return None if answer is None else _allocations([answer.pod_resources])
@@ -168,6 +171,8 @@ class PodResourcesClient:
         stub = self._connect()
         if isinstance(stub, SocketAbsent):
             return stub
+        from accelstats.kubernetes.proto import podresources_pb2
+
         answer = self._call("GetAllocatableResources", stub.GetAllocatableResources,
                             podresources_pb2.AllocatableResourcesRequest(), optional=True)
         if answer is None:
@@ -204,6 +209,10 @@ class PodResourcesClient:
         if not stat.S_ISSOCK(mode):
             raise PodResourcesError("not_a_socket", f"pod-resources socket {self.socket} is not a unix socket")
         if self._stub is None:
+            import grpc  # here, not at import: a host without a kubelet never loads gRPC (start-up, issue 29)
+
+            from accelstats.kubernetes.proto import podresources_pb2_grpc
+
             self._channel = grpc.insecure_channel(
                 f"unix://{os.path.abspath(self.socket)}",
                 # a channel of its own subchannels: the global pool would hand a new channel the failed
@@ -216,6 +225,8 @@ class PodResourcesClient:
     def _call(self, method: str, rpc: Any, request: Any, *, optional: bool = False) -> Any:
         """``rpc(request)`` within the deadline; gRPC failures become one-line ``PodResourcesError``s, and
         with ``optional`` a method the kubelet does not offer becomes ``None``."""
+        import grpc
+
         try:
             return rpc(request, timeout=self.timeout_s)
         except grpc.RpcError as e:
@@ -230,6 +241,8 @@ class PodResourcesClient:
 
 def _error(method: str, socket: str, code: grpc.StatusCode, details: str,
            client: PodResourcesClient) -> PodResourcesError:
+    import grpc
+
     where = f"pod-resources {method} on {socket}"
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return PodResourcesError("deadline", f"{where}: no answer within {client.timeout_s:g} s")

@@ -47,7 +47,8 @@ def served(h200: Path, tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[s
     (devs / "dev0").write_text("hello")
     port = free_port()
     proc = subprocess.Popen([*CLI, "serve", "--listen", f"127.0.0.1:{port}", "--nvml-replay", str(h200),
-                             "--file-devices", str(devs)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             "--file-devices", str(devs), "--pod-resources-socket", str(tmp_path / "kubelet.sock")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
@@ -86,6 +87,16 @@ def test_serve_without_a_web_config_loads_no_web_config_stack(served: tuple[str,
     assert get(url + "/metrics")[0] == 200
     mapped = Path(f"/proc/{proc.pid}/maps").read_text()
     assert [m for m in ("/yaml/", "/bcrypt/", "/cryptography/", "_cffi_backend") if m in mapped] == []
+
+
+def test_serve_without_a_kubelet_loads_no_grpc(served: tuple[str, subprocess.Popen[str]]) -> None:
+    """Start-up (issue 29): the kubernetes collector imports gRPC and the generated protos when the
+    pod-resources socket is there, not before (about 40 ms of the exec-to-first-answer time, and gRPC's
+    threads and RSS, on every host without a kubelet)."""
+    url, proc = served
+    assert get(url + "/metrics")[0] == 200
+    mapped = Path(f"/proc/{proc.pid}/maps").read_text()
+    assert [m for m in ("/grpc/_cython/", "/google/_upb/") if m in mapped] == []
 
 
 def test_sigterm_stops_serve_cleanly(served: tuple[str, subprocess.Popen[str]]) -> None:
