@@ -14,7 +14,8 @@ the accounting overhead, then start-up, CPU and RSS beside nvitop-exporter.
      uses) the same OpenMetrics body — CPU ms.
 
    It prints both p50s, their ratio, the median of the scrape-by-scrape ratios, and microseconds per
-   container above the 1 x 10 host's cost (flat = cost linear in containers).
+   container above the 1 x 10 host's cost (flat = cost linear in containers); then, for 8 x 1000, the
+   parts of a scrape timed alone: a collection, of it the attribution, the encoding, gzip, the floor's reads.
 2. Accounting at 8 x 1000 (benchmarks/accounting.py ``overhead``: one GPU process per container, off and
    on alternated): the CPU added per scrape.
 3. Beside nvitop-exporter (benchmarks/peers.py ``compare``: 1 GPU, exec → first answer, CPU per scrape,
@@ -47,6 +48,7 @@ from scrape import build_host, cgroupfs_host, default_shared, devices_hierarchy,
 
 from accelstats.manager import AcceleratorManager
 from accelstats.web.app import ServerCounters, SharedExposition
+from accelstats.web.exposition import OPENMETRICS
 from collectors.replay.lib import open_replay
 
 HOSTS = ((1, 10), (8, 100), (8, 1000), (8, 5000))
@@ -65,10 +67,12 @@ def floor(containers: list[str], body: bytes) -> None:
     gzip.compress(body, compresslevel=1)
 
 
-def host(gpus: int, containers: int, scrapes: int, capture: Path, tree: str) -> dict[str, list[float]]:
+def host(gpus: int, containers: int, scrapes: int, capture: Path, tree: str,
+         parts: bool = False) -> dict[str, list[float]]:
     """CPU ms per scrape of ``accelstats`` and ``floor`` on one host, interleaved (module docstring);
     ``tree``: ``cgroupfs`` (real cgroups, :func:`scrape.cgroupfs_host`) or ``tmp`` (files in a temporary
-    directory, :func:`scrape.build_host`)."""
+    directory, :func:`scrape.build_host`); ``parts``: also the scrape's parts, timed alone (collection,
+    attribution, encoding, gzip, the floor's reads)."""
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         if tree == "cgroupfs":
             settings = stack.enter_context(cgroupfs_host(Path(tmp), capture, gpus, containers))
@@ -85,6 +89,20 @@ def host(gpus: int, containers: int, scrapes: int, capture: Path, tree: str) -> 
             for _ in range(scrapes):
                 times["accelstats"].append(cpu_ms(lambda: shared.body(PROMETHEUS_ACCEPT, "gzip")))
                 times["floor"].append(cpu_ms(lambda: floor(dirs, body)))
+            if parts:  # where a scrape's time goes, part by part, interleaved as above
+                assert shared.fast is not None
+                encoder, attributor = shared.fast, manager._attributor
+                assert attributor is not None
+                for _ in range(scrapes):
+                    collection = manager.collect()
+                    times.setdefault("collection", []).append(cpu_ms(manager.collect))
+                    times.setdefault("of it, attribution", []).append(
+                        cpu_ms(lambda c=collection: attributor.attribute(c.snapshot)))
+                    times.setdefault("encoding (fast encoder, OpenMetrics)", []).append(
+                        cpu_ms(lambda c=collection: encoder.encode(c, OPENMETRICS)))
+                    times.setdefault("gzip level 1 of the body", []).append(
+                        cpu_ms(lambda: gzip.compress(body, compresslevel=1)))
+                    times.setdefault("floor: the reads alone", []).append(cpu_ms(lambda: floor(dirs, b"")))
     return times
 
 
@@ -106,15 +124,21 @@ def main() -> None:
     print("\n## a scrape as Prometheus asks (OpenMetrics + gzip), CPU ms p50, beside the floor")
     print(f"{'host':>10} {'accelstats':>11} {'floor':>8} {'ratio':>6} {'pairwise':>9} {'us/container':>13}")
     base: float | None = None
+    profile: dict[str, float] = {}
     for gpus, containers in HOSTS:
         n = max(5, args.scrapes // 4) if containers >= 5000 else args.scrapes
-        times = host(gpus, containers, n, capture, tree)
+        times = host(gpus, containers, n, capture, tree, parts=containers == 1000)
         a, f = statistics.median(times["accelstats"]), statistics.median(times["floor"])
+        if containers == 1000:
+            profile = {k: statistics.median(v) for k, v in times.items() if k not in ("accelstats", "floor")}
         pairwise = statistics.median(x / y for x, y in zip(times["accelstats"], times["floor"], strict=True))
         base = a if base is None else base
         per = "" if containers == 10 else f"{(a - base) * 1000 / (containers - 10):13.1f}"
         print(f"{gpus:>3} x {containers:<4} {a:11.2f} {f:8.2f} {a / f:6.2f} {pairwise:9.2f} {per}")
         sys.stdout.flush()
+    print("\n## 8 x 1000: where a scrape's time goes, each part timed alone, CPU ms p50")
+    for key, value in profile.items():
+        print(f"{key:>40} {value:8.2f}")
     print("\n## accounting at 8 x 1000 (one GPU process per container), CPU ms p50 per scrape")
     r = overhead(capture, 8, 1000, args.scrapes, 15, 10)
     print(f"off {r.off_ms:.2f}  on {r.on_ms:.2f}  added {100 * (r.on_ms / r.off_ms - 1):+.1f} % "
