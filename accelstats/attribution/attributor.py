@@ -421,7 +421,8 @@ class Attributor:
         before = self.scanner.unreadable
         held = self.scanner.scan(pid for pids in pids_of.values() for pid in pids)
         self.skipped["fd_unreadable"] += self.scanner.unreadable - before
-        table = {d: frozenset(m for pid in pids for m in held.get(pid, ()) if m < 254) for d, pids in pids_of.items()}
+        table = {d: frozenset(m for pid in pids for m in held.get(pid, ()) if m < 254)
+                 for d, pids in pids_of.items() if pids}  # an empty cgroup holds nothing: the default
         return lambda directory: table.get(directory, frozenset())
 
 
