@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from accelstats.attribution.containers import AcceleratorStats, ContainerStats
     from accelstats.manager import Collection
 
+    _Pair = tuple[AcceleratorStats, tuple[str, ...], tuple[str, ...]]
+
 FamilyType = Literal["gauge", "counter"]
 Reading = tuple[tuple[str, ...], float]  # (label values, value)
 SampleReader = Callable[[DeviceSample], Iterable[Reading]]  # per device: extra label values and value
@@ -177,18 +179,32 @@ def _container_info(c: Collection) -> Iterator[Reading]:
         yield ident + tuple(utf8(v) for v in info), 1.0
 
 
+_last_pairs: tuple[Collection, list[_Pair]] | None = None
+
+
+def _device_pairs(c: Collection) -> list[_Pair]:
+    """Each (container, device) pair of :func:`_holders` as (its stats, cAdvisor's labels: identity, make,
+    model, acc_id; accelstats' labels: identity, uuid, gpu, attribution): made once per collection for the
+    container families (kept like :func:`_holders`), so that each family's samples share one tuple."""
+    global _last_pairs
+    last = _last_pairs
+    if last is not None and last[0] is c:
+        return last[1]
+    index = {d.uuid: d.index for d in c.snapshot.devices}
+    pairs = [(a, ident + (a.make, a.model, a.id), ident + (a.id, str(index.get(a.id, a.index)), a.attribution))
+             for container, ident in _holders(c) for a in container.accelerators]
+    _last_pairs = (c, pairs)
+    return pairs
+
+
 def _per_accelerator(value: Callable[[AcceleratorStats], float | int | bool | None], cadvisor: bool) -> Reader:
     """A container family: ``value`` of each (container, device) pair, None for none; labels cAdvisor's
     (identity, make, model, acc_id) or accelstats' (identity, uuid, gpu, attribution)."""
     def collect(c: Collection) -> Iterator[Reading]:
-        index = {d.uuid: d.index for d in c.snapshot.devices}
-        for container, ident in _holders(c):
-            for a in container.accelerators:
-                v = value(a)
-                if v is None:
-                    continue
-                labels = (a.make, a.model, a.id) if cadvisor else (a.id, str(index.get(a.id, a.index)), a.attribution)
-                yield ident + labels, float(v)
+        for a, cadvisor_labels, labels in _device_pairs(c):
+            v = value(a)
+            if v is not None:
+                yield (cadvisor_labels if cadvisor else labels), float(v)
     return collect
 
 
