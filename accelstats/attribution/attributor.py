@@ -307,9 +307,11 @@ class Attributor:
 
     def _log_identity(self, path: str, stats: ContainerStats) -> None:
         """``--log-level debug``: which rule or runtime state identified each container, once."""
+        if not log.isEnabledFor(logging.DEBUG):
+            return
         identity = stats.identity
         key = (path, identity.runtime if identity else "")
-        if key in self._identities_logged or not log.isEnabledFor(logging.DEBUG):
+        if key in self._identities_logged:
             return
         if len(self._identities_logged) >= _MAX_LOGGED:
             self._identities_logged.clear()
