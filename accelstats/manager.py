@@ -220,8 +220,9 @@ class AcceleratorManager:
             return NoopCollector(f"{devices_cgroup_path} is not under {attributor.hierarchy}")
         cgroup = cgroup or "/" + rel.as_posix().strip(".")
         # Without the per-container process index: this cgroup may be a sub- or parent cgroup of one
-        # the collection indexed, so its processes are found by prefix instead.
-        view = dataclasses.replace(last.view, by_container=None)
+        # the collection indexed, so its processes are found by prefix instead. And with the checked
+        # reads: the path is the caller's, checked by name only (accelstats/cgroups/plainreads.py).
+        view = dataclasses.replace(last.view, by_container=None, plain_reads=False)
         return ContainerCollector(devices_cgroup_path, cgroup, view, devices_list=attributor.devices_list,
                                   on_skipped=self._count_skipped)
 

@@ -39,35 +39,62 @@ def _unescape(field: str) -> str:
 
 
 def mounts_of(text: str) -> list[tuple[str, str, str]]:
-    """``(device, mount point, filesystem type)`` of each line of ``/proc/<pid>/mountinfo`` text, in file
-    order (proc(5): field 3 is the filesystem's ``major:minor``, as ``stat`` gives ``st_dev``, field 5
-    the mount point, the field after the ``-`` separator the type). Lines of another shape are left out."""
+    """``(mount ID, mount point, filesystem type)`` of each line of ``/proc/<pid>/mountinfo`` text, in file
+    order (proc(5): field 1 is the mount ID, as ``/proc/<pid>/fdinfo/<fd>`` gives ``mnt_id``, field 5 the
+    mount point, the field after the ``-`` separator the type). Lines of another shape are left out."""
     out: list[tuple[str, str, str]] = []
     for line in text.splitlines():
         head, sep, tail = line.partition(" - ")
         fields = head.split(" ", 5)
         if not sep or len(fields) < 5 or not tail:
             continue
-        out.append((fields[2], _unescape(fields[4]), tail.split(" ", 1)[0]))
+        out.append((fields[0], _unescape(fields[4]), tail.split(" ", 1)[0]))
     return out
 
 
-def all_cgroupfs(mounts: list[tuple[str, str, str]], directory: str, device: str) -> bool:
-    """Whether every file under the absolute, symlink-free ``directory``, whose ``stat`` gives the
-    filesystem ``device`` (``major:minor``), is on cgroupfs by ``mounts`` (:func:`mounts_of`): that
-    filesystem is a ``cgroup`` or ``cgroup2`` one, and no mount of another type has its mount point
-    below ``directory`` (visible or hidden: either answers False)."""
+def all_cgroupfs(mounts: list[tuple[str, str, str]], directory: str, mount_id: str) -> bool:
+    """Whether every file under ``directory`` (absolute, symlink-free, in this mount namespace), which is on
+    the mount ``mount_id``, is on cgroupfs by ``mounts`` (:func:`mounts_of`): that mount is in this
+    namespace's table and is a ``cgroup`` or ``cgroup2`` one, and no mount of another type has its mount
+    point below ``directory`` (visible or hidden: either answers False)."""
     directory = directory.rstrip("/") or "/"
     below = "/" if directory == "/" else directory + "/"
     found = False
-    for dev, point, fstype in mounts:
-        if dev == device:
+    for mid, point, fstype in mounts:
+        if mid == mount_id:
             if fstype not in _CGROUPFS:
                 return False
             found = True
         elif point.startswith(below) and fstype not in _CGROUPFS:
             return False
     return found
+
+
+def _where(hierarchy: Path) -> tuple[str, str] | None:
+    """``(path, mount ID)`` of the directory ``hierarchy`` names, from a descriptor of it: the path as the
+    kernel resolves it in this namespace (``readlink /proc/self/fd/<fd>``) and the mount it is on
+    (``mnt_id`` of ``/proc/self/fdinfo/<fd>``, proc(5)), so that a name through another process's root
+    (``/proc/<pid>/root/…``: another mount namespace, whose mounts this table does not list) is on a
+    mount this table does not hold. None when it cannot be told."""
+    try:
+        fd = os.open(hierarchy, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except (OSError, ValueError):
+        return None
+    try:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        info = os.open(f"/proc/self/fdinfo/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            text = os.read(info, 4096).decode("ascii", errors="replace")
+        finally:
+            os.close(info)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    mount_id = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("mnt_id:")), "")
+    if not mount_id.isdigit() or not path.startswith("/") or path.endswith(" (deleted)"):
+        return None
+    return path, mount_id
 
 
 class PlainReads:
@@ -83,38 +110,41 @@ class PlainReads:
         self._poll: select.poll | None = None
         self._mounts: list[tuple[str, str, str]] | None = None
         self._closer: weakref.finalize[[int], PlainReads] | None = None  # closes the kept descriptor with this object
-        self._answer: tuple[tuple[int, int, str], bool] | None = None  # ((st_dev, st_ino, path), answer)
+        self._answer: tuple[tuple[str, str], bool] | None = None  # ((path, mount ID), answer)
         self.rereads = 0
         """How many times the mount table was read (the first read included)."""
 
     def check(self) -> bool:
         """True when every file under the hierarchy is on cgroupfs now, as far as the mount table and a
-        ``stat`` of the hierarchy directory say. Never raises ``OSError``: what cannot be read answers
-        False (and is tried again at the next check)."""
-        try:
-            directory = os.path.realpath(self.hierarchy)
-            st = os.stat(directory)
-        except (OSError, ValueError):
+        descriptor of the hierarchy directory say (:func:`_where`). Never raises ``OSError``: what cannot
+        be read answers False (and is tried again at the next check)."""
+        where = _where(self.hierarchy)
+        if where is None:
             return False
         if self._mounts is None or self._changed():
             self._mounts = self._read()
             self._answer = None
             if self._mounts is None:
                 return False
-        key = (st.st_dev, st.st_ino, directory)
-        if self._answer is None or self._answer[0] != key:
-            device = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
-            self._answer = (key, all_cgroupfs(self._mounts, directory, device))
+        if self._answer is None or self._answer[0] != where:
+            self._answer = (where, all_cgroupfs(self._mounts, *where))
         return self._answer[1]
 
     def _changed(self) -> bool:
         """Whether the mount table may have changed since it was read: the kernel's ``POLLPRI`` on
-        ``/proc/self/mountinfo``; another file (tests) is read again at every check."""
+        ``/proc/self/mountinfo``; another file (tests) is read again at every check. A descriptor
+        closed behind this object's back (``POLLNVAL``) is given up, not closed again (its number may
+        be someone else's now), and the table opened and read afresh."""
         if self._poll is None or self.mountinfo != MOUNTINFO:
             return True
         try:
             events = self._poll.poll(0)
         except OSError:
+            return True
+        if any(ev & select.POLLNVAL for _, ev in events):
+            if self._closer is not None:
+                self._closer.detach()
+            self._fd, self._poll, self._closer, self._mounts = None, None, None, None
             return True
         return any(ev & (select.POLLPRI | select.POLLERR) for _, ev in events)
 

@@ -10,8 +10,8 @@ other hostile-tree tests run on temporary directories: that path).
 | cgroup2 at /sys/fs/cgroup | /sys/fs/cgroup | yes |
 | cgroup2, and a tmpfs mounted below the hierarchy | /sys/fs/cgroup | no |
 | cgroup2, and a cgroup bind mount below it | /sys/fs/cgroup | yes |
-| a cgroup mount that another filesystem hides (the hierarchy's device is the hider's) | /sys/fs/cgroup/devices | no |
-| no line for the hierarchy's device | any | no |
+| a cgroup mount that another filesystem hides (the hierarchy's mount is the hider) | /sys/fs/cgroup/devices | no |
+| no line for the hierarchy's mount (another mount namespace's, named through ``/proc/<pid>/root``) | any | no |
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import secrets
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -45,25 +46,25 @@ BIND_BELOW = V2_HOST + "91 31 0:27 /kubepods /sys/fs/cgroup/kubepods rw,relatime
 HIDDEN = V1_HOST + "92 31 0:51 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw\n"
 
 CASES = [
-    (V1_HOST, "/sys/fs/cgroup/devices", "0:33", True),
-    (V1_HOST, "/sys/fs/cgroup", "0:28", False),
-    (V2_HOST, "/sys/fs/cgroup", "0:27", True),
-    (TMPFS_BELOW, "/sys/fs/cgroup", "0:27", False),
-    (BIND_BELOW, "/sys/fs/cgroup", "0:27", True),
-    (HIDDEN, "/sys/fs/cgroup/devices", "0:51", False),  # stat follows the hider: the device is the tmpfs'
-    (V2_HOST, "/sys/fs/cgroup", "0:99", False),
+    (V1_HOST, "/sys/fs/cgroup/devices", "36", True),
+    (V1_HOST, "/sys/fs/cgroup", "31", False),
+    (V2_HOST, "/sys/fs/cgroup", "31", True),
+    (TMPFS_BELOW, "/sys/fs/cgroup", "31", False),
+    (BIND_BELOW, "/sys/fs/cgroup", "31", True),
+    (HIDDEN, "/sys/fs/cgroup/devices", "92", False),  # the path resolves into the hider
+    (V2_HOST, "/sys/fs/cgroup", "99", False),  # a mount this table does not hold: another namespace's
 ]
 
 
-@pytest.mark.parametrize(("mountinfo", "hierarchy", "device", "plain"), CASES)
-def test_plain_reads_only_where_every_file_is_on_cgroupfs(mountinfo: str, hierarchy: str, device: str,
+@pytest.mark.parametrize(("mountinfo", "hierarchy", "mount_id", "plain"), CASES)
+def test_plain_reads_only_where_every_file_is_on_cgroupfs(mountinfo: str, hierarchy: str, mount_id: str,
                                                          plain: bool) -> None:
-    assert all_cgroupfs(mounts_of(mountinfo), hierarchy, device) is plain
+    assert all_cgroupfs(mounts_of(mountinfo), hierarchy, mount_id) is plain
 
 
 def test_mount_points_are_unescaped_and_odd_lines_left_out() -> None:
     text = "50 31 0:60 / /sys/fs/cgroup/a\\040b rw - tmpfs tmpfs rw\nnot a mountinfo line\n\n"
-    assert mounts_of(text) == [("0:60", "/sys/fs/cgroup/a b", "tmpfs")]
+    assert mounts_of(text) == [("50", "/sys/fs/cgroup/a b", "tmpfs")]
 
 
 def test_a_missing_mount_table_or_hierarchy_answers_no(tmp_path: Path) -> None:
@@ -124,5 +125,46 @@ def test_plain_and_checked_reads_of_a_real_cgroup_agree() -> None:
             path = str(cgroup / name)
             checked = read_regular(path, 65536, past_limit="truncate").data
             assert read_plain(path, 65536) == checked, name  # None for write-only files, both ways
+    finally:
+        cgroup.rmdir()
+
+
+@pytest.mark.root  # unshare(1) of a mount namespace
+def test_a_hierarchy_named_through_another_namespaces_root_is_read_checked() -> None:
+    """``/proc/<pid>/root/sys/fs/cgroup/…`` resolves in another mount namespace, whose mounts (a tmpfs
+    with a FIFO planted below the hierarchy, say) this process's table does not list: its mount is not
+    in this table, so no plain reads (found by review: a ``realpath`` of the name looked like our own)."""
+    hierarchy = _hierarchy()
+    holder = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sleep", "60"])
+    try:
+        other = Path(f"/proc/{holder.pid}/root") / hierarchy.relative_to("/")
+        deadline = time.monotonic() + 10
+        while os.readlink(f"/proc/{holder.pid}/ns/mnt") == os.readlink("/proc/self/ns/mnt"):
+            assert time.monotonic() < deadline, "unshare did not enter a mount namespace of its own"
+            time.sleep(0.01)
+        assert PlainReads(hierarchy).check() is True
+        assert PlainReads(other).check() is False
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.mark.root
+def test_a_kept_descriptor_closed_behind_its_back_is_opened_again() -> None:
+    """``POLLNVAL`` (the descriptor is not open any more) is a change: the table is read afresh."""
+    hierarchy = _hierarchy()
+    cgroup = hierarchy / f"accelstats-plain-{secrets.token_hex(4)}"
+    cgroup.mkdir()
+    try:
+        plain = PlainReads(hierarchy)
+        assert plain.check() is True
+        assert plain._fd is not None
+        os.close(plain._fd)
+        subprocess.run(["mount", "-t", "tmpfs", "accelstats-test", str(cgroup)], check=True)
+        try:
+            assert plain.check() is False
+        finally:
+            subprocess.run(["umount", str(cgroup)], check=True)
+        assert plain.check() is True
     finally:
         cgroup.rmdir()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from accelstats.attribution.containers import ContainerStats
+from accelstats.attribution.containers import ContainerCollector, ContainerStats
 from accelstats.manager import AcceleratorManager
 from accelstats.settings import Settings
 from accelstats.web.exposition import exposition
@@ -78,6 +78,18 @@ def test_a_vanished_devices_list_is_a_reason_not_an_exception(tmp_path: Path, fi
     stats = ContainerStats(cgroup=f"/docker/{DOCKER_A}", identity=None)
     m.get_collector(d).update_stats(stats)
     assert stats.accelerators == [] and "devices.list not readable" in stats.reason
+
+
+def test_get_collector_reads_a_callers_path_with_the_checked_reads(tmp_path: Path, fixtures_dir: Path) -> None:
+    """The collection's plain reads (cgroupfs alone, accelstats/cgroups/plainreads.py) hold for the
+    hierarchy it looked at; a path a caller hands in is checked by name only, so it is read checked."""
+    settings = host(tmp_path, fixtures_dir / "h200" / "nvidia-smi-q.xml", {DOCKER_A: "c 195:0 rw\n"})
+    m = manager(settings)
+    latest = m.collect()
+    assert latest.view is not None
+    latest.view.plain_reads = True  # as on a cgroupfs host
+    collector = m.get_collector(settings.cgroup_root / "devices" / "docker" / DOCKER_A)
+    assert isinstance(collector, ContainerCollector) and collector.view.plain_reads is False
 
 
 def test_concurrent_scrapes_share_one_collection(tmp_path: Path, fixtures_dir: Path) -> None:
