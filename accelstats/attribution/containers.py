@@ -412,15 +412,22 @@ class ContainerCollector:
         sample = self.view.snapshot.samples.get(device.uuid)
         mine = self._own_processes(device)
         util = sample.utilization_ratio if sample is not None else None
+        memory: int | None
+        sm: float | None
+        processes: int | None
+        if mine:
+            memory, sm, processes = _sum_memory(mine), _sum_sm(mine), len(mine)
+        else:  # not readable (None), or none of its processes on the device: what the sums give, at once
+            memory, sm, processes = (None, None, None) if mine is None else (0, 0.0, 0)
         return AcceleratorStats(
             make="nvidia", model=device.name, id=device.uuid, minor=device.minor, index=device.index,
             attribution=attribution,
             memory_total_bytes=sample.memory_total_bytes if sample is not None else None,
             memory_used_bytes=sample.memory_used_bytes if sample is not None else None,
             duty_cycle=util * 100.0 if util is not None else None,
-            container_memory_used_bytes=_sum_memory(mine),
-            container_sm_utilization_ratio=_sum_sm(mine),
-            container_processes=len(mine) if mine is not None else None,
+            container_memory_used_bytes=memory,
+            container_sm_utilization_ratio=sm,
+            container_processes=processes,
             device_open=device_open,
         )
 
