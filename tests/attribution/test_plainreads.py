@@ -19,7 +19,10 @@ from __future__ import annotations
 import os
 import secrets
 import subprocess
+import sys
+import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -90,43 +93,66 @@ def _hierarchy() -> Path:
     return mount.mountpoint
 
 
-@pytest.mark.root  # mkdir in a real cgroup hierarchy, mount(8)
-def test_a_mount_below_the_hierarchy_is_seen_at_the_next_check_and_its_removal_too() -> None:
-    """The mount table is read again only when the kernel signals a change (``POLLPRI``)."""
-    hierarchy = _hierarchy()
-    cgroup = hierarchy / f"accelstats-plain-{secrets.token_hex(4)}"
-    cgroup.mkdir()
+@pytest.fixture
+def cgroup() -> Iterator[Path]:
+    """A cgroup of its own in a real hierarchy (v1 devices, else cgroup2), removed after."""
+    made = _hierarchy() / f"accelstats-plain-{secrets.token_hex(4)}"
+    made.mkdir()
     try:
-        plain = PlainReads(hierarchy)
+        yield made
+    finally:
+        made.rmdir()
+
+
+def in_own_mount_namespace(script: str, cgroup: Path) -> None:
+    """Run ``script`` (Python; ``cgroup`` is its ``CGROUP``, ``tmpfs_on`` mounts a tmpfs for a ``with``
+    body) in a mount namespace of its own (``unshare -m``, private propagation): its mounts never reach
+    the other tests' view of the hierarchy, nor theirs (a runtime's, a FUSE test's) its mount table, so
+    "not read again" is about its own table alone."""
+    prelude = textwrap.dedent(f"""
+        import contextlib, os, subprocess
+        from pathlib import Path
+        from accelstats.cgroups.plainreads import PlainReads
+        CGROUP = Path({str(cgroup)!r})
+
+        @contextlib.contextmanager
+        def tmpfs_on(directory):
+            subprocess.run(["mount", "-t", "tmpfs", "accelstats-test", str(directory)], check=True)
+            try:
+                yield
+            finally:
+                subprocess.run(["umount", str(directory)], check=True)
+        """)
+    done = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, "-c",
+                           prelude + textwrap.dedent(script)], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.root  # mkdir in a real cgroup hierarchy, unshare(1), mount(8)
+def test_a_mount_below_the_hierarchy_is_seen_at_the_next_check_and_its_removal_too(cgroup: Path) -> None:
+    """The mount table is read again only when the kernel signals a change (``POLLPRI``)."""
+    in_own_mount_namespace("""
+        plain = PlainReads(CGROUP.parent)
         assert plain.check() is True
         reads = plain.rereads
         assert plain.check() is True and plain.rereads == reads  # nothing changed: not read again
-        subprocess.run(["mount", "-t", "tmpfs", "accelstats-test", str(cgroup)], check=True)
-        try:
+        with tmpfs_on(CGROUP):
             assert plain.check() is False  # a tmpfs below: a FIFO or a device could be planted there
             assert plain.rereads == reads + 1
-        finally:
-            subprocess.run(["umount", str(cgroup)], check=True)
         assert plain.check() is True
         assert plain.rereads == reads + 2
-    finally:
-        cgroup.rmdir()
+        """, cgroup)
 
 
 @pytest.mark.root
-def test_plain_and_checked_reads_of_a_real_cgroup_agree() -> None:
+def test_plain_and_checked_reads_of_a_real_cgroup_agree(cgroup: Path) -> None:
     from collectors.fsread import read_regular
 
-    hierarchy = _hierarchy()
-    cgroup = hierarchy / f"accelstats-plain-{secrets.token_hex(4)}"
-    cgroup.mkdir()
-    try:
-        for name in os.listdir(cgroup):
-            path = str(cgroup / name)
-            checked = read_regular(path, 65536, past_limit="truncate").data
-            assert read_plain(path, 65536) == checked, name  # None for write-only files, both ways
-    finally:
-        cgroup.rmdir()
+    for name in os.listdir(cgroup):
+        path = str(cgroup / name)
+        checked = read_regular(path, 65536, past_limit="truncate").data
+        assert read_plain(path, 65536) == checked, name  # None for write-only files, both ways
 
 
 @pytest.mark.root  # unshare(1) of a mount namespace
@@ -150,21 +176,14 @@ def test_a_hierarchy_named_through_another_namespaces_root_is_read_checked() -> 
 
 
 @pytest.mark.root
-def test_a_kept_descriptor_closed_behind_its_back_is_opened_again() -> None:
+def test_a_kept_descriptor_closed_behind_its_back_is_opened_again(cgroup: Path) -> None:
     """``POLLNVAL`` (the descriptor is not open any more) is a change: the table is read afresh."""
-    hierarchy = _hierarchy()
-    cgroup = hierarchy / f"accelstats-plain-{secrets.token_hex(4)}"
-    cgroup.mkdir()
-    try:
-        plain = PlainReads(hierarchy)
+    in_own_mount_namespace("""
+        plain = PlainReads(CGROUP.parent)
         assert plain.check() is True
         assert plain._fd is not None
         os.close(plain._fd)
-        subprocess.run(["mount", "-t", "tmpfs", "accelstats-test", str(cgroup)], check=True)
-        try:
+        with tmpfs_on(CGROUP):
             assert plain.check() is False
-        finally:
-            subprocess.run(["umount", str(cgroup)], check=True)
         assert plain.check() is True
-    finally:
-        cgroup.rmdir()
+        """, cgroup)
