@@ -131,8 +131,12 @@ class Account:
 
     def allocated(self, now: float) -> float:
         """Allocated seconds up to ``now`` (monotonic)."""
+        intervals = self.intervals
+        if len(intervals) == 1:  # the usual case (one allocation, still open), without a generator
+            start, end = intervals[0]
+            return self.closed_seconds + max(0.0, (now if end is None else min(end, now)) - start)
         return self.closed_seconds + sum(max(0.0, (now if end is None else min(end, now)) - start)
-                                         for start, end in self.intervals)
+                                         for start, end in intervals)
 
     def overlap(self, begin: float, end: float) -> float:
         """Seconds of ``(begin, end]`` in a kept allocation interval."""
