@@ -20,57 +20,40 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import select
 import weakref
+from collections.abc import Sequence
 from pathlib import Path
+
+from accelstats.cgroups.mode import Mount, parse_mountinfo
 
 log = logging.getLogger(__name__)
 
 MOUNTINFO = "/proc/self/mountinfo"
 _CGROUPFS = frozenset({"cgroup", "cgroup2"})
 _MAX_BYTES = 16 << 20  # a host with 10 000 mounts writes ~1.5 MB
-_ESCAPE = re.compile(r"\\([0-7]{3})")
 
 
-def _unescape(field: str) -> str:
-    r"""A mountinfo field with the kernel's ``\NNN`` octal escapes decoded (space, tab, newline, ``\``)."""
-    return _ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), field) if "\\" in field else field
-
-
-def mounts_of(text: str) -> list[tuple[str, str, str]]:
-    """``(mount ID, mount point, filesystem type)`` of each line of ``/proc/<pid>/mountinfo`` text, in file
-    order (proc(5): field 1 is the mount ID, as ``/proc/<pid>/fdinfo/<fd>`` gives ``mnt_id``, field 5 the
-    mount point, the field after the ``-`` separator the type). Lines of another shape are left out."""
-    out: list[tuple[str, str, str]] = []
-    for line in text.splitlines():
-        head, sep, tail = line.partition(" - ")
-        fields = head.split(" ", 5)
-        if not sep or len(fields) < 5 or not tail:
-            continue
-        out.append((fields[0], _unescape(fields[4]), tail.split(" ", 1)[0]))
-    return out
-
-
-def all_cgroupfs(mounts: list[tuple[str, str, str]], directory: str, mount_id: str) -> bool:
+def all_cgroupfs(mounts: Sequence[Mount], directory: str, mount_id: int) -> bool:
     """Whether every file under ``directory`` (absolute, symlink-free, in this mount namespace), which is on
-    the mount ``mount_id``, is on cgroupfs by ``mounts`` (:func:`mounts_of`): that mount is in this
-    namespace's table and is a ``cgroup`` or ``cgroup2`` one, and no mount of another type has its mount
-    point below ``directory`` (visible or hidden: either answers False)."""
+    the mount ``mount_id``, is on cgroupfs by ``mounts`` (this namespace's table,
+    :func:`accelstats.cgroups.mode.parse_mountinfo`): that mount is in the table and is a ``cgroup`` or
+    ``cgroup2`` one, and no mount of another type has its mount point below ``directory`` (visible or
+    hidden: either answers False)."""
     directory = directory.rstrip("/") or "/"
     below = "/" if directory == "/" else directory + "/"
     found = False
-    for mid, point, fstype in mounts:
-        if mid == mount_id:
-            if fstype not in _CGROUPFS:
+    for m in mounts:
+        if m.mount_id == mount_id:
+            if m.fstype not in _CGROUPFS:
                 return False
             found = True
-        elif point.startswith(below) and fstype not in _CGROUPFS:
+        elif m.mount_point.startswith(below) and m.fstype not in _CGROUPFS:
             return False
     return found
 
 
-def _where(hierarchy: Path) -> tuple[str, str] | None:
+def _where(hierarchy: Path) -> tuple[str, int] | None:
     """``(path, mount ID)`` of the directory ``hierarchy`` names, from a descriptor of it: the path as the
     kernel resolves it in this namespace (``readlink /proc/self/fd/<fd>``) and the mount it is on
     (``mnt_id`` of ``/proc/self/fdinfo/<fd>``, proc(5)), so that a name through another process's root
@@ -92,25 +75,23 @@ def _where(hierarchy: Path) -> tuple[str, str] | None:
     finally:
         os.close(fd)
     mount_id = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("mnt_id:")), "")
-    if not mount_id.isdigit() or not path.startswith("/") or path.endswith(" (deleted)"):
+    if not (mount_id.isascii() and mount_id.isdigit()) or not path.startswith("/") or path.endswith(" (deleted)"):
         return None
-    return path, mount_id
+    return path, int(mount_id)
 
 
 class PlainReads:
     """Whether ``hierarchy`` (a cgroup hierarchy's directory) may be read with plain opens
     (module docstring), checked by :meth:`check` at each collection and kept while the mount table
-    is unchanged. ``mountinfo``: the mount table to read (tests name another file; a regular file
-    never signals a change, so it is read at each check). Not thread-safe: one attributor's."""
+    (``/proc/self/mountinfo``) is unchanged. Not thread-safe: one attributor's."""
 
-    def __init__(self, hierarchy: Path, mountinfo: str = MOUNTINFO) -> None:
+    def __init__(self, hierarchy: Path) -> None:
         self.hierarchy = hierarchy
-        self.mountinfo = mountinfo
         self._fd: int | None = None
         self._poll: select.poll | None = None
-        self._mounts: list[tuple[str, str, str]] | None = None
+        self._mounts: list[Mount] | None = None
         self._closer: weakref.finalize[[int], PlainReads] | None = None  # closes the kept descriptor with this object
-        self._answer: tuple[tuple[str, str], bool] | None = None  # ((path, mount ID), answer)
+        self._answer: tuple[tuple[str, int], bool] | None = None  # ((path, mount ID), answer)
         self.rereads = 0
         """How many times the mount table was read (the first read included)."""
 
@@ -132,10 +113,10 @@ class PlainReads:
 
     def _changed(self) -> bool:
         """Whether the mount table may have changed since it was read: the kernel's ``POLLPRI`` on
-        ``/proc/self/mountinfo``; another file (tests) is read again at every check. A descriptor
+        ``/proc/self/mountinfo``. A descriptor
         closed behind this object's back (``POLLNVAL``) is given up, not closed again (its number may
         be someone else's now), and the table opened and read afresh."""
-        if self._poll is None or self.mountinfo != MOUNTINFO:
+        if self._poll is None:
             return True
         try:
             events = self._poll.poll(0)
@@ -148,11 +129,11 @@ class PlainReads:
             return True
         return any(ev & (select.POLLPRI | select.POLLERR) for _, ev in events)
 
-    def _read(self) -> list[tuple[str, str, str]] | None:
+    def _read(self) -> list[Mount] | None:
         self.rereads += 1
         try:
             if self._fd is None:
-                self._fd = os.open(self.mountinfo, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+                self._fd = os.open(MOUNTINFO, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
                 self._closer = weakref.finalize(self, os.close, self._fd)
                 self._poll = select.poll()
                 self._poll.register(self._fd, select.POLLPRI | select.POLLERR)
@@ -168,11 +149,11 @@ class PlainReads:
         except OSError as exc:
             self.close()
             log.debug("mount table %s not readable (%s): cgroup files are read with the checked reads",
-                      self.mountinfo, exc)
+                      MOUNTINFO, exc)
             return None
         if size > _MAX_BYTES:
             return None
-        return mounts_of(b"".join(chunks).decode("utf-8", errors="surrogateescape"))
+        return parse_mountinfo(b"".join(chunks).decode("utf-8", errors="surrogateescape"))
 
     def close(self) -> None:
         """Close the mount table's descriptor (the next :meth:`check` opens it again)."""

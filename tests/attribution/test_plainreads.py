@@ -27,7 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from accelstats.cgroups.plainreads import PlainReads, all_cgroupfs, mounts_of
+from accelstats.cgroups.mode import parse_mountinfo
+from accelstats.cgroups.plainreads import PlainReads, all_cgroupfs
 from collectors.fsread import read_plain
 from tests.support.runc_harness import _devices_mount, _unified_mount, cgroup_mounts
 
@@ -49,29 +50,33 @@ BIND_BELOW = V2_HOST + "91 31 0:27 /kubepods /sys/fs/cgroup/kubepods rw,relatime
 HIDDEN = V1_HOST + "92 31 0:51 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw\n"
 
 CASES = [
-    (V1_HOST, "/sys/fs/cgroup/devices", "36", True),
-    (V1_HOST, "/sys/fs/cgroup", "31", False),
-    (V2_HOST, "/sys/fs/cgroup", "31", True),
-    (TMPFS_BELOW, "/sys/fs/cgroup", "31", False),
-    (BIND_BELOW, "/sys/fs/cgroup", "31", True),
-    (HIDDEN, "/sys/fs/cgroup/devices", "92", False),  # the path resolves into the hider
-    (V2_HOST, "/sys/fs/cgroup", "99", False),  # a mount this table does not hold: another namespace's
+    (V1_HOST, "/sys/fs/cgroup/devices", 36, True),
+    (V1_HOST, "/sys/fs/cgroup", 31, False),
+    (V2_HOST, "/sys/fs/cgroup", 31, True),
+    (TMPFS_BELOW, "/sys/fs/cgroup", 31, False),
+    (BIND_BELOW, "/sys/fs/cgroup", 31, True),
+    (HIDDEN, "/sys/fs/cgroup/devices", 92, False),  # the path resolves into the hider
+    (V2_HOST, "/sys/fs/cgroup", 99, False),  # a mount this table does not hold: another namespace's
 ]
 
 
 @pytest.mark.parametrize(("mountinfo", "hierarchy", "mount_id", "plain"), CASES)
-def test_plain_reads_only_where_every_file_is_on_cgroupfs(mountinfo: str, hierarchy: str, mount_id: str,
+def test_plain_reads_only_where_every_file_is_on_cgroupfs(mountinfo: str, hierarchy: str, mount_id: int,
                                                          plain: bool) -> None:
-    assert all_cgroupfs(mounts_of(mountinfo), hierarchy, mount_id) is plain
+    assert all_cgroupfs(parse_mountinfo(mountinfo), hierarchy, mount_id) is plain
 
 
-def test_mount_points_are_unescaped_and_odd_lines_left_out() -> None:
-    text = "50 31 0:60 / /sys/fs/cgroup/a\\040b rw - tmpfs tmpfs rw\nnot a mountinfo line\n\n"
-    assert mounts_of(text) == [("50", "/sys/fs/cgroup/a b", "tmpfs")]
+def test_a_tmpfs_below_a_hierarchy_whose_path_has_a_space_is_seen() -> None:
+    """Mount points come unescaped (``\\040`` is a space) from the project's mountinfo parser, so a tmpfs
+    below ``/host cg`` is found below it."""
+    text = ("27 1 254:0 / / rw - ext4 /dev/vda rw\n"
+            "60 27 0:27 / /host\\040cg rw - cgroup2 cgroup2 rw\n"
+            "61 60 0:61 / /host\\040cg/x rw - tmpfs tmpfs rw\n")
+    assert all_cgroupfs(parse_mountinfo(text), "/host cg", 60) is False
+    assert all_cgroupfs(parse_mountinfo(text.rsplit("61 60", 1)[0]), "/host cg", 60) is True
 
 
-def test_a_missing_mount_table_or_hierarchy_answers_no(tmp_path: Path) -> None:
-    assert PlainReads(tmp_path, mountinfo=str(tmp_path / "absent")).check() is False
+def test_a_missing_hierarchy_answers_no(tmp_path: Path) -> None:
     assert PlainReads(tmp_path / "absent").check() is False
 
 
