@@ -517,21 +517,17 @@ def _sole_holder(key: str) -> Reader:
     def collect(c: Collection) -> Iterator[Reading]:
         if not any(s.profiling for s in c.snapshot.samples.values()):
             return  # no GPM readings this collection (off, unsupported, not yet sampled): no container pass
-        holders = _holders(c)
+        pairs = _device_pairs(c)
         count: dict[str, int] = {}
-        for container, _ in holders:
-            for a in container.accelerators:
-                count[a.id] = count.get(a.id, 0) + 1
-        index = {d.uuid: d.index for d in c.snapshot.devices}
-        for container, ident in holders:
-            for a in container.accelerators:
-                sample = c.snapshot.samples.get(a.id)
-                if count[a.id] != 1 or sample is None or not sample.up:
-                    continue
-                base = ident + (a.id, str(index.get(a.id, a.index)), a.attribution)
-                for k, label, value in sample.profiling:
-                    if k == key:
-                        yield base + ((label,) if label else ()), value
+        for a, _, _ in pairs:
+            count[a.id] = count.get(a.id, 0) + 1
+        for a, _, base in pairs:
+            sample = c.snapshot.samples.get(a.id)
+            if count[a.id] != 1 or sample is None or not sample.up:
+                continue
+            for k, label, value in sample.profiling:
+                if k == key:
+                    yield base + ((label,) if label else ()), value
     return collect
 
 

@@ -33,6 +33,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 from prometheus_client.exposition import generate_latest
 
+from accelstats.cgroups.mode import detect_layout
 from accelstats.manager import AcceleratorManager
 from accelstats.settings import Settings
 from accelstats.web.exposition import make_registry, render
@@ -81,19 +82,10 @@ def build_host(root: Path, capture: Path | None, gpus: int, containers: int,
 
 def devices_hierarchy() -> Path | None:
     """The mounted cgroup v1 ``devices`` hierarchy when this process may make cgroups in it (root), else
-    None (from ``/proc/self/mountinfo``: the ``cgroup`` mount whose super options name ``devices``)."""
+    None (:func:`accelstats.cgroups.mode.detect_layout` on this host)."""
     if os.geteuid() != 0:
         return None
-    try:
-        lines = Path("/proc/self/mountinfo").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        head, _, tail = line.partition(" - ")
-        fields, kind = head.split(), tail.split()
-        if len(fields) > 4 and len(kind) > 2 and kind[0] == "cgroup" and "devices" in kind[2].split(","):
-            return Path(fields[4])
-    return None
+    return detect_layout().devices_root
 
 
 @contextlib.contextmanager
