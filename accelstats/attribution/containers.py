@@ -227,7 +227,9 @@ class HostView:
 
     @property
     def index(self) -> DeviceIndex:
-        """The snapshot's devices indexed once for every container of the collection."""
+        """The snapshot's devices indexed once for every container of the collection
+        (:class:`DeviceIndex`: by minor number, by UUID, MIG instances by parent UUID, and the MIG
+        capability minors of :attr:`mig`); made on first use, so :attr:`mig` must be set before."""
         if self._index is None:
             gpus = {d.minor: d for d in self.snapshot.devices if d.kind == "gpu" and d.minor is not None}
             mig: dict[str, list[Device]] = {}
