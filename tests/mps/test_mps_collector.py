@@ -79,16 +79,18 @@ def test_one_bad_resource_does_not_mark_the_others_down(root: Path, snapshot: De
 def test_a_wedged_daemon_costs_the_deadline_not_the_control_timeout(root: Path, snapshot: DeviceSnapshot) -> None:
     wedged, fine = started(root, "wedged"), started(root, "fine")
     (wedged.pipe_dir / "double.hang").touch()
-    settings = MpsSettings(root=root, timeout=3.0, resources=(MpsResourceSettings("wedged", 2, (0,)),
+    settings = MpsSettings(root=root, timeout=5.0, resources=(MpsResourceSettings("wedged", 2, (0,)),
                                                               MpsResourceSettings("fine", 2, "all")))
-    collector = MpsCollector(settings, binary=str(DOUBLE), deadline=0.5)
+    # a deadline of 1 s: the double is a Python script, whose start alone took over half a second on a
+    # loaded 2-core CI machine (the healthy daemon's answer came late); the control timeout is 5 x it
+    collector = MpsCollector(settings, binary=str(DOUBLE), deadline=1.0)
     try:
         t0 = time.monotonic()
         readings = read(collector, snapshot)
         elapsed = time.monotonic() - t0
-        assert not readings["wedged"].up and "no answer within 0.5 s" in readings["wedged"].reason
+        assert not readings["wedged"].up and "no answer within 1 s" in readings["wedged"].reason
         assert readings["fine"].up  # asked in parallel: not held up by the wedged one
-        assert elapsed < 3.0, elapsed  # the control timeout is 3 s; the collector waited its 0.5 s deadline
+        assert elapsed < 5.0, elapsed  # the control timeout is 5 s; the collector waited its 1 s deadline
         again = read(collector, snapshot)  # the stuck query is still running: not started twice
         assert not again["wedged"].up and again["fine"].up
         (wedged.pipe_dir / "double.hang").unlink()
