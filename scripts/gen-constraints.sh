@@ -5,8 +5,10 @@
 #
 #   scripts/gen-constraints.sh                      resolve `pip install .` in a throwaway virtual
 #                                                   environment and write systemd/constraints.txt
-#   scripts/gen-constraints.sh --check              resolve again; fail (exit 1, with the difference)
-#                                                   when the file no longer pins what that resolves
+#   scripts/gen-constraints.sh --check              resolve again; fail with the difference when the
+#                                                   file no longer pins what that resolves: exit 3 when
+#                                                   only versions moved (a release upstream), exit 1
+#                                                   when a package was added or dropped
 #   scripts/gen-constraints.sh --installed PYTHON   fail when an environment's installed versions are
 #                                                   not the file's pins (the test environment, after
 #                                                   the tests ran in it)
@@ -59,6 +61,11 @@ case "${1:-}" in
       echo "gen-constraints: $FILE does not pin what \`pip install .\` resolves now (< pinned, > resolved):" >&2
       printf '%s\n' "$difference" >&2
       echo "gen-constraints: run scripts/gen-constraints.sh, then bash .ci/run, and commit $FILE" >&2
+      # the same packages at other versions: upstream released (exit 3); a package added or dropped:
+      # pyproject.toml changed without the file (exit 1)
+      if diff <(pins "$FILE" | cut -d= -f1) <(printf '%s\n' "$resolved" | pins | cut -d= -f1) >/dev/null; then
+        exit 3
+      fi
       exit 1
     fi
     echo "gen-constraints: $FILE pins what \`pip install .\` resolves ($(pins "$FILE" | wc -l) packages)" >&2
