@@ -129,7 +129,7 @@ NOT_HERE: dict[str, str] = {
 
 # What may run in the sandbox: commands that touch only the clone and its .venv (checked before any runs).
 SANDBOXED = (
-    re.compile(r"python3 -m venv \.venv && \.venv/bin/python -m pip install -q (\.|'\.\[test\]')"
+    re.compile(r"python3 -m venv \.venv && \.venv/bin/python -m pip install -q (-c systemd/constraints\.txt )?(\.|'\.\[test\]')"
                r"( && \.venv/bin/.*|\s*#.*)?"),
     re.compile(r"\.venv/bin/(python|accelstats) .*"),
     re.compile(r"python3 -m accelstats (dump|devices|containers|--help) .*"),
