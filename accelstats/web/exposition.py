@@ -135,15 +135,18 @@ class _Layout:
 
 
 class FastEncoder:
-    """Encodes collections of one host, keeping rendered label strings between scrapes. Thread-safe
-    for concurrent :meth:`encode` calls (each works on the generations it started with; a string is
-    the same whoever renders it, and a racing call at worst renders one again)."""
+    """Encodes collections of one host, keeping rendered label strings between scrapes (one dict
+    lookup per sample; the strings of series gone are dropped at the family's next encoding once they
+    are a third of those held). Thread-safe for concurrent :meth:`encode` calls (each dict operation is
+    atomic; a string is the same whoever renders it, and a racing call at worst renders one again)."""
 
     def __init__(self) -> None:
         self._layouts: dict[tuple[str, str], _Layout] = {}
-        # rendered "name{labels} " by family, then by label values: this generation and the last one's
+        # rendered "name{labels} " by family, then by label values. One dict per family, looked up once
+        # per sample; a family whose dict holds over 1.5 times the samples it last wrote (series gone) is
+        # compacted at its next encoding: a fresh dict, filled from the old one with what is used.
         self._labels: dict[str, dict[tuple[str, ...], str]] = {}
-        self._previous: dict[str, dict[tuple[str, ...], str]] = {}
+        self._compact: set[str] = set()
 
     def _layout(self, spec: Family, fmt: str) -> _Layout:
         key = (spec.name, fmt)
@@ -154,31 +157,34 @@ class FastEncoder:
 
     @property
     def cached(self) -> int:
-        """Label strings held (both generations)."""
-        return sum(map(len, self._labels.values())) + sum(map(len, self._previous.values()))
+        """Label strings held."""
+        return sum(map(len, list(self._labels.values())))
 
     def encode(self, collection: Collection, fmt: str, families: Iterable[Family] = RENDERED) -> str:
         """The exposition text of ``collection``'s families (without OpenMetrics' ``# EOF``: the
         caller appends the server's families and ends the body). Families without a sample are left
         out, as :func:`accelstats.web.exposition.render` leaves them out."""
-        # a new generation: what this encoding uses is taken over from the last one, the rest dropped
-        previous_all = self._labels
-        current_all: dict[str, dict[tuple[str, ...], str]] = {}
-        self._previous, self._labels = previous_all, current_all
+        cache, compact = self._labels, self._compact
         out: list[str] = []
         append = out.append
         floats: dict[float, str] = {}  # values repeat (a GPU's figures in each of its containers' series)
+        no_previous: dict[tuple[str, ...], str] = {}
         for spec in families:
             assert spec.read is not None
             layout: _Layout | None = None
             labels: dict[tuple[str, ...], str] = {}
-            previous: dict[tuple[str, ...], str] = {}
+            previous = no_previous
+            count = 0
             for values, value in spec.read(collection):
                 if layout is None:
                     layout = self._layout(spec, fmt)
                     append(layout.header)
-                    labels = current_all.setdefault(spec.name, {})
-                    previous = previous_all.get(spec.name, {})
+                    found_labels = cache.get(spec.name)
+                    if found_labels is None or spec.name in compact:
+                        previous = found_labels or no_previous
+                        cache[spec.name] = labels
+                    else:
+                        labels = found_labels
                 prefix = labels.get(values)
                 if prefix is None:
                     prefix = previous.get(values)
@@ -188,6 +194,7 @@ class FastEncoder:
                             "{" + ",".join(f'{names[i]}="{_escape_value(values[i])}"' for i in layout.order) + "} "
                             if values else " ")
                     labels[values] = prefix
+                count += 1
                 if value == 0:  # 0.0 and -0.0 are one key of a dict but two texts
                     text = "0.0" if copysign(1.0, value) > 0 else "-0.0"
                 else:
@@ -196,4 +203,11 @@ class FastEncoder:
                         found = floats[value] = _go_float(value)
                     text = found
                 append(f"{prefix}{text}\n")
+            if layout is None:
+                cache.pop(spec.name, None)  # no series left: nothing to keep
+                compact.discard(spec.name)
+            elif len(labels) > count + count // 2:  # more than a third of them gone
+                compact.add(spec.name)
+            else:
+                compact.discard(spec.name)
         return "".join(out)
