@@ -170,19 +170,25 @@ def _failed(exc: OSError) -> FileRead:
     return FileRead(None, MISSING if code in _VANISHED_ERRNOS else UNREADABLE, exc.strerror or str(exc), code)
 
 
-def read_plain(path: str, limit: int) -> bytes | None:
+def read_plain(path: str, limit: int, *, one_record: bool = False) -> bytes | None:
     """The first ``limit`` bytes of ``path`` (> 0), or None when it cannot be opened or read: one ``open``
     (``O_NONBLOCK``, ``O_NOFOLLOW``), reads until end of file or ``limit``, ``close``. Only for a file
     the caller knows to be on a filesystem of directories and regular files alone (cgroupfs:
     :class:`accelstats.cgroups.plainreads.PlainReads`); elsewhere :func:`read_regular`, which never
-    opens a FIFO or a device. Never raises :class:`OSError`."""
+    opens a FIFO or a device. Never raises :class:`OSError`.
+
+    ``one_record``: the file is a kernfs file written by one ``seq_show`` call and no ``seq_start``
+    (``devices.list``: ``devcgroup_seq_show`` in security/device_cgroup.c), which kernfs serves as
+    ``single_open`` does (fs/kernfs/file.c ``kernfs_seq_start``): seq_file grows its buffer until the
+    whole record fits, so a read shorter than asked for is the whole file and no second read is made
+    to see the end (cgroup.procs is many records, a page or so per read: read on)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except (OSError, ValueError):
         return None
     try:
         data = os.read(fd, limit)
-        if data and len(data) < limit:  # seq_file answers a page or so per read: read on to the end
+        if data and len(data) < limit and not one_record:  # a page or so per read: read on to the end
             chunks, size = [data], len(data)
             while size < limit:
                 more = os.read(fd, limit - size)

@@ -240,7 +240,7 @@ def read_devices_list_text(directory: Path | str, *, plain: bool = False) -> str
     be cgroupfs alone (:class:`accelstats.cgroups.plainreads.PlainReads`), where neither can be: one plain
     ``open`` (:func:`collectors.fsread.read_plain`). Never raises ``OSError``."""
     path = f"{os.fspath(directory)}/devices.list"
-    data = (read_plain(path, _MAX_DEVICES_LIST_BYTES) if plain
+    data = (read_plain(path, _MAX_DEVICES_LIST_BYTES, one_record=True) if plain
             else read_regular(path, _MAX_DEVICES_LIST_BYTES, past_limit="truncate").data)
     return None if data is None else data.decode("utf-8", errors="replace")
 
