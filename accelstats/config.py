@@ -86,11 +86,6 @@ from accelstats.settings import (
     SetupError,
 )
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
-
 DEFAULT_CONFIG = Path("/etc/accelstats/config.toml")
 #: The ``[file_devices]`` keys (``list_period`` is the Nomad plugin's alone: ``/metrics`` reads the
 #: directory on every scrape).
@@ -163,6 +158,10 @@ def load_config(path: Path, base: Settings | None = None) -> Settings:
 
     Raises ConfigError naming the file (and line/column for TOML syntax errors, the key otherwise).
     """
+    if sys.version_info >= (3, 11):  # imported with a config file only (start-up without one)
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
     settings = base or Settings()
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))

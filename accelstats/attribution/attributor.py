@@ -38,6 +38,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from accelstats.attribution.cgroupns import CgroupNamespace
 from accelstats.attribution.containers import (
@@ -64,14 +65,15 @@ from accelstats.cgroups import (
     is_host_cgroup,
     parse_mig_minors,
 )
-from accelstats.cgroups.bpf_program import UndecidableError
-from accelstats.cgroups.devices_bpf import DeviceProgramCache, DeviceProgramsError
 from accelstats.cgroups.discovery import WalkMemo
 from accelstats.cgroups.plainreads import PlainReads
 from accelstats.cgroups.trust import untrusted_because
 from accelstats.settings import RuntimeRoots
 from collectors.fsread import read_small
 from collectors.model import DeviceSnapshot, ProcessUsage
+
+if TYPE_CHECKING:
+    from accelstats.cgroups.devices_bpf import DeviceProgramCache
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +122,10 @@ class Attributor:
         self.scanner = OpenFdScanner(proc_root) if open_fds else None
         self.runtimes = RuntimeState(rootfs, runtimes or RuntimeRoots())
         self.metadata = MetadataReader(rootfs, runtimes=self.runtimes)
-        self.programs = None if self.devices_list else (device_programs or DeviceProgramCache())
+        self.programs: DeviceProgramCache | None = None
+        if not self.devices_list:  # v2 alone: the BPF decoder is imported only there (start-up on v1)
+            from accelstats.cgroups.devices_bpf import DeviceProgramCache
+            self.programs = device_programs or DeviceProgramCache()
         self.rootless = RootlessOwners(rootfs, self.hierarchy, self.runtimes.known) if self.hierarchy else None
         self.skipped: Counter[str] = Counter({r: 0 for r in SKIP_REASONS})
         self._cgroupns_logged = False
@@ -326,6 +331,9 @@ class Attributor:
                          mig: MigMap | None) -> Callable[[Path], tuple[GpuGrant | None, str]]:
         """v2: ``(grant, reason)`` per cgroup directory from the device programs in effect (one
         collection: the cache's instruction budget for new programs starts again)."""
+        from accelstats.cgroups.bpf_program import UndecidableError
+        from accelstats.cgroups.devices_bpf import DeviceProgramsError
+
         assert self.programs is not None
         programs = self.programs
         programs.begin_collection()
