@@ -14,8 +14,8 @@ command on stderr, which a failing ``$(...)`` inside an argument would otherwise
 
 The clone is ``git clone`` of this checkout's HEAD (commit a doc change before running this), made
 once per session with the virtual environment README's test command makes
-(``python3 -m venv .venv && .venv/bin/python -m pip install -q -c systemd/constraints.txt '.[test]'``, its pytest run left
-out). Every command runs with a Debian login shell's ``PATH`` (so ``python3`` is Debian's
+(``python3 -m venv .venv && .venv/bin/python -m pip install -q -c systemd/constraints.txt '.[test]'``,
+its pytest run left out). Every command runs with a Debian login shell's ``PATH`` (so ``python3`` is Debian's
 ``/usr/bin/python3``, which has neither accelstats' dependencies nor pytest, and refuses ``pip
 install`` outside a virtual environment), without this test's ``PYTHONPATH`` or ``VIRTUAL_ENV``:
 what a new user's shell has.
@@ -51,7 +51,8 @@ _SERVICE_HOST = ("README 'Install as a service': installs Debian packages, write
 NOT_HERE: dict[str, str] = {
     # README's test command is the suite this test belongs to: .ci/run runs it as written (step 4), and
     # so does ../shared/tools/fresh-clone-check.sh
-    "python3 -m venv .venv && .venv/bin/python -m pip install -q -c systemd/constraints.txt '.[test]' && .venv/bin/python -m pytest -q":
+    "python3 -m venv .venv && .venv/bin/python -m pip install -q -c systemd/constraints.txt '.[test]'"
+    " && .venv/bin/python -m pytest -q":
         "README's test command: the suite this test is part of (.ci/run step 4 runs it as written)",
     **{command: _SERVICE_HOST for command in (
         "apt-get install -y python3-venv openssl curl",
@@ -129,7 +130,8 @@ NOT_HERE: dict[str, str] = {
 
 # What may run in the sandbox: commands that touch only the clone and its .venv (checked before any runs).
 SANDBOXED = (
-    re.compile(r"python3 -m venv \.venv && \.venv/bin/python -m pip install -q (-c systemd/constraints\.txt )?(\.|'\.\[test\]')"
+    re.compile(r"python3 -m venv \.venv && \.venv/bin/python -m pip install -q "
+               r"(-c systemd/constraints\.txt )?(\.|'\.\[test\]')"
                r"( && \.venv/bin/.*|\s*#.*)?"),
     re.compile(r"\.venv/bin/(python|accelstats) .*"),
     re.compile(r"python3 -m accelstats (dump|devices|containers|--help) .*"),
@@ -175,8 +177,10 @@ def test_the_quick_start_commands_are_read() -> None:
     """Control: the extraction finds README's two Quick start lines and the continued openssl line."""
     readme = [c.text for c in ALL if c.doc == "README.md"]
     assert readme[:2] == [
-        "python3 -m venv .venv && .venv/bin/python -m pip install -q -c systemd/constraints.txt . && .venv/bin/accelstats serve",
-        "python3 -m venv .venv && .venv/bin/python -m pip install -q -c systemd/constraints.txt '.[test]' && .venv/bin/python -m pytest -q"]
+        "python3 -m venv .venv && .venv/bin/python -m pip install -q -c systemd/constraints.txt ."
+        " && .venv/bin/accelstats serve",
+        "python3 -m venv .venv && .venv/bin/python -m pip install -q -c systemd/constraints.txt '.[test]'"
+        " && .venv/bin/python -m pytest -q"]
     assert any(t.startswith("openssl req -x509") and t.endswith("-out /etc/accelstats/tls.crt") for t in readme)
 
 
