@@ -36,7 +36,6 @@ import logging
 import os
 from collections import Counter
 from collections.abc import Callable, Iterable
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -76,6 +75,7 @@ if TYPE_CHECKING:
     from accelstats.cgroups.devices_bpf import DeviceProgramCache
 
 log = logging.getLogger(__name__)
+_NO_METADATA = ContainerMetadata()  # frozen: shared by the containers whose identity gives no name
 
 SKIP_REASONS = ("cgroup_vanished", "cgroup_unreadable", "cgroup_too_deep", "devices_list_unreadable",
                 "pid_vanished", "pid_unreadable", "bad_cgroup_path", "foreign_cgroupns", "fd_unreadable",
@@ -228,15 +228,16 @@ class Attributor:
                out: list[ContainerStats]) -> None:
         """Each target's stats, its identity checked, appended to ``out`` when it is a GPU container."""
         roots_checked: set[str] = set()
+        debug = log.isEnabledFor(logging.DEBUG)
         for path, directory, identity in targets:
             if directory in gone:
                 continue  # the container stopped during the collection: it is not listed
+            name = identity.name if identity else ""
             stats = ContainerStats(cgroup=path, identity=identity,
-                                   metadata=ContainerMetadata(name=identity.name if identity else ""))
-            vanished: list[bool] = []
-            ContainerCollector(directory, path, view, devices_list=self.devices_list, on_skipped=on_skipped,
-                               on_unreadable=self._devices_list_unreadable,
-                               on_vanished=partial(vanished.append, True)).update_stats(stats)
+                                   metadata=ContainerMetadata(name=name) if name else _NO_METADATA)
+            vanished = not ContainerCollector(directory, path, view, devices_list=self.devices_list,
+                                              on_skipped=on_skipped,
+                                              on_unreadable=self._devices_list_unreadable).read_into(stats)
             if vanished and directory in walked:
                 self.skipped["cgroup_vanished"] += 1
                 continue
@@ -278,8 +279,10 @@ class Attributor:
                     if identity.runtime not in roots_checked:  # once a runtime a collection
                         roots_checked.add(identity.runtime)
                         self._metadata_root_missing(identity.runtime)
-            add_allocations(stats, view.snapshot.kubelet, view)  # the kubelet's allocations as evidence
-            self._log_identity(path, stats)
+            if view.snapshot.kubelet is not None:  # the kubelet's allocations as evidence
+                add_allocations(stats, view.snapshot.kubelet, view)
+            if debug:
+                self._log_identity(path, stats)
             out.append(stats)
 
     def _kubelet_allocated(self, identity: ContainerIdentity | None, view: HostView) -> bool:
@@ -311,9 +314,8 @@ class Attributor:
                 self._warn_root(setting, missing[setting])
 
     def _log_identity(self, path: str, stats: ContainerStats) -> None:
-        """``--log-level debug``: which rule or runtime state identified each container, once."""
-        if not log.isEnabledFor(logging.DEBUG):
-            return
+        """``--log-level debug``: which rule or runtime state identified each container, once (called
+        only when debug logging is on)."""
         identity = stats.identity
         key = (path, identity.runtime if identity else "")
         if key in self._identities_logged:

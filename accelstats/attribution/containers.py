@@ -288,8 +288,8 @@ class ContainerCollector:
     (v2). A process counts for the container when its cgroup is the container's or below it.
     ``on_skipped(cgroup, lines)`` is told the malformed ``devices.list`` lines; ``on_unreadable()``
     that ``devices.list`` could not be read while the cgroup exists (permissions, a FIFO planted in a
-    mounted tree), ``on_vanished()`` that it could not because the cgroup was removed meanwhile (the
-    container stopped during the collection: normal, not a fault of the host).
+    mounted tree); :meth:`read_into` answers False when it could not because the cgroup was removed
+    meanwhile (the container stopped during the collection: normal, not a fault of the host).
 
     Attribution, in order (each device once, first reason wins):
 
@@ -303,11 +303,9 @@ class ContainerCollector:
 
     def __init__(self, directory: Path, cgroup: str, view: HostView, *, devices_list: bool,
                  on_skipped: Callable[[str, tuple[str, ...]], None] | None = None,
-                 on_unreadable: Callable[[], None] | None = None,
-                 on_vanished: Callable[[], None] | None = None) -> None:
+                 on_unreadable: Callable[[], None] | None = None) -> None:
         self.directory = directory
         self.on_unreadable = on_unreadable
-        self.on_vanished = on_vanished
         self.cgroup = cgroup
         self.view = view
         self.devices_list = devices_list
@@ -315,6 +313,11 @@ class ContainerCollector:
 
     def update_stats(self, stats: ContainerStats) -> None:
         """Append one AcceleratorStats per device attributed (see the class docstring); never raises."""
+        self.read_into(stats)
+
+    def read_into(self, stats: ContainerStats) -> bool:
+        """:meth:`update_stats`, answering False when the cgroup was removed before its ``devices.list``
+        was read (``stats.reason`` says so), else True; never raises."""
         snapshot = self.view.snapshot
         index = self.view.index
         gpus_by_minor = index.gpus_by_minor
@@ -326,14 +329,12 @@ class ContainerCollector:
             if text is None:
                 if not os.path.isdir(self.directory):
                     stats.reason = f"{self.directory} does not exist (removed during the collection?)"
-                    if self.on_vanished is not None:
-                        self.on_vanished()
-                    return
+                    return False
                 stats.devices_cgroup = "unreadable"
                 stats.add_reason(f"devices.list not readable in {self.directory}")
                 if self.on_unreadable is not None:
                     self.on_unreadable()
-                return
+                return True
             mig = self.view.mig
             grant, skipped, names_gpus = _grant(text, index.minors, mig.caps_major if mig else None,
                                                 index.caps_minors)
@@ -377,6 +378,7 @@ class ContainerCollector:
         if not chosen and stats.devices_cgroup == "unrestricted":
             rules = "a *:* rwm" if self.devices_list else "its device programs allow every device, or none is attached"
             stats.add_reason(f"unrestricted devices cgroup ({rules}) and none of its processes is on a GPU")
+        return True
 
     def _granted(self, grant: GpuGrant, gpus_by_minor: Mapping[int, Device]) -> list[Device]:
         """Granted GPUs, each replaced by the MIG instances the grant's capability minors name."""

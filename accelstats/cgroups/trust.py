@@ -50,6 +50,11 @@ def untrusted_because(hierarchy: Path, path: str, root_fd: int | None = None,
 def _parent(path: str) -> str:
     """The parent cgroup whose owner and mode :func:`parent_untrusted_because` looks at (relative to the
     hierarchy, ``.`` for its root)."""
+    if "//" not in path:  # the kernel's form (one slash between names): no empty names to drop
+        head, _, last = path.strip("/").rpartition("/")
+        if last == "container":  # podman's payload child: its parent is what was named
+            head = head.rpartition("/")[0]
+        return head or "."
     comps = [c for c in path.split("/") if c]
     if comps and comps[-1] == "container":  # podman's payload child: its parent is what was named
         comps = comps[:-1]
