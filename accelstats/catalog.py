@@ -172,11 +172,14 @@ def _holders(c: Collection) -> list[tuple[ContainerStats, tuple[str, ...]]]:
     return holders
 
 
+_NO_IDENTITY = ("unknown", "", "", "", "", "")
+
+
 def _container_info(c: Collection) -> Iterator[Reading]:
     for container, ident in _holders(c):
         i = container.identity
-        info = (i.runtime, i.id, i.pod_uid, i.alloc_id, i.task, i.owner) if i is not None else ("unknown", *[""] * 5)
-        yield ident + tuple(utf8(v) for v in info), 1.0
+        info = (i.runtime, i.id, i.pod_uid, i.alloc_id, i.task, i.owner) if i is not None else _NO_IDENTITY
+        yield ident + (info if "".join(info).isascii() else tuple(utf8(v) for v in info)), 1.0
 
 
 _last_pairs: tuple[Collection, list[_Pair]] | None = None

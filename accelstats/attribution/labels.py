@@ -29,4 +29,7 @@ def utf8(value: str) -> str:
 def identity_labels(c: ContainerStats) -> tuple[str, ...]:
     """cAdvisor's container labels: id (cgroup path), name, image, container, pod, namespace."""
     m = c.metadata
-    return tuple(utf8(v) for v in (c.cgroup, m.name, m.image, m.container, m.pod, m.namespace))
+    values = (c.cgroup, m.name, m.image, m.container, m.pod, m.namespace)
+    if "".join(values).isascii():  # the usual case: nothing to replace, no call per value
+        return values
+    return tuple(utf8(v) for v in values)
