@@ -102,8 +102,6 @@ NOT_HERE: dict[str, str] = {
     "kubectl -n monitoring create secret generic accelstats-web-config --from-file=web.yml --from-file=tls.crt "
     "--from-file=tls.key": "needs a Kubernetes cluster",
     # docs/nomad.md: a Nomad client host
-    "python3 -m venv /opt/accelstats && /opt/accelstats/bin/pip install accelstats   # or this checkout":
-        "installs into /opt on a Nomad client, from PyPI",
     "mkdir -p /opt/nomad/plugins": "the Nomad client's plugin_dir (/opt on a Nomad client)",
     "ln -s /opt/accelstats/bin/nomad-device-accelstats /opt/nomad/plugins/nomad-device-accelstats":
         "the Nomad client's plugin_dir (/opt on a Nomad client)",
