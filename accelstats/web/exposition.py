@@ -8,8 +8,9 @@ touches NVML. ``accelstats dump`` prints :func:`exposition`.
 those families (text 0.0.4 and 1.0.0, OpenMetrics 1.0.0, escapings that leave names unchanged:
 :func:`supported`) from the catalog's readers directly: header lines rendered once per format, a
 sample's label string once per family and label values and kept for the next scrapes (one dict per
-family; what went unused is dropped once it is a third of the dict), only values formatted per scrape. ``tests/web/test_exposition.py``
-checks the bytes against the reference on every fixture, an 8-GPU 1000-container host and edge cases.
+family; what went unused is dropped once it is a third of the dict), only values formatted per scrape.
+``tests/web/test_exposition.py`` checks the bytes against the reference on every fixture, an 8-GPU
+1000-container host and edge cases.
 """
 
 from __future__ import annotations
