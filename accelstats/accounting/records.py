@@ -217,13 +217,7 @@ class AccountingView:
 
 def published(a: Account, as_of: float) -> Published:
     """What ``a`` publishes, allocated seconds up to ``as_of``, idle seconds up to its busy horizon."""
-    if not a.intervals:
-        allocated = a.closed_seconds
-    elif len(a.intervals) == 1:  # the usual case, without a generator
-        start, end = a.intervals[0]
-        allocated = a.closed_seconds + max(0.0, (as_of if end is None else min(end, as_of)) - start)
-    else:
-        allocated = a.allocated(as_of)
+    allocated = a.allocated(as_of)
     horizon = min(as_of, a.counted_to) if a.counted_to is not None else as_of
     until_horizon = allocated if horizon >= as_of else a.allocated(horizon)
     return Published(a.labels, a.sm_seconds, a.memory_byte_seconds, a.energy_joules, allocated,
