@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from accelstats import __version__
-from accelstats.attribution.labels import identity_labels, utf8
+from accelstats.attribution.labels import identity_labels, utf8, utf8_all
 from collectors.model import Device, DeviceSample, FileDevice, MpsDaemonReading
 
 if TYPE_CHECKING:
@@ -179,7 +179,7 @@ def _container_info(c: Collection) -> Iterator[Reading]:
     for container, ident in _holders(c):
         i = container.identity
         info = (i.runtime, i.id, i.pod_uid, i.alloc_id, i.task, i.owner) if i is not None else _NO_IDENTITY
-        yield ident + (info if "".join(info).isascii() else tuple(utf8(v) for v in info)), 1.0
+        yield ident + utf8_all(info), 1.0
 
 
 _last_pairs: tuple[Collection, list[_Pair]] | None = None

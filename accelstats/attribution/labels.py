@@ -26,10 +26,15 @@ def utf8(value: str) -> str:
     return raw.decode("utf-8", "backslashreplace")
 
 
+def utf8_all(values: tuple[str, ...]) -> tuple[str, ...]:
+    """:func:`utf8` of each of ``values``, same length and order; ``values`` itself when all are ASCII
+    (the usual case, checked once for the lot instead of once a value)."""
+    if "".join(values).isascii():
+        return values
+    return tuple(utf8(v) for v in values)
+
+
 def identity_labels(c: ContainerStats) -> tuple[str, ...]:
     """cAdvisor's container labels: id (cgroup path), name, image, container, pod, namespace."""
     m = c.metadata
-    values = (c.cgroup, m.name, m.image, m.container, m.pod, m.namespace)
-    if "".join(values).isascii():  # the usual case: nothing to replace, no call per value
-        return values
-    return tuple(utf8(v) for v in values)
+    return utf8_all((c.cgroup, m.name, m.image, m.container, m.pod, m.namespace))
