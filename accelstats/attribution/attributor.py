@@ -279,8 +279,7 @@ class Attributor:
                     if identity.runtime not in roots_checked:  # once a runtime a collection
                         roots_checked.add(identity.runtime)
                         self._metadata_root_missing(identity.runtime)
-            if view.snapshot.kubelet is not None:  # the kubelet's allocations as evidence
-                add_allocations(stats, view.snapshot.kubelet, view)
+            add_allocations(stats, view.snapshot.kubelet, view)  # the kubelet's allocations as evidence
             if debug:
                 self._log_identity(path, stats)
             out.append(stats)

@@ -61,8 +61,10 @@ def add_allocations(container: ContainerStats, reading: KubeletReading | None, v
     the kubelet allocated to its (namespace, pod, container) that it does not hold yet, with
     ``attribution="kubelet"`` and its own process share (module docstring). Nothing without an answer
     from the kubelet, or for a container the runtime's state does not name."""
+    if reading is None or not reading.up:
+        return
     key = _key(container)
-    if reading is None or not reading.up or key is None:
+    if key is None:
         return
     devices = {d.uuid: d for d in view.snapshot.devices}
     held = {a.id for a in container.accelerators}
